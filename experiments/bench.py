@@ -1,0 +1,62 @@
+"""The benchmark registry behind ``odelm bench``.
+
+A benchmark is a function ``() -> list[dict]`` living in any package; each dict is one
+measurement with at least ``bench``, ``metric``, ``value``, ``target``, ``unit`` and
+``better`` ("lower" or "higher"; how ``value`` compares with ``target``). The registry maps
+names to ``"module:function"`` strings so model packages never import ``experiments``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+from collections.abc import Callable
+from typing import Any
+
+REQUIRED_FIELDS = ("bench", "metric", "value", "target", "unit", "better")
+
+BENCHMARKS: dict[str, str] = {
+    "corpus-load": "experiments.data.benchmarks:corpus_load",
+    "rk-overhead": "ode_transformer.benchmarks:rk_overhead",
+    "generate-cache": "ode_transformer.benchmarks:generate_cache",
+    "ode-batching": "neuralode_lm.benchmarks:ode_batching",
+    "adjoint-memory": "neuralode_lm.benchmarks:adjoint_memory",
+    "solver-overhead": "neuralode_lm.benchmarks:solver_overhead",
+}
+
+
+def register(name: str, target: str) -> None:
+    """Register ``"module:function"`` under ``name`` (for users' own benchmarks)."""
+    if ":" not in target:
+        raise ValueError(f"benchmark target must look like 'package.module:function', got {target!r}")
+    BENCHMARKS[name] = target
+
+
+def resolve(name: str) -> Callable[[], list[dict[str, Any]]]:
+    """Import the function registered as ``name``."""
+    if name not in BENCHMARKS:
+        raise KeyError(f"unknown benchmark {name!r}; valid: {', '.join(sorted(BENCHMARKS))}")
+    module_name, function_name = BENCHMARKS[name].split(":")
+    return getattr(importlib.import_module(module_name), function_name)
+
+
+def judge(record: dict[str, Any]) -> dict[str, Any]:
+    """Check a record's fields and add ``met``: whether ``value`` reaches ``target``."""
+    missing = [field for field in REQUIRED_FIELDS if field not in record]
+    if missing:
+        raise ValueError(f"benchmark record {record} lacks fields {missing}")
+    if record["better"] not in ("lower", "higher"):
+        raise ValueError(f"`better` must be 'lower' or 'higher', got {record['better']!r}")
+    value, target = record["value"], record["target"]
+    if target is None or value is None or not math.isfinite(value):
+        met = None
+    elif record["better"] == "lower":
+        met = value <= target
+    else:
+        met = value >= target
+    return {**record, "met": met}
+
+
+def run(name: str) -> list[dict[str, Any]]:
+    """Run one benchmark and return its judged records."""
+    return [judge(record) for record in resolve(name)()]

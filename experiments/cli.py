@@ -1,0 +1,156 @@
+"""``odelm``: the one command line of the library (also ``python -m experiments``)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from experiments.data.corpora import CORPUS_NAMES, PROTOCOLS, Corpus, CorpusError
+
+
+def _print_json_or_table(rows: list[dict[str, Any]], as_json: bool) -> None:
+    if as_json:
+        for row in rows:
+            print(json.dumps(row))
+        return
+    columns = list(dict.fromkeys(key for row in rows for key in row))
+    widths = {c: max(len(c), *(len(_fmt(row.get(c))) for row in rows)) for c in columns}
+    print("  ".join(c.ljust(widths[c]) for c in columns))
+    for row in rows:
+        print("  ".join(_fmt(row.get(c)).ljust(widths[c]) for c in columns))
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return "" if value is None else str(value)
+
+
+def corpus_info(name: str, data_dir: str | None, protocol: str, seed: int = 0) -> dict[str, Any]:
+    """Splits found, lines, words and tokens per split, vocabulary size, file checksums."""
+    from experiments.data.corpora import load_corpus, sha256_of
+    from experiments.data.download import KNOWN_FILE_SHA256
+
+    corpus: Corpus = load_corpus(name, data_dir, protocol=protocol, seed=seed)
+    splits = {}
+    for split, lines in corpus.lines.items():
+        tokens = sum(len(line) for line in lines)
+        splits[split] = {"lines": len(lines), "words": tokens - len(lines), "tokens": tokens}
+    files = {}
+    for split, path in corpus.files.items():
+        actual, expected = sha256_of(Path(path)), KNOWN_FILE_SHA256.get(Path(path).name)
+        status = "unknown" if expected is None else ("ok" if actual == expected else "MISMATCH")
+        files[split] = {"path": path, "sha256": actual, "checksum": status}
+    info: dict[str, Any] = {
+        "corpus": name,
+        "protocol": corpus.protocol,
+        "splits": splits,
+        "vocab_size": len(corpus.words()),
+        "files": files,
+    }
+    if name == "grammar":
+        from experiments.data.grammar import ProbabilisticGrammar, default_rules
+
+        grammar = ProbabilisticGrammar(default_rules())
+        info["entropy_nats_per_token"] = grammar.entropy_per_token
+        info["perplexity_lower_bound"] = grammar.perplexity_lower_bound
+    return info
+
+
+def cmd_data_info(args: argparse.Namespace) -> int:
+    info = corpus_info(args.corpus, args.data_dir, args.protocol, args.seed)
+    if args.json:
+        print(json.dumps(info))
+        return 0
+    print(f"corpus {info['corpus']}  protocol {info['protocol']}  vocabulary {info['vocab_size']}")
+    _print_json_or_table([{"split": k, **v} for k, v in info["splits"].items()], False)
+    for split, entry in info["files"].items():
+        print(f"{split} file {entry['path']}: checksum {entry['checksum']}")
+    if "perplexity_lower_bound" in info:
+        print(
+            f"true entropy {info['entropy_nats_per_token']:.4f} nats/token: "
+            f"no model can reach a perplexity below {info['perplexity_lower_bound']:.3f}"
+        )
+    return 0
+
+
+def cmd_data_download(args: argparse.Namespace) -> int:
+    from experiments.data.download import download_corpus
+
+    folder = download_corpus(args.corpus, args.cache_dir, url=args.url, sha256=args.sha256)
+    print(f"{args.corpus}: verified files in {folder}")
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from experiments.bench import BENCHMARKS, run
+
+    names = sorted(BENCHMARKS) if args.name == "all" else [args.name]
+    failed = False
+    for name in names:
+        records = run(name)
+        failed |= any(record["met"] is False for record in records)
+        _print_json_or_table(records, args.json)
+    return 1 if failed and args.strict else 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="odelm", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    data = commands.add_parser("data", help="corpora: inspect and download").add_subparsers(
+        dest="data_command", required=True
+    )
+    info = data.add_parser("info", help="splits, words, tokens, vocabulary, checksums")
+    info.add_argument("--corpus", required=True, help=f"one of {', '.join(CORPUS_NAMES)}")
+    info.add_argument("--data-dir", help="folder holding the corpus (or $ODELM_DATA_DIR)")
+    info.add_argument("--protocol", default="full", choices=PROTOCOLS)
+    info.add_argument("--seed", type=int, default=0, help="seed of the grammar corpus")
+    info.add_argument("--json", action="store_true")
+    info.set_defaults(func=cmd_data_info)
+    download = data.add_parser("download", help="fetch and verify a corpus archive")
+    download.add_argument("--corpus", required=True, choices=["ptb", "wikitext2", "wikitext2-raw"])
+    download.add_argument("--cache-dir", default=None, help="default: ~/.cache/odelm")
+    download.add_argument("--url", help="override the archive URL (a mirror)")
+    download.add_argument("--sha256", help="expected SHA-256 of the archive at --url")
+    download.set_defaults(func=cmd_data_download)
+
+    bench = commands.add_parser("bench", help="run a registered benchmark ('all' for every one)")
+    bench.add_argument("name")
+    bench.add_argument("--json", action="store_true", help="one JSON object per line")
+    bench.add_argument("--strict", action="store_true", help="exit 1 when a target is missed")
+    bench.set_defaults(func=cmd_bench)
+
+    for register in _extra_commands():
+        register(commands)
+    return parser
+
+
+def _extra_commands() -> list[Callable[[Any], None]]:
+    """Subcommands defined beside the training code (train, eval, generate, compare)."""
+    try:
+        from experiments.commands import REGISTRARS
+    except ModuleNotFoundError as error:
+        if error.name != "experiments.commands":
+            raise
+        return []
+    return REGISTRARS
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except (CorpusError, KeyError, ValueError, FileNotFoundError) as error:
+        message = error.args[0] if isinstance(error, KeyError) and error.args else error
+        print(f"odelm: error: {message}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

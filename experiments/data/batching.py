@@ -1,0 +1,117 @@
+"""Batching: contiguous BPTT windows over a token stream, and padded sentence batches.
+
+Under the model contract ``logits[:, t]`` predicts ``tokens[:, t + 1]``, so a window of
+``bptt + 1`` tokens trains ``bptt`` predictions, and consecutive windows overlap by one
+token so that every token of the stream is predicted once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+import torch.nn.functional as F
+
+
+def stream_windows(
+    ids: torch.Tensor,
+    batch_size: int,
+    bptt: int,
+    *,
+    start: int = 0,
+) -> Iterator[torch.Tensor]:
+    """Cut a stream into ``batch_size`` contiguous rows and yield ``[B, bptt + 1]`` windows.
+
+    The classic word-language-model batching (rows are contiguous text, remainder trimmed);
+    ``start`` skips the first windows, so a resumed run continues where it stopped.
+    """
+    if batch_size < 1 or bptt < 1:
+        raise ValueError(f"batch_size and bptt must be >= 1, got {batch_size} and {bptt}")
+    row_length = ids.numel() // batch_size
+    if row_length < 2:
+        raise ValueError(
+            f"a stream of {ids.numel()} tokens is too short for batch size {batch_size}"
+        )
+    rows = ids[: row_length * batch_size].view(batch_size, row_length)
+    for offset in range(start * bptt, row_length - 1, bptt):
+        yield rows[:, offset : offset + bptt + 1]
+
+
+def num_stream_windows(num_tokens: int, batch_size: int, bptt: int) -> int:
+    """How many windows ``stream_windows`` yields."""
+    row_length = num_tokens // batch_size
+    return max(0, -(-(row_length - 1) // bptt))
+
+
+def evaluation_windows(ids: torch.Tensor, eos_id: int, length: int) -> list[torch.Tensor]:
+    """Non-overlapping windows in which every token of the split is predicted exactly once.
+
+    An ``<eos>`` is put before the stream as the context of the first token (as if the
+    previous sentence had just ended), so the number of predictions equals the number of
+    tokens and per-word perplexity is total NLL over the split's words, exactly.
+    """
+    stream = torch.cat([torch.tensor([eos_id], dtype=ids.dtype), ids])
+    return [stream[s : s + length + 1] for s in range(0, ids.numel(), length)]
+
+
+def sentence_batch(
+    sentences: list[list[int]],
+    pad_id: int,
+    bos_id: int,
+    *,
+    side: str = "right",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pad sentences into ``tokens [B, L]`` and ``mask [B, L]`` (True on real tokens).
+
+    Each sentence is prefixed with ``bos_id`` (the ``<eos>`` that ends the previous
+    sentence in the stream), so its first word is predicted too. ``side="left"`` pads on the
+    left, as the NODE-LM report does so the last position holds the sentence's end.
+    """
+    if side not in ("left", "right"):
+        raise ValueError(f"padding side must be 'left' or 'right', got {side!r}")
+    rows = [[bos_id, *sentence] for sentence in sentences]
+    width = max(len(row) for row in rows)
+    tokens = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.bool)
+    for i, row in enumerate(rows):
+        span = slice(width - len(row), width) if side == "left" else slice(0, len(row))
+        tokens[i, span] = torch.tensor(row)
+        mask[i, span] = True
+    return tokens, mask
+
+
+def sentence_batches(
+    sentences: list[list[int]],
+    batch_size: int,
+    pad_id: int,
+    bos_id: int,
+    *,
+    side: str = "right",
+    generator: torch.Generator | None = None,
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Yield padded sentence batches, shuffled when a generator is given."""
+    order = (
+        torch.randperm(len(sentences), generator=generator).tolist()
+        if generator is not None
+        else range(len(sentences))
+    )
+    order = list(order)
+    for i in range(0, len(order), batch_size):
+        yield sentence_batch([sentences[j] for j in order[i : i + batch_size]], pad_id, bos_id, side=side)
+
+
+def lm_nll(
+    logits: torch.Tensor, tokens: torch.Tensor, mask: torch.Tensor | None = None
+) -> tuple[torch.Tensor, int]:
+    """Summed next-token negative log-likelihood and the number of predictions.
+
+    ``logits[:, t]`` is scored against ``tokens[:, t + 1]``; with a mask, only predictions of
+    real (unpadded) tokens from real contexts count.
+    """
+    predictions = logits[:, :-1].reshape(-1, logits.shape[-1]).float()
+    targets = tokens[:, 1:].reshape(-1)
+    nll = F.cross_entropy(predictions, targets, reduction="none")
+    if mask is None:
+        return nll.sum(), targets.numel()
+    keep = (mask[:, 1:] & mask[:, :-1]).reshape(-1)
+    return nll[keep].sum(), int(keep.sum())

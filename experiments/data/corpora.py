@@ -1,0 +1,222 @@
+"""Corpora: Penn Treebank, WikiText-2 (tokenized and raw), any folder of text files, and the
+embedded grammar corpus; each read as lines of words with ``<eos>`` appended to every line,
+exactly as the standard PTB / WikiText-2 loaders do (empty lines included).
+
+Two protocols: ``full`` uses the train/valid/test files as they are; ``mini`` (PTB-mini,
+WT2-mini) trains on the first 90% of the valid file's lines, selects on its last 10%, and
+tests on the test file, for machines without the train split. The protocol travels with
+the corpus into every result it affects.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+EOS = "<eos>"
+UNK = "<unk>"
+SPLITS = ("train", "valid", "test")
+PROTOCOLS = ("full", "mini")
+DATA_DIR_ENV = "ODELM_DATA_DIR"
+DEFAULT_CACHE_DIR = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "odelm"
+
+
+class CorpusError(ValueError):
+    """A corpus cannot be read: unknown name, missing split, empty or undecodable file."""
+
+
+@dataclass(frozen=True)
+class CorpusSpec:
+    """Where a corpus's split files live: file names and subdirectories to search."""
+
+    files: dict[str, str]
+    subdirs: tuple[str, ...]
+    label: str
+
+
+SPECS: dict[str, CorpusSpec] = {
+    "ptb": CorpusSpec(
+        {split: f"ptb.{split}.txt" for split in SPLITS},
+        ("", "ptb", "penn", "simple-examples/data"),
+        "PTB",
+    ),
+    "wikitext2": CorpusSpec(
+        {split: f"wiki.{split}.tokens" for split in SPLITS},
+        ("", "wikitext-2", "wikitext2"),
+        "WT2",
+    ),
+    "wikitext2-raw": CorpusSpec(
+        {split: f"wiki.{split}.raw" for split in SPLITS},
+        ("", "wikitext-2-raw", "wikitext2-raw"),
+        "WT2-raw",
+    ),
+}
+TEXT_SPLIT_NAMES = {
+    "train": ("train",),
+    "valid": ("valid", "validation", "val", "dev"),
+    "test": ("test",),
+}
+CORPUS_NAMES = (*SPECS, "text", "grammar")
+
+
+@dataclass
+class Corpus:
+    """Lines of words per split (each line ends with ``<eos>``) and where they came from."""
+
+    name: str
+    protocol: str
+    lines: dict[str, list[list[str]]]
+    files: dict[str, str] = field(default_factory=dict)
+    note: str = ""
+
+    def num_tokens(self, split: str) -> int:
+        """Words plus one ``<eos>`` per line: the word-level token count of a split."""
+        return sum(len(line) for line in self.split(split))
+
+    def split(self, split: str) -> list[list[str]]:
+        if split not in self.lines:
+            raise CorpusError(
+                f"corpus {self.name!r} ({self.protocol}) has no {split!r} split; "
+                f"it has {', '.join(self.lines)}"
+            )
+        return self.lines[split]
+
+    def words(self) -> list[str]:
+        """Every distinct token in every split, for a closed vocabulary."""
+        return sorted({word for lines in self.lines.values() for line in lines for word in line})
+
+
+def read_lines(path: Path) -> list[list[str]]:
+    """Read a pre-tokenized text file: whitespace-split words plus ``<eos>`` per line."""
+    data = path.read_bytes()
+    if not data.strip():
+        raise CorpusError(f"{path} is empty; expected one sentence per line of text")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise CorpusError(
+            f"{path} is not UTF-8: byte offset {error.start} ({data[error.start:error.start + 1]!r}) "
+            "cannot be decoded; re-encode the file as UTF-8"
+        ) from None
+    return [line.split() + [EOS] for line in text.splitlines()]
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def default_data_dirs(data_dir: str | Path | None) -> list[Path]:
+    """The data directories searched, in order: the argument, $ODELM_DATA_DIR, the cache."""
+    dirs = [Path(data_dir)] if data_dir else []
+    if os.environ.get(DATA_DIR_ENV):
+        dirs.append(Path(os.environ[DATA_DIR_ENV]))
+    dirs.append(DEFAULT_CACHE_DIR)
+    return dirs
+
+
+def find_split_files(name: str, data_dir: str | Path | None) -> dict[str, Path]:
+    """Locate the split files of a named corpus; returns only the splits found."""
+    spec = SPECS[name]
+    for base in default_data_dirs(data_dir):
+        for sub in spec.subdirs:
+            folder = base / sub
+            found = {s: folder / f for s, f in spec.files.items() if (folder / f).is_file()}
+            if found:
+                return found
+    return {}
+
+
+def find_text_files(folder: Path) -> dict[str, Path]:
+    """Train/valid/test files of a plain text folder, matched by name (e.g. ``valid.txt``)."""
+    if not folder.is_dir():
+        raise CorpusError(f"text corpus folder {folder} does not exist")
+    found: dict[str, Path] = {}
+    for split, names in TEXT_SPLIT_NAMES.items():
+        matches = [
+            path
+            for path in sorted(folder.iterdir())
+            if path.is_file() and any(part in names for part in path.name.lower().split("."))
+        ]
+        if len(matches) > 1:
+            raise CorpusError(
+                f"{folder} has several {split} files ({', '.join(p.name for p in matches)}); keep one"
+            )
+        if matches:
+            found[split] = matches[0]
+    return found
+
+
+def missing_files_error(name: str, data_dir: str | Path | None, missing: list[str]) -> CorpusError:
+    searched = [
+        str(base / sub) for base in default_data_dirs(data_dir) for sub in SPECS[name].subdirs
+    ]
+    files = ", ".join(SPECS[name].files[s] for s in missing)
+    return CorpusError(
+        f"corpus {name!r}: missing {files}. Searched: {'; '.join(searched)}. "
+        f"Provide them with --data-dir DIR (or ${DATA_DIR_ENV}), fetch them with "
+        f"`odelm data download --corpus {name}`, or, without a train split, use "
+        "--protocol mini (train on the valid split, the PTB-mini protocol)."
+    )
+
+
+def apply_protocol(
+    name: str, label: str, lines: dict[str, list[list[str]]], protocol: str
+) -> tuple[dict[str, list[list[str]]], str]:
+    """Arrange splits by protocol; returns the splits and the protocol's label."""
+    if protocol == "full":
+        return lines, label
+    valid = lines["valid"]
+    cut = int(len(valid) * 0.9)
+    mini = {"train": valid[:cut], "valid": valid[cut:], "test": lines["test"]}
+    return mini, f"{label}-mini (train=valid[:90%], valid=valid[90%:], test=test)"
+
+
+def load_corpus(
+    name: str,
+    data_dir: str | Path | None = None,
+    *,
+    protocol: str = "full",
+    seed: int = 0,
+) -> Corpus:
+    """Load a corpus by name: ``ptb``, ``wikitext2``, ``wikitext2-raw``, ``text`` or ``grammar``.
+
+    ``text`` reads the folder ``data_dir``; ``grammar`` generates the embedded corpus from
+    ``seed`` and needs no files. ``protocol="mini"`` trains on the valid split.
+    """
+    if name not in CORPUS_NAMES:
+        raise CorpusError(f"unknown corpus {name!r}; valid: {', '.join(CORPUS_NAMES)}")
+    if protocol not in PROTOCOLS:
+        raise CorpusError(f"unknown protocol {protocol!r}; valid: {', '.join(PROTOCOLS)}")
+    if name == "grammar":
+        from experiments.data.grammar import generate_splits
+
+        lines = {s: [words + [EOS] for words in ws] for s, ws in generate_splits(seed).items()}
+        label = f"grammar (embedded, seed {seed})"
+        lines, label = apply_protocol(name, label, lines, protocol)
+        return Corpus(name, label, lines, note="generated")
+    if name == "text":
+        if data_dir is None:
+            raise CorpusError("corpus 'text' needs --data-dir FOLDER holding train/valid/test files")
+        paths = find_text_files(Path(data_dir))
+        label = f"text:{Path(data_dir).name}"
+    else:
+        paths = find_split_files(name, data_dir)
+        label = SPECS[name].label
+    needed = ("valid", "test") if protocol == "mini" else SPLITS
+    missing = [split for split in needed if split not in paths]
+    if missing:
+        if name == "text":
+            raise CorpusError(
+                f"text corpus {data_dir} lacks {', '.join(missing)} file(s); name them e.g. "
+                "train.txt, valid.txt, test.txt" + (" or use --protocol mini" if missing == ["train"] else "")
+            )
+        raise missing_files_error(name, data_dir, missing)
+    lines = {split: read_lines(paths[split]) for split in needed}
+    lines, label = apply_protocol(name, label, lines, protocol)
+    return Corpus(name, label, lines, files={s: str(p) for s, p in paths.items()})

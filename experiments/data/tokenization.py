@@ -1,0 +1,128 @@
+"""Tokenizers and the encoded corpus every model trains on.
+
+A tokenizer turns one corpus line (words, ending with ``<eos>``) into ids. The word-level
+tokenizer maps each word to its id in a closed vocabulary; the byte-level BPE tokenizer
+(``experiments.data.bpe``) splits words into sub-words. Either way the encoded corpus keeps
+the number of *words* per split (words plus one ``<eos>`` per line), so sub-word models can
+report per-word perplexity beside word-level models.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import torch
+
+from experiments.data.corpora import EOS, Corpus
+
+
+class VocabularyMismatchError(ValueError):
+    """A checkpoint was built for another vocabulary or tokenizer."""
+
+
+class Tokenizer(Protocol):
+    kind: str
+    vocab_size: int
+    eos_id: int
+
+    def encode_words(self, words: list[str]) -> list[int]: ...
+
+    def id_to_token(self, index: int) -> str: ...
+
+    def fingerprint(self) -> str: ...
+
+
+class WordTokenizer:
+    """A closed word vocabulary: ``<eos>`` is id 0, then words by descending frequency."""
+
+    kind = "word"
+
+    def __init__(self, tokens: list[str]) -> None:
+        if not tokens or tokens[0] != EOS or len(set(tokens)) != len(tokens):
+            raise ValueError("vocabulary must start with <eos> and hold each token once")
+        self.tokens = tokens
+        self.index = {token: i for i, token in enumerate(tokens)}
+        self.eos_id = 0
+        self.vocab_size = len(tokens)
+
+    @classmethod
+    def from_corpus(cls, corpus: Corpus) -> WordTokenizer:
+        """Closed vocabulary from every split present, so no test word becomes ``<unk>``."""
+        counts: dict[str, int] = {}
+        for lines in corpus.lines.values():
+            for line in lines:
+                for word in line:
+                    counts[word] = counts.get(word, 0) + 1
+        counts.pop(EOS, None)
+        return cls([EOS, *sorted(counts, key=lambda word: (-counts[word], word))])
+
+    def encode_words(self, words: list[str]) -> list[int]:
+        try:
+            return [self.index[word] for word in words]
+        except KeyError as error:
+            raise VocabularyMismatchError(
+                f"word {error.args[0]!r} is not in the vocabulary of {self.vocab_size} tokens "
+                "(the vocabulary is closed: build it from every split you will encode)"
+            ) from None
+
+    def id_to_token(self, index: int) -> str:
+        return self.tokens[index]
+
+    def fingerprint(self) -> str:
+        return "word:" + hashlib.sha256("\n".join(self.tokens).encode()).hexdigest()[:16]
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps({"kind": self.kind, "tokens": self.tokens}))
+
+    @classmethod
+    def load(cls, path: str | Path) -> WordTokenizer:
+        return cls(json.loads(Path(path).read_text())["tokens"])
+
+
+@dataclass
+class EncodedSplit:
+    """One split as a token stream, as sentences, and its word count."""
+
+    ids: torch.Tensor  # 1-D LongTensor: the whole split, lines concatenated
+    sentences: list[list[int]]  # one list of ids per line, each ending with eos
+    num_words: int  # words + one <eos> per line
+
+
+@dataclass
+class LMData:
+    """A corpus encoded by one tokenizer: what training, evaluation and comparison share."""
+
+    corpus_name: str
+    protocol: str
+    tokenizer: Tokenizer
+    splits: dict[str, EncodedSplit]
+
+    def split(self, name: str) -> EncodedSplit:
+        if name not in self.splits:
+            raise KeyError(f"no split {name!r}; have {', '.join(self.splits)}")
+        return self.splits[name]
+
+
+def encode_corpus(corpus: Corpus, tokenizer: Tokenizer) -> LMData:
+    """Encode every split of ``corpus`` with ``tokenizer``."""
+    splits = {}
+    for name, lines in corpus.lines.items():
+        sentences = [tokenizer.encode_words(line) for line in lines]
+        ids = torch.tensor([i for sentence in sentences for i in sentence], dtype=torch.long)
+        splits[name] = EncodedSplit(ids, sentences, sum(len(line) for line in lines))
+    return LMData(corpus.name, corpus.protocol, tokenizer, splits)
+
+
+def check_tokenizer(expected_fingerprint: str, tokenizer: Tokenizer) -> None:
+    """Refuse to pair a checkpoint with data encoded by a different tokenizer."""
+    actual = tokenizer.fingerprint()
+    if actual != expected_fingerprint:
+        raise VocabularyMismatchError(
+            f"the checkpoint was trained with tokenizer {expected_fingerprint}, but the data "
+            f"is encoded with {actual} ({tokenizer.vocab_size} tokens); evaluate it on the "
+            "corpus, protocol and tokenizer it was trained with"
+        )

@@ -1,0 +1,126 @@
+"""``evaluate(model, data, split)``: perplexity, per-word perplexity, BLEU, NFE, timing.
+
+Everything goes through the model contract. A model whose ``is_causal`` is False sees the
+tokens it predicts, so its perplexity is not a language-model perplexity: ``evaluate``
+refuses to report one unless ``allow_noncausal=True``, and then labels it.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+import torch
+from torch import nn
+
+from experiments.contract import call_model
+from experiments.data.batching import evaluation_windows, lm_nll
+from experiments.data.tokenization import LMData
+
+NONCAUSAL_LABEL = "non-causal (reconstruction) perplexity: not a valid language-model perplexity"
+
+
+class NonCausalModelError(ValueError):
+    """A plain perplexity was asked of a model that can see the tokens it predicts."""
+
+
+def _window_length(model: nn.Module, requested: int) -> int:
+    limit = getattr(model, "max_positions", None)
+    return min(requested, limit - 1) if limit else requested
+
+
+@torch.no_grad()
+def perplexity(
+    model: nn.Module, data: LMData, split: str, *, window: int = 128, batch_size: int = 16
+) -> dict[str, float]:
+    """Total NLL over every token of ``split`` (each predicted exactly once) and its ratios."""
+    ids = data.split(split).ids
+    length = _window_length(model, window)
+    windows = evaluation_windows(ids, data.tokenizer.eos_id, length)
+    device = next((p.device for p in model.parameters()), torch.device("cpu"))
+    total_nll, total_tokens, nfe = 0.0, 0, []
+    # All windows but the last have one length: batch them, then the remainder alone.
+    groups = [windows[:-1], windows[-1:]] if windows[-1].numel() != windows[0].numel() else [windows]
+    for group in groups:
+        for i in range(0, len(group), batch_size):
+            tokens = torch.stack(group[i : i + batch_size]).to(device)
+            logits, aux = call_model(model, tokens)
+            nll, count = lm_nll(logits, tokens)
+            total_nll += float(nll)
+            total_tokens += count
+            if "nfe" in aux:
+                nfe.append(float(aux["nfe"]))
+    words = data.split(split).num_words
+    return {
+        "nll": total_nll,
+        "tokens": total_tokens,
+        "words": words,
+        "ppl": math.exp(total_nll / total_tokens),
+        "ppl_per_word": math.exp(total_nll / words),
+        "nfe": sum(nfe) / len(nfe) if nfe else None,
+    }
+
+
+def evaluate(
+    model: nn.Module,
+    data: LMData,
+    split: str = "test",
+    *,
+    window: int = 128,
+    batch_size: int = 16,
+    bleu_sentences: int = 200,
+    prompt_len: int = 3,
+    decode: str = "greedy",
+    allow_noncausal: bool = False,
+) -> dict[str, Any]:
+    """Evaluate a contract model on one split of encoded data.
+
+    Returns ``ppl`` (per token), ``ppl_per_word`` (total NLL / words), ``bleu_tf`` (the NODE-LM
+    report's teacher-forced BLEU), ``bleu_cont`` (continuation BLEU after ``prompt_len``
+    words), ``tokens``, ``words``, ``seconds``, ``nfe`` (mean forward NFE when the model
+    reports it), ``is_causal`` and ``protocol``. BLEU uses the first ``bleu_sentences`` lines
+    of the split (0 skips BLEU).
+    """
+    from experiments.bleu import continuation_bleu, teacher_forced_bleu
+
+    is_causal = bool(getattr(model, "is_causal", False))
+    if not is_causal and not allow_noncausal:
+        raise NonCausalModelError(
+            f"{type(model).__name__}.is_causal is False: its predictions can see the tokens they "
+            "predict, so its perplexity is not a language-model perplexity. Pass "
+            "allow_noncausal=True (--allow-noncausal) to report it labelled as such."
+        )
+    was_training = model.training
+    model.eval()
+    started = time.perf_counter()
+    try:
+        result: dict[str, Any] = perplexity(model, data, split, window=window, batch_size=batch_size)
+        sentences = [s for s in data.split(split).sentences if len(s) > 1][:bleu_sentences]
+        tokenizer = data.tokenizer
+        if sentences:
+            result["bleu_tf"] = teacher_forced_bleu(
+                model, sentences, tokenizer.id_to_token, tokenizer.eos_id
+            )
+            result["bleu_cont"] = continuation_bleu(
+                model,
+                sentences,
+                tokenizer.id_to_token,
+                tokenizer.eos_id,
+                prompt_len=prompt_len,
+                strategy=decode,
+            )
+        else:
+            result["bleu_tf"] = result["bleu_cont"] = None
+    finally:
+        model.train(was_training)
+    result.update(
+        seconds=time.perf_counter() - started,
+        is_causal=is_causal,
+        protocol=data.protocol,
+        split=split,
+        tokenizer=tokenizer.kind,
+    )
+    if not is_causal:
+        result["ppl_label"] = NONCAUSAL_LABEL
+    return result

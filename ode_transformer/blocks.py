@@ -1,0 +1,140 @@
+"""Runge-Kutta Transformer blocks driven by a Butcher tableau (ODE Transformer eq. 8-11, 25-26).
+
+A block owns one function ``F`` (one set of parameters theta, shared by all stages) and
+advances the residual stream by one explicit RK step with step size 1:
+``F_i = F(y + sum_j A[i][j] F_j)``, ``y_next = y + sum_i w_i F_i``. The weights ``w`` are
+the tableau's ``b`` ("fixed"), learnable scalars initialised to ``b`` ("learnable"), or for
+two stages the sigmoid gate ``g = sigmoid([F_1, F_2] W + c)``, ``w = (g, 1 - g)`` ("gate").
+
+``F`` is any callable ``F(y) -> increment``; for Transformer sub-layers it is one of
+:mod:`ode_transformer.layers`, called as ``F(y, cache=..., padding_mask=...)`` when a cache
+or mask is in play, so stage ``i`` attends with its own key/value cache ``cache.child(i)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from .layers import KVCache
+from .tableau import Tableau, get_tableau
+
+COEFFICIENTS = ("fixed", "learnable", "gate")
+
+BLOCKS: dict[str, tuple[str, str]] = {
+    "residual": ("residual", "fixed"),
+    "rk2": ("rk2", "fixed"),
+    "rk2_gamma1": ("rk2_gamma1", "fixed"),
+    "rk2_learnable": ("rk2_gamma1", "learnable"),
+    "rk2_gate": ("rk2", "gate"),
+    "rk3": ("rk3", "fixed"),
+    "rk4": ("rk4", "fixed"),
+}
+"""Named blocks of DESIGN.md's table: name -> (tableau name, coefficient mode)."""
+
+
+class RKBlock(nn.Module):
+    """One explicit Runge-Kutta step ``y -> y + sum_i w_i F_i`` with a shared ``F``."""
+
+    def __init__(
+        self,
+        f: Callable[..., torch.Tensor],
+        tableau: str | Tableau | tuple = "residual",
+        coefficients: str = "fixed",
+        d_model: int | None = None,
+    ) -> None:
+        super().__init__()
+        if coefficients not in COEFFICIENTS:
+            raise ValueError(
+                f"unknown coefficients {coefficients!r}; valid: {', '.join(COEFFICIENTS)}"
+            )
+        self.f = f
+        self.tableau = get_tableau(tableau)
+        self.coefficients = coefficients
+        self.gamma: nn.Parameter | None = None
+        self.gate: nn.Linear | None = None
+        if coefficients == "learnable":
+            self.gamma = nn.Parameter(torch.tensor(self.tableau.b))
+        elif coefficients == "gate":
+            if self.tableau.stages != 2:
+                raise ValueError(
+                    f"the sigmoid gate weighs two stages (g, 1 - g) but tableau "
+                    f"{self.tableau.name!r} has {self.tableau.stages}; use a 2-stage tableau"
+                )
+            if d_model is None:
+                raise ValueError("coefficients='gate' needs d_model (the gate maps 2*d_model -> 1)")
+            self.gate = nn.Linear(2 * d_model, 1)
+
+    @property
+    def stages(self) -> int:
+        """Evaluations of ``F`` per block."""
+        return self.tableau.stages
+
+    def stage_values(
+        self,
+        y: torch.Tensor,
+        cache: KVCache | None = None,
+        padding_mask: torch.Tensor | None = None,
+    ) -> list[torch.Tensor]:
+        """The stage derivatives ``[F_1, ..., F_s]`` at ``y``."""
+        values: list[torch.Tensor] = []
+        for i, row in enumerate(self.tableau.A):
+            y_i = y
+            for j in range(i):
+                if row[j] != 0.0:
+                    y_i = y_i + (values[j] if row[j] == 1.0 else row[j] * values[j])
+            if cache is None and padding_mask is None:
+                values.append(self.f(y_i))
+            else:
+                stage_cache = None if cache is None else cache.child(i)
+                values.append(self.f(y_i, cache=stage_cache, padding_mask=padding_mask))
+        return values
+
+    def increment(
+        self,
+        y: torch.Tensor,
+        cache: KVCache | None = None,
+        padding_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """``y_next - y = sum_i w_i F_i`` (the block's update without the residual)."""
+        values = self.stage_values(y, cache, padding_mask)
+        if self.gate is not None:
+            g = torch.sigmoid(self.gate(torch.cat(values, dim=-1)))
+            return g * values[0] + (1.0 - g) * values[1]
+        if self.gamma is not None:
+            total = self.gamma[0] * values[0]
+            for i in range(1, len(values)):
+                total = total + self.gamma[i] * values[i]
+            return total
+        total = None
+        for b_i, value in zip(self.tableau.b, values):
+            if b_i == 0.0:
+                continue
+            term = value if b_i == 1.0 else b_i * value
+            total = term if total is None else total + term
+        return total if total is not None else torch.zeros_like(y)
+
+    def forward(
+        self,
+        y: torch.Tensor,
+        cache: KVCache | None = None,
+        padding_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        return y + self.increment(y, cache, padding_mask)
+
+    def extra_repr(self) -> str:
+        return f"tableau={self.tableau.name}, stages={self.stages}, coefficients={self.coefficients}"
+
+
+def make_block(
+    block: str | Tableau | tuple, f: Callable[..., torch.Tensor], d_model: int | None = None
+) -> RKBlock:
+    """An :class:`RKBlock` from a name in :data:`BLOCKS` or a user tableau (fixed weights)."""
+    if isinstance(block, str):
+        if block not in BLOCKS:
+            raise ValueError(f"unknown block {block!r}; valid: {', '.join(BLOCKS)}")
+        tableau, coefficients = BLOCKS[block]
+        return RKBlock(f, tableau, coefficients, d_model)
+    return RKBlock(f, block, "fixed", d_model)

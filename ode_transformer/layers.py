@@ -1,0 +1,209 @@
+"""Transformer sub-layers as ODE right-hand sides ``F(y) = G(LN(y))``, and the key/value cache.
+
+Every ``F`` here returns the *increment* only (never ``y + ...``): the blocks in
+:mod:`ode_transformer.blocks` add it to the residual stream with their tableau's weights.
+All ``F`` share one signature, ``F(y, cache=None, padding_mask=None)``, so a block can pass
+the cache and the padding mask through without knowing which sub-layer it drives.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class KVCache:
+    """A tree of key/value caches with one leaf per attention call site.
+
+    The model owns the root; each layer, sub-block and RK stage takes a child by name, so
+    every stage of every block keeps its own keys and values (the stages attend over
+    different states). ``position`` counts the tokens already processed and is maintained
+    by the model that owns the root.
+    """
+
+    def __init__(self) -> None:
+        self.keys: torch.Tensor | None = None
+        self.values: torch.Tensor | None = None
+        self.position = 0
+        self._children: dict[object, KVCache] = {}
+
+    def child(self, name: object) -> KVCache:
+        """The sub-cache called ``name``, created empty on first use."""
+        if name not in self._children:
+            self._children[name] = KVCache()
+        return self._children[name]
+
+    def append(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Add ``[B, H, T_new, d_head]`` keys/values; return all cached ones so far."""
+        if self.keys is None:
+            self.keys, self.values = keys, values
+        else:
+            self.keys = torch.cat([self.keys, keys], dim=2)
+            self.values = torch.cat([self.values, values], dim=2)
+        return self.keys, self.values
+
+    @property
+    def cached_length(self) -> int:
+        """Positions held by this leaf (0 before the first ``append``)."""
+        return 0 if self.keys is None else self.keys.shape[2]
+
+    def reorder(self, index: torch.Tensor) -> None:
+        """Select batch rows ``index`` in every leaf (beam search reorders hypotheses)."""
+        if self.keys is not None:
+            self.keys = self.keys.index_select(0, index)
+            self.values = self.values.index_select(0, index)
+        for node in self._children.values():
+            node.reorder(index)
+
+
+class MultiHeadSelfAttention(nn.Module):
+    """Multi-head scaled dot-product self-attention, causal or bidirectional."""
+
+    def __init__(
+        self, d_model: int, n_heads: int, attention_dropout: float = 0.0, causal: bool = True
+    ) -> None:
+        super().__init__()
+        if d_model % n_heads != 0:
+            raise ValueError(
+                f"d_model={d_model} is not divisible by n_heads={n_heads}; choose a head count "
+                f"that divides the model width (e.g. {_divisors_hint(d_model)})"
+            )
+        self.n_heads = n_heads
+        self.causal = causal
+        self.attention_dropout = attention_dropout
+        self.qkv = nn.Linear(d_model, 3 * d_model)
+        self.out = nn.Linear(d_model, d_model)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cache: KVCache | None = None,
+        padding_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Attend over ``x`` [B, T, D] (plus cached positions); ``padding_mask`` [B, T] is
+        True at padding keys, which no query attends to."""
+        B, T, D = x.shape
+        q, k, v = self.qkv(x).view(B, T, 3, self.n_heads, D // self.n_heads).unbind(2)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        past = 0
+        if cache is not None:
+            past = cache.cached_length
+            k, v = cache.append(k, v)
+        mask = None
+        if self.causal and T > 1 and (past > 0 or padding_mask is not None):
+            query_pos = torch.arange(past, past + T, device=x.device)
+            mask = torch.arange(past + T, device=x.device)[None, :] <= query_pos[:, None]
+        if padding_mask is not None:
+            keep = ~padding_mask[:, None, None, :]
+            mask = keep if mask is None else mask & keep
+        y = F.scaled_dot_product_attention(
+            q,
+            k,
+            v,
+            attn_mask=mask,
+            dropout_p=self.attention_dropout if self.training else 0.0,
+            is_causal=self.causal and T > 1 and mask is None,
+        )
+        return self.out(y.transpose(1, 2).reshape(B, T, D))
+
+
+class FeedForward(nn.Module):
+    """Position-wise ``W2 dropout(relu(W1 x + b1)) + b2`` (ReLU dropout as in the paper)."""
+
+    def __init__(self, d_model: int, d_ff: int, relu_dropout: float = 0.0) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(d_model, d_ff)
+        self.fc2 = nn.Linear(d_ff, d_model)
+        self.dropout = nn.Dropout(relu_dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.dropout(F.relu(self.fc1(x))))
+
+
+class PreNormAttention(nn.Module):
+    """``F(y) = dropout(SAN(LN(y)))``: the self-attention sub-layer as an ODE function."""
+
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        dropout: float = 0.0,
+        attention_dropout: float = 0.0,
+        causal: bool = True,
+        eps: float = 1e-5,
+    ) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(d_model, eps=eps)
+        self.attention = MultiHeadSelfAttention(d_model, n_heads, attention_dropout, causal)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(
+        self,
+        y: torch.Tensor,
+        cache: KVCache | None = None,
+        padding_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        return self.dropout(self.attention(self.norm(y), cache, padding_mask))
+
+
+class PreNormFFN(nn.Module):
+    """``F(y) = dropout(FFN(LN(y)))``: the feed-forward sub-layer as an ODE function."""
+
+    def __init__(
+        self,
+        d_model: int,
+        d_ff: int,
+        dropout: float = 0.0,
+        relu_dropout: float = 0.0,
+        eps: float = 1e-5,
+    ) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(d_model, eps=eps)
+        self.ffn = FeedForward(d_model, d_ff, relu_dropout)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(
+        self,
+        y: torch.Tensor,
+        cache: KVCache | None = None,
+        padding_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Position-wise, so ``cache`` and ``padding_mask`` are accepted and unused."""
+        return self.dropout(self.ffn(self.norm(y)))
+
+
+class PreNormAttentionFFN(nn.Module):
+    """Attention then FFN as one function: ``F(y) = layer(y) - y`` for a pre-norm layer.
+
+    With ``a = SAN_F(y)``: ``F(y) = a + FFN_F(y + a)``, computed without forming
+    ``layer(y)`` so no ``y`` is added and subtracted again.
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        d_ff: int,
+        dropout: float = 0.0,
+        attention_dropout: float = 0.0,
+        relu_dropout: float = 0.0,
+        causal: bool = True,
+        eps: float = 1e-5,
+    ) -> None:
+        super().__init__()
+        self.attention = PreNormAttention(d_model, n_heads, dropout, attention_dropout, causal, eps)
+        self.ffn = PreNormFFN(d_model, d_ff, dropout, relu_dropout, eps)
+
+    def forward(
+        self,
+        y: torch.Tensor,
+        cache: KVCache | None = None,
+        padding_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        a = self.attention(y, cache, padding_mask)
+        return a + self.ffn(y + a)
+
+
+def _divisors_hint(n: int) -> str:
+    return ", ".join(str(h) for h in (1, 2, 4, 8, 16) if n % h == 0)

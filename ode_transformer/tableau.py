@@ -1,0 +1,148 @@
+"""Butcher tableaux of explicit Runge-Kutta methods, as validated data.
+
+An explicit s-stage method is a strictly lower-triangular ``A`` (s x s) and weights ``b``
+(length s): ``F_i = F(y + sum_j A[i][j] F_j)``, ``y_next = y + sum_i b_i F_i``. The blocks in
+:mod:`ode_transformer.blocks` are driven by this data, so a new method is a new tableau, not a
+new code path.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Tableau:
+    """An explicit Runge-Kutta method: strictly lower-triangular ``A`` and weights ``b``."""
+
+    A: tuple[tuple[float, ...], ...]
+    b: tuple[float, ...]
+    name: str = "custom"
+
+    def __post_init__(self) -> None:
+        A = _as_matrix(self.A)
+        b = _as_vector(self.b, "b")
+        s = len(b)
+        if s == 0:
+            raise ValueError("a tableau needs at least one stage: b must not be empty")
+        if len(A) != s or any(len(row) != s for row in A):
+            shape = f"{len(A)} x {[len(row) for row in A]}"
+            raise ValueError(
+                f"tableau shapes do not match: b has {s} entries so A must be {s} x {s}, "
+                f"got rows of lengths {shape}"
+            )
+        for i in range(s):
+            for j in range(i, s):
+                if A[i][j] != 0.0:
+                    raise ValueError(
+                        f"tableau A must be strictly lower-triangular (explicit method), but "
+                        f"A[{i}][{j}] = {A[i][j]}; stage {i} may only use stages 0..{i - 1}"
+                    )
+        object.__setattr__(self, "A", A)
+        object.__setattr__(self, "b", b)
+
+    @property
+    def stages(self) -> int:
+        """Number of stages s (evaluations of F per block)."""
+        return len(self.b)
+
+    @property
+    def c(self) -> tuple[float, ...]:
+        """Stage times ``c_i = sum_j A[i][j]``."""
+        return tuple(sum(row) for row in self.A)
+
+    def stability_polynomial(self) -> list[float]:
+        """Coefficients ``[r_0, ..., r_s]`` of ``R(z) = 1 + z b^T (I - zA)^{-1} 1``.
+
+        For ``F(y) = M y`` one block maps ``y`` to ``R(M) y``; as ``A`` is nilpotent,
+        ``r_0 = 1`` and ``r_{k+1} = b^T A^k 1``.
+        """
+        s = self.stages
+        coeffs = [1.0]
+        power = [1.0] * s  # A^k 1, starting at k = 0
+        for _ in range(s):
+            coeffs.append(sum(bi * pi for bi, pi in zip(self.b, power)))
+            power = [sum(self.A[i][j] * power[j] for j in range(s)) for i in range(s)]
+        return coeffs
+
+    def order(self, tol: float = 1e-12) -> int:
+        """Classical order of accuracy (0 to 4) from the rooted-tree order conditions."""
+        s, A, b, c = self.stages, self.A, self.b, self.c
+
+        def mat(v: Sequence[float]) -> list[float]:
+            return [sum(A[i][j] * v[j] for j in range(s)) for i in range(s)]
+
+        def dot(u: Sequence[float], v: Sequence[float]) -> float:
+            return sum(x * y for x, y in zip(u, v))
+
+        ones = [1.0] * s
+        c2 = [x * x for x in c]
+        conditions = [
+            [(dot(b, ones), 1.0)],
+            [(dot(b, c), 1 / 2)],
+            [(dot(b, c2), 1 / 3), (dot(b, mat(c)), 1 / 6)],
+            [
+                (dot(b, [x**3 for x in c]), 1 / 4),
+                (dot(b, [x * y for x, y in zip(c, mat(c))]), 1 / 8),
+                (dot(b, mat(c2)), 1 / 12),
+                (dot(b, mat(mat(c))), 1 / 24),
+            ],
+        ]
+        order = 0
+        for level in conditions:
+            if all(abs(value - exact) <= tol for value, exact in level):
+                order += 1
+            else:
+                break
+        return order
+
+
+def _as_vector(values: Sequence[float], what: str) -> tuple[float, ...]:
+    try:
+        out = tuple(float(v) for v in values)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"tableau {what} must be a sequence of numbers, got {values!r}") from err
+    if not all(math.isfinite(v) for v in out):
+        raise ValueError(f"tableau {what} must be finite, got {out}")
+    return out
+
+
+def _as_matrix(rows: Sequence[Sequence[float]]) -> tuple[tuple[float, ...], ...]:
+    try:
+        return tuple(_as_vector(row, "A row") for row in rows)
+    except TypeError as err:
+        raise ValueError(f"tableau A must be a list of rows of numbers, got {rows!r}") from err
+
+
+TABLEAUX: dict[str, Tableau] = {
+    "residual": Tableau(A=((0.0,),), b=(1.0,), name="residual"),
+    "rk2": Tableau(A=((0.0, 0.0), (1.0, 0.0)), b=(0.5, 0.5), name="rk2"),
+    "rk2_gamma1": Tableau(A=((0.0, 0.0), (1.0, 0.0)), b=(1.0, 1.0), name="rk2_gamma1"),
+    "rk3": Tableau(
+        A=((0.0, 0.0, 0.0), (0.5, 0.0, 0.0), (-1.0, 2.0, 0.0)),
+        b=(1 / 6, 4 / 6, 1 / 6),
+        name="rk3",
+    ),
+    "rk4": Tableau(
+        A=((0.0, 0.0, 0.0, 0.0), (0.5, 0.0, 0.0, 0.0), (0.0, 0.5, 0.0, 0.0), (0.0, 0.0, 1.0, 0.0)),
+        b=(1 / 6, 2 / 6, 2 / 6, 1 / 6),
+        name="rk4",
+    ),
+}
+"""The fixed-coefficient tableaux of DESIGN.md's table (``euler`` is an alias of ``residual``)."""
+TABLEAUX["euler"] = TABLEAUX["residual"]
+
+
+def get_tableau(spec: str | Tableau | tuple) -> Tableau:
+    """A :class:`Tableau` from a name in :data:`TABLEAUX`, a ``Tableau`` or a pair ``(A, b)``."""
+    if isinstance(spec, Tableau):
+        return spec
+    if isinstance(spec, str):
+        if spec not in TABLEAUX:
+            raise ValueError(f"unknown tableau {spec!r}; valid: {', '.join(sorted(TABLEAUX))}")
+        return TABLEAUX[spec]
+    if isinstance(spec, (tuple, list)) and len(spec) == 2:
+        return Tableau(A=spec[0], b=spec[1])
+    raise ValueError(f"a tableau is a name, a Tableau or a pair (A, b); got {spec!r}")

@@ -1,0 +1,73 @@
+"""Corpus loading: the standard token counts, protocols, and clear errors on bad input."""
+
+import pytest
+
+from experiments.cli import corpus_info
+from experiments.data.corpora import CorpusError, load_corpus
+from experiments.data.tokenization import (
+    VocabularyMismatchError,
+    WordTokenizer,
+    check_tokenizer,
+    encode_corpus,
+)
+
+
+def test_ptb_and_wikitext2_token_counts(data_dir):
+    ptb = corpus_info("ptb", str(data_dir), "mini")
+    # mini protocol: train + valid together are the valid file
+    assert ptb["splits"]["train"]["tokens"] + ptb["splits"]["valid"]["tokens"] == 73_760
+    assert ptb["splits"]["test"]["tokens"] == 82_430
+    assert ptb["vocab_size"] == 7_596  # words of the closed 10k vocabulary seen in valid + test
+    assert {f["checksum"] for f in ptb["files"].values()} == {"ok"}
+    wt2 = load_corpus("wikitext2", data_dir, protocol="mini")
+    assert wt2.num_tokens("train") + wt2.num_tokens("valid") == 217_646
+    assert wt2.num_tokens("test") == 245_569
+
+
+def test_full_protocol_without_train_split_names_files_and_fix(data_dir):
+    with pytest.raises(CorpusError) as error:
+        load_corpus("ptb", data_dir)
+    message = str(error.value)
+    assert "ptb.train.txt" in message and str(data_dir) in message and "--protocol mini" in message
+
+
+def test_unknown_corpus_lists_valid_names():
+    with pytest.raises(CorpusError, match="valid: ptb, wikitext2, wikitext2-raw, text, grammar"):
+        load_corpus("penn")
+
+
+def test_text_folder_eos_per_line_and_protocol_recorded(text_corpus_dir):
+    corpus = load_corpus("text", text_corpus_dir)
+    assert corpus.split("train")[2] == ["<eos>"]  # an empty line still ends with <eos>
+    assert corpus.split("train")[3] == ["a", "cat", "ran", "<unk>", "<eos>"]
+    mini = load_corpus("text", text_corpus_dir, protocol="mini")
+    assert "mini" in mini.protocol
+    data = encode_corpus(mini, WordTokenizer.from_corpus(mini))
+    assert data.protocol == mini.protocol
+    assert data.split("test").num_words == 4
+
+
+def test_bad_files_give_clear_errors(tmp_path):
+    (tmp_path / "train.txt").write_bytes(b"fine line\nbad \xff byte\n")
+    (tmp_path / "valid.txt").write_text("")
+    (tmp_path / "test.txt").write_text("x\n")
+    with pytest.raises(CorpusError, match=r"train.txt is not UTF-8: byte offset 14"):
+        load_corpus("text", tmp_path)
+    (tmp_path / "train.txt").write_text("ok\n")
+    with pytest.raises(CorpusError, match="valid.txt is empty"):
+        load_corpus("text", tmp_path)
+    (tmp_path / "valid.txt").unlink()
+    with pytest.raises(CorpusError, match="lacks valid"):
+        load_corpus("text", tmp_path)
+
+
+def test_vocabulary_is_closed_and_checked(text_corpus_dir):
+    corpus = load_corpus("text", text_corpus_dir)
+    tokenizer = WordTokenizer.from_corpus(corpus)
+    assert tokenizer.id_to_token(0) == "<eos>"
+    assert tokenizer.encode_words(["<unk>"]) == [tokenizer.index["<unk>"]]
+    with pytest.raises(VocabularyMismatchError, match="'zebra' is not in the vocabulary"):
+        tokenizer.encode_words(["zebra"])
+    other = WordTokenizer(["<eos>", "x"])
+    with pytest.raises(VocabularyMismatchError, match="trained with tokenizer"):
+        check_tokenizer(other.fingerprint(), tokenizer)
