@@ -125,7 +125,9 @@ class RKBlock(nn.Module):
         return y + self.increment(y, cache, padding_mask)
 
     def extra_repr(self) -> str:
-        return f"tableau={self.tableau.name}, stages={self.stages}, coefficients={self.coefficients}"
+        return (
+            f"tableau={self.tableau.name}, stages={self.stages}, coefficients={self.coefficients}"
+        )
 
 
 def make_block(

@@ -77,7 +77,9 @@ class ODETransformerConfig:
                     f"pass either block={self.block!r} or tableau=(A, b), not both "
                     "(a user tableau makes block='custom')"
                 )
-            tableau = Tableau(*self.tableau) if not isinstance(self.tableau, Tableau) else self.tableau
+            tableau = (
+                Tableau(*self.tableau) if not isinstance(self.tableau, Tableau) else self.tableau
+            )
             self.tableau = (tableau.A, tableau.b)
             self.block = "custom"
         elif self.block not in BLOCKS:
@@ -96,7 +98,9 @@ class ODETransformerConfig:
                     f"block='residual' and sublayer='both' (got {self.block!r}, {self.sublayer!r})"
                 )
             if self.d_ff % 2 != 0:
-                raise ValueError(f"stack='macaron' halves d_ff, which must be even; got {self.d_ff}")
+                raise ValueError(
+                    f"stack='macaron' halves d_ff, which must be even; got {self.d_ff}"
+                )
 
     def to_dict(self) -> dict:
         """JSON-ready dict (the tableau as nested lists)."""
@@ -115,7 +119,9 @@ class ODETransformerConfig:
         return cls(**data)
 
 
-def check_tokens(tokens: torch.Tensor, vocab_size: int, max_positions: int, offset: int = 0) -> None:
+def check_tokens(
+    tokens: torch.Tensor, vocab_size: int, max_positions: int, offset: int = 0
+) -> None:
     """Raise a clear ValueError for token tensors the model cannot embed."""
     if not isinstance(tokens, torch.Tensor) or tokens.dim() != 2:
         shape = tuple(tokens.shape) if isinstance(tokens, torch.Tensor) else type(tokens).__name__
@@ -170,23 +176,27 @@ class ODETransformerLM(nn.Module):
         """The per-layer modules, in depth order (for per-block gradient-norm logging)."""
         return list(self.stack.layers)
 
-    def forward(
-        self, tokens: torch.Tensor, cache: KVCache | None = None
-    ) -> tuple[torch.Tensor, dict]:
-        """Logits ``[B, T, V]`` where ``logits[:, t]`` predicts ``tokens[:, t + 1]``.
-
-        With a ``cache`` the tokens continue the cached sequence (positions start at
-        ``cache.position``) and the cache is extended in place.
-        """
+    def hidden_states(self, tokens: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+        """Final-LayerNorm states ``[B, T, d_model]``; with a ``cache`` the tokens continue
+        the cached sequence (positions start at ``cache.position``), extending it in place."""
         start = 0 if cache is None else cache.position
         check_tokens(tokens, self.vocab_size, self.max_positions, offset=start)
         positions = torch.arange(start, start + tokens.shape[1], device=tokens.device)
         x = self.dropout(self.token_embedding(tokens) + self.position_embedding(positions))
         x = self.stack(x, cache)
-        logits = self.head(self.norm(x))
         if cache is not None:
             cache.position += tokens.shape[1]
-        return logits, {"nfe": self.stack.nfe}
+        return self.norm(x)
+
+    def forward(
+        self, tokens: torch.Tensor, cache: KVCache | None = None
+    ) -> tuple[torch.Tensor, dict]:
+        """Logits ``[B, T, V]`` where ``logits[:, t]`` predicts ``tokens[:, t + 1]``."""
+        return self.head(self.hidden_states(tokens, cache)), {"nfe": self.stack.nfe}
+
+    def next_token_logits(self, tokens: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+        """Logits ``[B, V]`` at the last position only (what generation needs)."""
+        return self.head(self.hidden_states(tokens, cache)[:, -1])
 
     # -------------------------------------------------------------------------------------
     # Generation
@@ -215,9 +225,13 @@ class ODETransformerLM(nn.Module):
         if strategy not in STRATEGIES:
             raise ValueError(f"unknown strategy {strategy!r}; valid: {', '.join(STRATEGIES)}")
         if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
-            raise ValueError(f"max_new_tokens must be a non-negative integer, got {max_new_tokens!r}")
+            raise ValueError(
+                f"max_new_tokens must be a non-negative integer, got {max_new_tokens!r}"
+            )
         if temperature <= 0:
-            raise ValueError(f"temperature must be > 0 (use strategy='greedy' for argmax), got {temperature}")
+            raise ValueError(
+                f"temperature must be > 0 (use strategy='greedy' for argmax), got {temperature}"
+            )
         if top_k is not None and (not isinstance(top_k, int) or top_k < 1):
             raise ValueError(f"top_k must be a positive integer or None, got {top_k!r}")
         if top_p is not None and not 0.0 < top_p <= 1.0:
@@ -269,7 +283,7 @@ class ODETransformerLM(nn.Module):
         sequence, step_input = tokens, tokens
         finished = torch.zeros(tokens.shape[0], dtype=torch.bool, device=tokens.device)
         for _ in range(max_new_tokens):
-            logits = self(step_input, cache)[0][:, -1]
+            logits = self.next_token_logits(step_input, cache)
             if sample:
                 probs = F.softmax(filter_logits(logits / temperature, top_k, top_p), dim=-1)
                 next_token = torch.multinomial(probs, 1, generator=generator).squeeze(1)
@@ -301,7 +315,7 @@ class ODETransformerLM(nn.Module):
         cache = KVCache() if use_cache else None
         step_input = sequence
         for _ in range(max_new_tokens):
-            log_probs = F.log_softmax(self(step_input, cache)[0][:, -1].float(), dim=-1)
+            log_probs = F.log_softmax(self.next_token_logits(step_input, cache).float(), dim=-1)
             if eos_token_id is not None:  # a finished beam can only continue with eos, free
                 log_probs[finished] = float("-inf")
                 log_probs[finished, eos_token_id] = 0.0

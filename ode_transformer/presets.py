@@ -20,22 +20,40 @@ _PAPER_DROPOUT = {"dropout": 0.1, "attention_dropout": 0.1, "relu_dropout": 0.1}
 
 PRESETS: dict[str, dict[str, Any]] = {
     "ptb-lm-1layer": {
-        "vocab_size": 10000, "d_model": 512, "d_ff": 2048, "n_heads": 8, "n_layers": 1,
-        "max_positions": 512, **_PAPER_DROPOUT,
+        "vocab_size": 10000,
+        "d_model": 512,
+        "d_ff": 2048,
+        "n_heads": 8,
+        "n_layers": 1,
+        "max_positions": 512,
+        **_PAPER_DROPOUT,
     },
     "ptb-lm-2layer": {
-        "vocab_size": 10000, "d_model": 512, "d_ff": 2048, "n_heads": 8, "n_layers": 2,
-        "max_positions": 512, **_PAPER_DROPOUT,
+        "vocab_size": 10000,
+        "d_model": 512,
+        "d_ff": 2048,
+        "n_heads": 8,
+        "n_layers": 2,
+        "max_positions": 512,
+        **_PAPER_DROPOUT,
     },
     "base": {
-        "d_model": 512, "d_ff": 2048, "n_heads": 8, "n_layers": 6, "max_positions": 512,
+        "d_model": 512,
+        "d_ff": 2048,
+        "n_heads": 8,
+        "n_layers": 6,
+        "max_positions": 512,
         **_PAPER_DROPOUT,
     },
     "small": {
-        "d_model": 128, "d_ff": 512, "n_heads": 4, "n_layers": 2, "max_positions": 256,
+        "d_model": 128,
+        "d_ff": 512,
+        "n_heads": 4,
+        "n_layers": 2,
+        "max_positions": 256,
         **_PAPER_DROPOUT,
     },
-}  # fmt: skip
+}
 """Preset name -> config fields (anything not listed keeps the config default)."""
 
 

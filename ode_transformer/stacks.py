@@ -277,16 +277,16 @@ def build_stack(config: ODETransformerConfig, causal: bool) -> LayerStack:
     """The stack of ``config.n_layers`` layers that ``config.stack`` names."""
     if config.stack not in _STACK_CLASSES:
         raise ValueError(f"unknown stack {config.stack!r}; valid: {', '.join(STACKS)}")
-    common = dict(
-        d_model=config.d_model,
-        n_heads=config.n_heads,
-        d_ff=config.d_ff,
-        dropout=config.dropout,
-        attention_dropout=config.attention_dropout,
-        relu_dropout=config.relu_dropout,
-        causal=causal,
-        eps=config.layer_norm_eps,
-    )
+    common = {
+        "d_model": config.d_model,
+        "n_heads": config.n_heads,
+        "d_ff": config.d_ff,
+        "dropout": config.dropout,
+        "attention_dropout": config.attention_dropout,
+        "relu_dropout": config.relu_dropout,
+        "causal": causal,
+        "eps": config.layer_norm_eps,
+    }
     block = config.tableau if config.tableau is not None else config.block
     layers: list[nn.Module] = []
     for _ in range(config.n_layers):

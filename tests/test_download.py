@@ -205,3 +205,13 @@ def test_known_hashes_match_the_shared_real_files():
     assert checked == 4
     # A user who copied the real PTB files by hand is served from them with no network.
     assert set(ARCHIVES["ptb"].file_sha256) == {"ptb.train.txt", "ptb.valid.txt", "ptb.test.txt"}
+
+
+def test_corrupt_archive_raises_download_error_and_leaves_no_files(server, tmp_path):
+    garbage = b"\x1f\x8b" + bytes(range(256)) * 4  # a gzip magic number, then noise
+    server.routes["/bad.tgz"] = garbage
+    with pytest.raises(DownloadError, match="corrupt"):
+        download_corpus(
+            "ptb", tmp_path, url=server.url("/bad.tgz"), sha256=_sha(garbage), timeout=5
+        )
+    assert _finals(tmp_path / "ptb") == []

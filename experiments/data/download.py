@@ -27,6 +27,7 @@ import tempfile
 import urllib.error
 import urllib.request
 import zipfile
+import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -216,11 +217,14 @@ def _cache_problem(spec: ArchiveSpec, expected: dict[str, str], dest: Path) -> s
     return None
 
 
-def _extract(spec: ArchiveSpec, archive: Path, archive_sha: str | None, dest: Path) -> None:
+def _extract(
+    spec: ArchiveSpec, archive: Path, url: str, archive_sha: str | None, dest: Path
+) -> None:
     """Extract the members to temporary files, verify them, then rename them into place."""
     wanted = {member.removeprefix("./"): name for member, name in spec.members.items()}
     expected = dict(spec.file_sha256) if archive_sha == spec.sha256 else {}
     staged: dict[str, Path] = {}
+    digests: dict[str, str] = {}
     try:
         for member, stream in _open_members(archive):
             if member not in wanted:
@@ -231,12 +235,15 @@ def _extract(spec: ArchiveSpec, archive: Path, archive_sha: str | None, dest: Pa
             with os.fdopen(fd, "wb") as handle:
                 shutil.copyfileobj(stream, handle, _CHUNK)
             os.chmod(staged[name], 0o644)
-            if name in expected:
-                verify_file(staged[name], expected[name])
+            digests[name] = sha256_file(staged[name])
+            if name in expected and digests[name] != expected[name]:
+                raise ChecksumError(
+                    f"checksum mismatch for {name} (member {member} of {url}): expected sha256 "
+                    f"{expected[name]}, got {digests[name]}; the archive is not the canonical one"
+                )
         missing = sorted(set(wanted.values()) - set(staged))
         if missing:
-            raise DownloadError(f"archive {archive} lacks {missing}; is it the right archive?")
-        digests = {name: sha256_file(path) for name, path in staged.items()}
+            raise DownloadError(f"archive {url} lacks {missing}; is it the right archive?")
         (dest / MANIFEST).unlink(missing_ok=True)
         for name, path in staged.items():
             os.replace(path, dest / name)
@@ -275,6 +282,7 @@ def download_corpus(
     problem = _cache_problem(spec, _expected_hashes(spec, archive_sha, dest), dest)
     if problem is None:
         return dest
+    hint = _manual_hint(spec, url, dest)
     with _temp_path(dest, ".archive.") as path:
         try:
             with open(path, "wb") as handle:
@@ -282,14 +290,16 @@ def download_corpus(
         except (DownloadError, OSError, http.client.HTTPException) as error:
             reason = error.reason if isinstance(error, urllib.error.URLError) else error
             raise DownloadError(
-                f"could not download {url}: {reason} (cached copy unusable: {problem}). "
-                + _manual_hint(spec, url, dest)
+                f"could not download {url}: {reason} (cached copy unusable: {problem}). " + hint
             ) from error
         if archive_sha is not None and actual != archive_sha:
             raise ChecksumError(
                 f"checksum mismatch for {url} (downloaded to {path}): expected sha256 "
                 f"{archive_sha}, got {actual}; the transfer was corrupted or the archive changed. "
-                + _manual_hint(spec, url, dest)
+                + hint
             )
-        _extract(spec, path, archive_sha, dest)
+        try:
+            _extract(spec, path, url, archive_sha, dest)
+        except (tarfile.TarError, zipfile.BadZipFile, EOFError, zlib.error) as error:
+            raise DownloadError(f"archive from {url} is corrupt ({error}). " + hint) from error
     return dest

@@ -17,6 +17,7 @@ from typing import Protocol
 
 import torch
 
+from experiments.data.bpe import BPETokenizer
 from experiments.data.corpora import EOS, Corpus
 
 
@@ -126,3 +127,43 @@ def check_tokenizer(expected_fingerprint: str, tokenizer: Tokenizer) -> None:
             f"is encoded with {actual} ({tokenizer.vocab_size} tokens); evaluate it on the "
             "corpus, protocol and tokenizer it was trained with"
         )
+
+
+class SubwordTokenizer:
+    """Byte-level BPE (``experiments.data.bpe``) behind the word tokenizer's interface."""
+
+    kind = "bpe"
+
+    def __init__(self, bpe: BPETokenizer) -> None:
+        self.bpe = bpe
+        self.vocab_size = bpe.vocab_size
+        self.eos_id = bpe.eos_id
+
+    def encode_words(self, words: list[str]) -> list[int]:
+        ends = bool(words) and words[-1] == EOS
+        body = words[:-1] if ends else words
+        return self.bpe.encode_line(" ".join(body)) + ([self.eos_id] if ends else [])
+
+    def id_to_token(self, index: int) -> str:
+        return self.bpe.id_to_token(index)
+
+    def fingerprint(self) -> str:
+        vocab = "\n".join(self.bpe.id_to_token(i) for i in range(self.vocab_size))
+        return "bpe:" + hashlib.sha256(vocab.encode()).hexdigest()[:16]
+
+    def save(self, path: str | Path) -> None:
+        self.bpe.save(path)
+
+
+def build_tokenizer(
+    corpus: Corpus, kind: str, *, bpe_vocab_size: int = 4000, tokenizer_dir: str | None = None
+) -> WordTokenizer | SubwordTokenizer:
+    """A word vocabulary, or BPE trained on the train split (or loaded from a GPT-2 dir)."""
+    if kind == "word":
+        return WordTokenizer.from_corpus(corpus)
+    if kind != "bpe":
+        raise ValueError(f"unknown tokenizer {kind!r}; valid: word, bpe")
+    if tokenizer_dir:
+        return SubwordTokenizer(BPETokenizer.from_directory(tokenizer_dir))
+    lines = (" ".join(line[:-1]) for line in corpus.split("train"))
+    return SubwordTokenizer(BPETokenizer.train(lines, bpe_vocab_size))

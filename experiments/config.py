@@ -1,0 +1,200 @@
+"""Run configuration: typed sections read from YAML, with unknown keys and wrong types named.
+
+A run config has five sections: ``data``, ``model`` (free-form: the model family's own
+keyword arguments), ``optim``, ``trainer`` and ``eval``, plus ``name``, ``seed`` and
+``out_dir``. ``model`` is passed to ``experiments.models.build_model``, which checks it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A config has an unknown key, a wrong type or an invalid value."""
+
+
+@dataclass
+class DataConfig:
+    corpus: str = "grammar"
+    data_dir: str | None = None
+    protocol: str = "full"
+    tokenizer: str = "word"  # "word" or "bpe"
+    bpe_vocab_size: int = 4000
+    tokenizer_dir: str | None = None  # a local GPT-2 tokenizer directory for "bpe"
+    batching: str = "stream"  # "stream" (BPTT windows) or "sentences" (padded, masked)
+    batch_size: int = 16
+    bptt: int = 35
+    padding_side: str = "right"
+    eval_window: int = 128
+    seed: int = 0  # seed of the generated grammar corpus
+
+
+@dataclass
+class OptimConfig:
+    optimizer: str = "adam"  # "adam" or "adamw"
+    lr: float = 1e-3
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    weight_decay: float = 0.0
+    schedule: str = "constant"  # "constant" or "inverse_sqrt" (with linear warmup)
+    warmup_steps: int = 0
+    grad_clip: float | None = 1.0
+    label_smoothing: float = 0.0
+
+
+@dataclass
+class TrainerConfig:
+    max_steps: int = 1000
+    max_time_s: float | None = None
+    val_every: int = 100
+    val_batches: int | None = None  # limit validation windows (None: the whole split)
+    checkpoint_every: int = 100
+    early_stopping_patience: int | None = None
+    average_last: int = 0  # average the weights of the last N validation checkpoints
+    log_every: int = 10
+    accelerator: str = "cpu"
+    devices: int | str = 1
+    num_nodes: int = 1
+    strategy: str = "auto"
+    precision: str = "32-true"
+    deterministic: bool = True
+    progress_bar: bool = True
+
+
+@dataclass
+class EvalConfig:
+    bleu_sentences: int = 200
+    prompt_len: int = 3
+    decode: str = "greedy"
+
+
+@dataclass
+class RunConfig:
+    name: str = "run"
+    seed: int = 0
+    out_dir: str = "runs"
+    data: DataConfig = field(default_factory=DataConfig)
+    model: dict[str, Any] = field(default_factory=dict)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.out_dir) / self.name
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _matches(value: Any, annotation: Any) -> bool:
+    """Whether ``value`` fits a (simple) type annotation."""
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        return any(_matches(value, arg) for arg in typing.get_args(annotation))
+    if annotation is type(None):
+        return value is None
+    if annotation is Any:
+        return True
+    if origin is list:
+        (item,) = typing.get_args(annotation)
+        return isinstance(value, list) and all(_matches(v, item) for v in value)
+    if origin is dict:
+        return isinstance(value, dict)
+    if annotation is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if annotation is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, annotation)
+
+
+def _build(cls: type, values: dict[str, Any], where: str) -> Any:
+    if not isinstance(values, dict):
+        raise ConfigError(f"{where} must be a mapping, got {type(values).__name__}")
+    hints = typing.get_type_hints(cls)
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ConfigError(
+            f"unknown key {where}.{unknown[0]}" + (f" (and {unknown[1:]})" if unknown[1:] else "")
+            + f"; valid keys in {where}: {', '.join(sorted(known))}"
+        )
+    kwargs = {}
+    for key, value in values.items():
+        hint = hints[key]
+        if dataclasses.is_dataclass(hint):
+            kwargs[key] = _build(hint, value, f"{where}.{key}")
+            continue
+        if not _matches(value, hint):
+            raise ConfigError(
+                f"{where}.{key} must be {_type_name(hint)}, got {value!r} ({type(value).__name__})"
+            )
+        kwargs[key] = float(value) if hint is float else value
+    return cls(**kwargs)
+
+
+def _type_name(annotation: Any) -> str:
+    return getattr(annotation, "__name__", None) or str(annotation).replace("typing.", "")
+
+
+def parse_config(values: dict[str, Any], *, where: str = "config") -> RunConfig:
+    """Build a RunConfig from a plain dict, naming any unknown key or wrong type."""
+    config = _build(RunConfig, values, where)
+    _check_values(config)
+    return config
+
+
+def _check_values(config: RunConfig) -> None:
+    choices = {
+        "data.tokenizer": (config.data.tokenizer, ("word", "bpe")),
+        "data.batching": (config.data.batching, ("stream", "sentences")),
+        "data.padding_side": (config.data.padding_side, ("left", "right")),
+        "optim.optimizer": (config.optim.optimizer, ("adam", "adamw")),
+        "optim.schedule": (config.optim.schedule, ("constant", "inverse_sqrt")),
+        "eval.decode": (config.eval.decode, ("greedy", "beam")),
+    }
+    for key, (value, valid) in choices.items():
+        if value not in valid:
+            raise ConfigError(f"{key} = {value!r} is not one of {', '.join(valid)}")
+    if len(config.optim.betas) != 2:
+        raise ConfigError(f"optim.betas must hold two numbers, got {config.optim.betas}")
+    if not config.model:
+        raise ConfigError("the config has no model section; e.g. model: {family: ode_transformer}")
+
+
+def merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    """Recursive dict merge: ``override`` wins, nested mappings merge."""
+    merged = dict(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> RunConfig:
+    """Read a YAML run config (``base: other.yaml`` inherits from another file)."""
+    values = load_yaml(path)
+    return parse_config(merge(values, overrides or {}), where=str(path))
+
+
+def load_yaml(path: str | Path) -> dict[str, Any]:
+    """A YAML mapping, with ``base:`` files merged underneath (paths relative to the file)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {path} does not exist")
+    values = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(values, dict):
+        raise ConfigError(f"{path} must hold a YAML mapping at the top level")
+    base = values.pop("base", None)
+    if base:
+        values = merge(load_yaml(path.parent / base), values)
+    return values

@@ -1,0 +1,228 @@
+"""Lightning training for any contract model: the task (research code) and the data module.
+
+``LMTask`` holds the model, the loss, the optimizer and schedule, and what is logged each
+step (loss, perplexity, NFE, gradient norm per block, tokens per second). ``LMDataModule``
+serves BPTT windows or padded sentence batches in a seeded order that depends only on the
+seed and the step, so a run resumed from a checkpoint sees exactly the batches the
+uninterrupted run would have seen.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytorch_lightning as pl
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+from experiments.config import DataConfig, OptimConfig
+from experiments.contract import call_model
+from experiments.data.batching import evaluation_windows, sentence_batch, stream_windows
+from experiments.data.tokenization import LMData
+
+
+class NonFiniteLossError(RuntimeError):
+    """The training loss became NaN or infinite."""
+
+
+class _Batches(Dataset):
+    """A list of ready-made batches: ``tokens`` or ``(tokens, mask)``."""
+
+    def __init__(self, batches: list[Any]) -> None:
+        self.batches = batches
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __getitem__(self, index: int) -> Any:
+        return self.batches[index]
+
+
+class SeededResumableSampler(Sampler[int]):
+    """An endless sequence of seeded epoch permutations that starts at a given step.
+
+    Batch ``k`` of the run is ``permutation(epoch = k // n)[k % n]``, a pure function of the
+    seed and ``k``, so resuming at step ``k`` needs nothing but ``k``. Each rank of a
+    distributed run takes every ``world_size``-th batch.
+    """
+
+    def __init__(
+        self, size: int, seed: int, start: int = 0, rank: int = 0, world_size: int = 1
+    ) -> None:
+        self.size, self.seed, self.start = size, seed, start
+        self.rank, self.world_size = rank, world_size
+
+    def _index(self, global_batch: int) -> int:
+        epoch, position = divmod(global_batch, self.size)
+        order = torch.randperm(self.size, generator=torch.Generator().manual_seed(self.seed + epoch))
+        return int(order[position])
+
+    def __iter__(self) -> Iterator[int]:
+        step = self.start
+        while True:
+            yield self._index(step * self.world_size + self.rank)
+            step += 1
+
+    def __len__(self) -> int:
+        return 2**62
+
+
+class LMDataModule(pl.LightningDataModule):
+    """Training batches in a resumable seeded order; validation windows in a fixed order."""
+
+    def __init__(self, data: LMData, config: DataConfig, seed: int, val_batches: int | None) -> None:
+        super().__init__()
+        self.data, self.config, self.seed, self.val_batches = data, config, seed, val_batches
+
+    def _train_batches(self) -> list[Any]:
+        split, cfg = self.data.split("train"), self.config
+        if cfg.batching == "stream":
+            return list(stream_windows(split.ids, cfg.batch_size, cfg.bptt))
+        eos = self.data.tokenizer.eos_id
+        sentences = split.sentences
+        return [
+            sentence_batch(sentences[i : i + cfg.batch_size], eos, eos, side=cfg.padding_side)
+            for i in range(0, len(sentences), cfg.batch_size)
+        ]
+
+    def train_dataloader(self) -> DataLoader:
+        trainer = self.trainer
+        start = trainer.global_step if trainer is not None else 0
+        rank = trainer.global_rank if trainer is not None else 0
+        world = trainer.world_size if trainer is not None else 1
+        batches = self._train_batches()
+        sampler = SeededResumableSampler(len(batches), self.seed, start, rank, world)
+        return DataLoader(_Batches(batches), sampler=sampler, batch_size=None)
+
+    def val_dataloader(self) -> DataLoader:
+        windows = evaluation_windows(
+            self.data.split("valid").ids, self.data.tokenizer.eos_id, self.config.eval_window
+        )
+        full = [w for w in windows if w.numel() == windows[0].numel()]
+        batches = [torch.stack(full[i : i + 16]) for i in range(0, len(full), 16)]
+        if windows[-1].numel() != windows[0].numel():
+            batches.append(windows[-1][None])
+        if self.val_batches:
+            batches = batches[: self.val_batches]
+        return DataLoader(_Batches(batches), batch_size=None)
+
+
+def inverse_sqrt_lambda(warmup_steps: int):
+    """Linear warmup then ``1/sqrt(step)`` decay, normalised to 1 at the end of warmup."""
+    warmup = max(1, warmup_steps)
+
+    def factor(step: int) -> float:
+        step = step + 1
+        return step / warmup if step < warmup else math.sqrt(warmup / step)
+
+    return factor
+
+
+class LMTask(pl.LightningModule):
+    """Trains a contract model with next-token cross-entropy."""
+
+    def __init__(self, model: nn.Module, optim: OptimConfig) -> None:
+        super().__init__()
+        self.model, self.optim = model, optim
+        self.val_nll = 0.0
+        self.val_tokens = 0
+        self._step_started: float | None = None
+
+    def forward(self, tokens: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:
+        return call_model(self.model, tokens)
+
+    def _loss(self, batch: Any) -> tuple[torch.Tensor, int, dict[str, Any]]:
+        tokens, mask = batch if isinstance(batch, (tuple, list)) else (batch, None)
+        logits, aux = self(tokens)
+        targets = tokens[:, 1:].reshape(-1)
+        flat = logits[:, :-1].reshape(-1, logits.shape[-1]).float()
+        if mask is not None:
+            keep = (mask[:, 1:] & mask[:, :-1]).reshape(-1)
+            flat, targets = flat[keep], targets[keep]
+        loss = F.cross_entropy(flat, targets, label_smoothing=self.optim.label_smoothing)
+        if "reg" in aux:
+            loss = loss + aux["reg"]
+        return loss, targets.numel(), aux
+
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        self._step_started = time.perf_counter()
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        loss, count, aux = self._loss(batch)
+        if not torch.isfinite(loss):
+            raise NonFiniteLossError(
+                f"training loss is {loss.item()} at step {self.global_step}; stopping. The last "
+                "good checkpoint is kept (last.ckpt); lower optim.lr or set optim.grad_clip"
+            )
+        self.log("train/loss", loss, prog_bar=True)
+        self.log("train/ppl", torch.exp(loss.detach().clamp(max=50)))
+        if "nfe" in aux:
+            self.log("train/nfe", float(aux["nfe"]), prog_bar=True)
+        if self._step_started is not None:
+            elapsed = max(time.perf_counter() - self._step_started, 1e-9)
+            self.log("train/tokens_per_s", count * self.trainer.world_size / elapsed)
+        return loss
+
+    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        blocks = self.model.block_modules() if hasattr(self.model, "block_modules") else []
+        for index, block in enumerate(blocks):
+            grads = [p.grad.detach().norm() for p in block.parameters() if p.grad is not None]
+            if grads:
+                self.log(f"grad_norm/block_{index}", torch.stack(grads).norm())
+        stats = getattr(self.model, "last_solver_stats", None)
+        nfe_backward = getattr(stats, "nfe_backward", None) if stats is not None else None
+        if nfe_backward:
+            self.log("train/nfe_backward", float(nfe_backward))
+
+    def on_validation_epoch_start(self) -> None:
+        self.val_nll, self.val_tokens = 0.0, 0
+
+    def validation_step(self, batch: torch.Tensor, batch_idx: int) -> None:
+        logits, aux = self(batch)
+        nll = F.cross_entropy(
+            logits[:, :-1].reshape(-1, logits.shape[-1]).float(),
+            batch[:, 1:].reshape(-1),
+            reduction="sum",
+        )
+        self.val_nll += float(nll)
+        self.val_tokens += batch[:, 1:].numel()
+        if "nfe" in aux:
+            self.log("val/nfe", float(aux["nfe"]), batch_size=batch.shape[0])
+
+    def on_validation_epoch_end(self) -> None:
+        totals = torch.tensor([self.val_nll, float(self.val_tokens)], dtype=torch.float64)
+        totals = self.trainer.strategy.reduce(totals, reduce_op="sum")
+        ppl = math.exp(float(totals[0] / max(totals[1], 1.0)))
+        self.log("val/ppl", ppl, prog_bar=True, sync_dist=False)
+
+    def configure_optimizers(self) -> dict[str, Any]:
+        cls = torch.optim.AdamW if self.optim.optimizer == "adamw" else torch.optim.Adam
+        optimizer = cls(
+            self.model.parameters(),
+            lr=self.optim.lr,
+            betas=tuple(self.optim.betas),
+            weight_decay=self.optim.weight_decay,
+        )
+        if self.optim.schedule == "constant":
+            return {"optimizer": optimizer}
+        schedule = torch.optim.lr_scheduler.LambdaLR(
+            optimizer, inverse_sqrt_lambda(self.optim.warmup_steps)
+        )
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint["rng_state"] = torch.get_rng_state()
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        if "rng_state" in checkpoint:
+            self._restored_rng = checkpoint["rng_state"]
+
+    def on_train_start(self) -> None:
+        restored = getattr(self, "_restored_rng", None)
+        if restored is not None:
+            torch.set_rng_state(restored)

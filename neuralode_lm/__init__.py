@@ -1,0 +1,55 @@
+"""Continuous-depth language models: ODE decoders over LSTM and GPT-2 encoders.
+
+The solver facade :func:`solve` (torchdiffeq, TorchDyn, torchode), vector fields, the causal
+ODE head and the NODE-LM report's reconstruction decoder, encoders, and the models
+(``build_model("ode-lstm", vocab_size)`` etc.), all trained in minibatches.
+"""
+
+from .encoders import GPT2Encoder, LSTMEncoder
+from .fields import AutonomousField, MLPField, TimeConcatField, as_field
+from .heads import CausalODEHead, ReconstructionODEDecoder, RegularizedField, make_field
+from .models import (
+    GPT2LM,
+    LSTMLM,
+    MODELS,
+    ODEGPT2,
+    ODELSTM,
+    AugmentedODEGPT2,
+    build_model,
+)
+from .solvers import (
+    MaxStepsExceeded,
+    NonFiniteStateError,
+    SolverConfig,
+    SolverError,
+    SolverStats,
+    StepSizeUnderflowError,
+    solve,
+)
+
+__all__ = [
+    "AugmentedODEGPT2",
+    "AutonomousField",
+    "CausalODEHead",
+    "GPT2Encoder",
+    "GPT2LM",
+    "LSTMEncoder",
+    "LSTMLM",
+    "MLPField",
+    "MODELS",
+    "MaxStepsExceeded",
+    "NonFiniteStateError",
+    "ODEGPT2",
+    "ODELSTM",
+    "ReconstructionODEDecoder",
+    "RegularizedField",
+    "SolverConfig",
+    "SolverError",
+    "SolverStats",
+    "StepSizeUnderflowError",
+    "TimeConcatField",
+    "as_field",
+    "build_model",
+    "make_field",
+    "solve",
+]

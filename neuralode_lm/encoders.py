@@ -1,0 +1,236 @@
+"""Causal encoders ``tokens [B, T] -> hidden [B, T, D]`` for the ODE heads and baselines.
+
+* :class:`LSTMEncoder`: embedding + LSTM + dropout on the outputs; the NODE-LM report's
+  baseline (300-d, dropout 0.1) is :meth:`LSTMEncoder.report_preset`.
+* :class:`GPT2Encoder`: a ``transformers`` ``GPT2Model`` whose hidden layer ``layer``
+  (0 = embeddings, ``n_layer`` = the final, layer-normed output; the report uses the 12th)
+  feeds the head; from a local directory, a hub name when the hub is reachable, or a
+  ``GPT2Config`` for training from scratch; frozen or fine-tuned.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+__all__ = ["LSTMEncoder", "GPT2Encoder", "is_offline"]
+
+
+class LSTMEncoder(nn.Module):
+    """Embedding -> LSTM -> dropout; ``[B, T] -> [B, T, hidden_dim]``, causal."""
+
+    def __init__(
+        self,
+        vocab_size: int,
+        embed_dim: int = 300,
+        hidden_dim: int = 300,
+        *,
+        num_layers: int = 1,
+        dropout: float = 0.1,
+        embeddings: torch.Tensor | None = None,
+        freeze_embeddings: bool = False,
+    ) -> None:
+        super().__init__()
+        if min(vocab_size, embed_dim, hidden_dim, num_layers) <= 0:
+            raise ValueError("vocab_size, embed_dim, hidden_dim and num_layers must be positive")
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+        self.vocab_size, self.hidden_dim = vocab_size, hidden_dim
+        self.embedding = nn.Embedding(vocab_size, embed_dim)
+        if embeddings is not None:
+            if tuple(embeddings.shape) != (vocab_size, embed_dim):
+                raise ValueError(
+                    f"embeddings must have shape ({vocab_size}, {embed_dim}), "
+                    f"got {tuple(embeddings.shape)}"
+                )
+            with torch.no_grad():
+                self.embedding.weight.copy_(embeddings)
+        self.embedding.weight.requires_grad_(not freeze_embeddings)
+        self.lstm = nn.LSTM(
+            embed_dim,
+            hidden_dim,
+            num_layers=num_layers,
+            batch_first=True,
+            dropout=dropout if num_layers > 1 else 0.0,
+        )
+        self.dropout = nn.Dropout(dropout)
+
+    @classmethod
+    def report_preset(cls, vocab_size: int, **overrides: Any) -> LSTMEncoder:
+        """The report's baseline LSTM: 300-d inputs (GloVe there), 300 units, dropout 0.1."""
+        options: dict[str, Any] = {"embed_dim": 300, "hidden_dim": 300, "dropout": 0.1}
+        options.update(overrides)
+        return cls(vocab_size, **options)
+
+    @property
+    def output_dim(self) -> int:
+        return self.hidden_dim
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        out, _ = self.lstm(self.embedding(tokens))
+        return self.dropout(out)
+
+
+def is_offline(offline: bool | None = None) -> bool:
+    """Whether to stay off the network: ``offline`` if given, else the HF environment."""
+    if offline is not None:
+        return offline
+    flags = (os.environ.get(name, "") for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+    return any(flag.strip().lower() in ("1", "true", "yes", "on") for flag in flags)
+
+
+def _looks_like_path(name: str) -> bool:
+    return (
+        os.path.isabs(name)
+        or name.startswith(("./", "../", "~", ".\\"))
+        or name.count("/") > 1
+        or os.path.exists(name)
+    )
+
+
+def load_gpt2_model(
+    name_or_path: str | os.PathLike[str], *, offline: bool | None = None, **kwargs: Any
+) -> nn.Module:
+    """``GPT2Model.from_pretrained`` that fails clearly, and without a network attempt offline.
+
+    A local directory is loaded with ``local_files_only=True``. Anything else is a hub name,
+    tried only when not offline (``offline=True``, ``HF_HUB_OFFLINE=1`` or
+    ``TRANSFORMERS_OFFLINE=1``); a missing path is a ``FileNotFoundError`` either way.
+    """
+    from transformers import GPT2Model
+
+    name = os.fspath(name_or_path)
+    path = Path(name).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").exists():
+            raise FileNotFoundError(
+                f"{path} has no config.json; save a model there with "
+                "`model.save_pretrained(path)` or point to a Hugging Face model directory"
+            )
+        return GPT2Model.from_pretrained(str(path), local_files_only=True, **kwargs)
+    if _looks_like_path(name) or isinstance(name_or_path, Path):
+        raise FileNotFoundError(
+            f"pretrained GPT-2 directory {name!r} does not exist (or is not a directory); pass "
+            "an existing directory "
+            "(saved with save_pretrained) or a GPT2Config to train from scratch"
+        )
+    if is_offline(offline):
+        raise FileNotFoundError(
+            f"{name!r} is not a local directory and offline mode is on (offline=True, "
+            "HF_HUB_OFFLINE or TRANSFORMERS_OFFLINE), so the hub was not contacted; pass a "
+            "local directory saved with save_pretrained, or a GPT2Config"
+        )
+    try:
+        return GPT2Model.from_pretrained(name, **kwargs)
+    except OSError as error:
+        raise FileNotFoundError(
+            f"could not load GPT-2 {name!r} from the Hugging Face hub ({error}); pass a local "
+            "directory saved with save_pretrained, or a GPT2Config to train from scratch"
+        ) from error
+
+
+def gpt2_config(config: Any = None, **overrides: Any) -> Any:
+    """A ``GPT2Config`` from a config, a dict of its fields, or defaults, with overrides."""
+    from transformers import GPT2Config
+
+    if config is None:
+        fields: dict[str, Any] = {}
+    elif isinstance(config, GPT2Config):
+        fields = config.to_dict()
+    elif isinstance(config, dict):
+        fields = dict(config)
+    else:
+        raise TypeError(f"config must be a GPT2Config or a dict, got {type(config).__name__}")
+    fields.update(overrides)
+    vocab = fields.get("vocab_size", GPT2Config().vocab_size)
+    for special in ("bos_token_id", "eos_token_id"):
+        # GPT-2's default special id 50256 does not exist in a smaller vocabulary.
+        if fields.get(special, 50256) is not None and fields.get(special, 50256) >= vocab:
+            fields[special] = vocab - 1
+    return GPT2Config(**fields)
+
+
+class GPT2Encoder(nn.Module):
+    """A ``GPT2Model`` whose hidden layer ``layer`` is the output ``[B, T, n_embd]``.
+
+    ``layer`` indexes ``hidden_states``: 0 is the embedding output, ``n_layer`` (or -1, the
+    default) the final layer after ``ln_f``; the report's "12th decoder" of GPT-2 small is
+    12. ``freeze=True`` stops gradients into GPT-2 and keeps it in eval mode (no dropout).
+    """
+
+    def __init__(self, model: nn.Module, *, layer: int = -1, freeze: bool = False) -> None:
+        super().__init__()
+        self.model = model
+        n_layer = model.config.n_layer
+        if not -(n_layer + 1) <= layer <= n_layer:
+            raise ValueError(
+                f"layer must be in [0, {n_layer}] (or negative from the end) for a "
+                f"{n_layer}-layer GPT-2, got {layer}"
+            )
+        self.layer = layer % (n_layer + 1)
+        self.freeze = freeze
+        if freeze:
+            self.model.requires_grad_(False)
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        name_or_path: str | os.PathLike[str],
+        *,
+        layer: int = -1,
+        freeze: bool = False,
+        offline: bool | None = None,
+    ) -> GPT2Encoder:
+        """From a local directory, or a hub name when not offline (see ``load_gpt2_model``)."""
+        return cls(load_gpt2_model(name_or_path, offline=offline), layer=layer, freeze=freeze)
+
+    @classmethod
+    def from_config(
+        cls, config: Any = None, *, layer: int = -1, freeze: bool = False, **overrides: Any
+    ) -> GPT2Encoder:
+        """A randomly initialised GPT-2 for training from scratch."""
+        from transformers import GPT2Model
+
+        return cls(GPT2Model(gpt2_config(config, **overrides)), layer=layer, freeze=freeze)
+
+    @property
+    def config(self) -> Any:
+        return self.model.config
+
+    @property
+    def output_dim(self) -> int:
+        return self.model.config.n_embd
+
+    @property
+    def vocab_size(self) -> int:
+        return self.model.config.vocab_size
+
+    @property
+    def max_positions(self) -> int:
+        return self.model.config.n_positions
+
+    def train(self, mode: bool = True) -> GPT2Encoder:
+        super().train(mode)
+        if self.freeze:
+            self.model.eval()
+        return self
+
+    def save_pretrained(self, directory: str | os.PathLike[str]) -> None:
+        """Save the GPT-2 weights and config where :meth:`from_pretrained` can read them."""
+        self.model.save_pretrained(os.fspath(directory))
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        if tokens.shape[1] > self.max_positions:
+            raise ValueError(
+                f"sequence length {tokens.shape[1]} exceeds GPT-2's n_positions "
+                f"{self.max_positions}"
+            )
+        with torch.set_grad_enabled(torch.is_grad_enabled() and not self.freeze):
+            if self.layer == self.model.config.n_layer:
+                return self.model(tokens, use_cache=False).last_hidden_state
+            out = self.model(tokens, use_cache=False, output_hidden_states=True)
+            return out.hidden_states[self.layer]

@@ -1,0 +1,233 @@
+"""Continuous-depth heads: encoder states ``[B, T, D]`` -> logits ``[B, T, V]``.
+
+* :class:`CausalODEHead` (the default, a valid language model): every position's encoder
+  state is an initial value ``z(0) = h_t``, ``dz/ds = f(s, z)`` on ``s in [0, S]`` and
+  ``logits_t = W z(S)``. All ``B * T`` positions are one batch in one solve.
+* :class:`ReconstructionODEDecoder` (the NODE-LM report's protocol, kept for reproduction):
+  ``z(0)`` is the encoder state of the *last* token, the ODE is read out at ``T`` time points
+  ``linspace(0, S, T)``, one per token. The encoder has read the whole sentence, so the
+  head is not causal and its perplexity is not a language-model perplexity.
+
+Both heads accept augmentation (Dupont et al. 2019; report section 3.8): the state is
+``[z, a]`` with ``a(0)`` zeros or the encoder state at the first token, and the optional
+RNODE regularisers of Finlay et al. (2020), the kinetic energy ``int ||f||^2 ds`` and the
+Jacobian Frobenius norm ``int ||df/dz||_F^2 ds`` (Hutchinson estimate), integrated alongside
+the state and returned in ``aux["reg"]`` for the training loss.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from .fields import MLPField, TimeConcatField, as_field
+from .solvers import SolverConfig, SolverStats
+
+__all__ = ["CausalODEHead", "ReconstructionODEDecoder", "RegularizedField", "make_field"]
+
+FIELD_TYPES = ("mlp", "time-concat")
+AUGMENT_INITS = ("zeros", "first")
+
+
+def make_field(kind: str, dim: int, hidden: int | None = None) -> nn.Module:
+    """A built-in field by name: ``"mlp"`` (the report's) or ``"time-concat"`` (NODE-t)."""
+    if kind == "mlp":
+        return MLPField(dim, hidden)
+    if kind == "time-concat":
+        return TimeConcatField(dim, hidden)
+    raise ValueError(f"unknown field type {kind!r}; valid: {', '.join(FIELD_TYPES)}")
+
+
+class RegularizedField(nn.Module):
+    """``[z, e_k, e_j]`` with ``dz = f``, ``de_k = ||f||^2``, ``de_j = ||eps^T df/dz||^2``.
+
+    ``noise`` (``eps``, the state's shape without accumulators) is drawn once per solve, as
+    in Finlay et al.; with it ``E[e_j(S)] = int ||df/dz||_F^2 ds``.
+    """
+
+    def __init__(self, field: nn.Module, width: int, *, kinetic: bool, jacobian: bool) -> None:
+        super().__init__()
+        self.field, self.width = field, width
+        self.kinetic, self.jacobian = kinetic, jacobian
+        self.noise: torch.Tensor | None = None
+
+    @property
+    def extra(self) -> int:
+        """How many accumulator columns follow the state."""
+        return int(self.kinetic) + int(self.jacobian)
+
+    def forward(self, s: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        z = x[..., : self.width]
+        if not self.jacobian:
+            f = self.field(s, z)
+            return torch.cat([f, (f * f).sum(-1, keepdim=True)], dim=-1)
+        create_graph = torch.is_grad_enabled()
+        with torch.enable_grad():
+            zz = z if z.requires_grad else z.detach().requires_grad_()
+            f = self.field(s, zz)
+            (vjp,) = torch.autograd.grad(
+                f, zz, self.noise, create_graph=create_graph, allow_unused=True
+            )
+        if vjp is None:
+            vjp = torch.zeros_like(z)
+        if not create_graph:
+            f, vjp = f.detach(), vjp.detach()
+        parts = [f]
+        if self.kinetic:
+            parts.append((f * f).sum(-1, keepdim=True))
+        parts.append((vjp * vjp).sum(-1, keepdim=True))
+        return torch.cat(parts, dim=-1)
+
+
+class _ODEHead(nn.Module):
+    """What both heads share: the field, the solver, augmentation, regularisers, readout."""
+
+    is_causal: bool
+
+    def __init__(
+        self,
+        dim: int,
+        vocab_size: int,
+        *,
+        field: nn.Module | str = "mlp",
+        field_hidden: int | None = None,
+        integration_time: float = 1.0,
+        solver: SolverConfig | dict[str, Any] | None = None,
+        augment_dim: int = 0,
+        augment_init: str = "zeros",
+        kinetic_weight: float = 0.0,
+        jacobian_weight: float = 0.0,
+    ) -> None:
+        super().__init__()
+        if dim <= 0 or vocab_size <= 0:
+            raise ValueError(f"dim and vocab_size must be positive, got {dim}, {vocab_size}")
+        if not integration_time > 0:
+            raise ValueError(
+                f"integration_time S must be positive (s in [0, S]), got {integration_time!r}"
+            )
+        if augment_dim < 0:
+            raise ValueError(f"augment_dim must be >= 0, got {augment_dim}")
+        if augment_init not in AUGMENT_INITS:
+            raise ValueError(
+                f"unknown augment_init {augment_init!r}; valid: {', '.join(AUGMENT_INITS)}"
+            )
+        if kinetic_weight < 0 or jacobian_weight < 0:
+            raise ValueError("kinetic_weight and jacobian_weight must be >= 0")
+        self.solver = SolverConfig.coerce(solver)
+        if jacobian_weight > 0 and self.solver.backend == "torchode" and self.solver.adjoint:
+            raise ValueError(
+                "the Jacobian regulariser needs autograd inside the field, which torchode's "
+                "per-sample (vmapped) adjoint does not provide; use adjoint=False or "
+                "another backend"
+            )
+        self.dim, self.vocab_size = dim, vocab_size
+        self.augment_dim, self.augment_init = augment_dim, augment_init
+        self.width = dim + augment_dim
+        self.integration_time = float(integration_time)
+        self.kinetic_weight, self.jacobian_weight = float(kinetic_weight), float(jacobian_weight)
+        self.field = (
+            make_field(field, self.width, field_hidden)
+            if isinstance(field, str)
+            else as_field(field)
+        )
+        if augment_init == "first" and augment_dim not in (0, dim):
+            self.augment_proj: nn.Module = nn.Linear(dim, augment_dim, bias=False)
+        else:
+            self.augment_proj = nn.Identity()
+        self.proj = nn.Linear(self.width, vocab_size)
+        self.last_stats: SolverStats | None = None
+
+    def _augment(self, z: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        """Append ``a(0)`` to states ``z`` (``[B, ..., D]``) of the sequences in ``hidden``."""
+        if self.augment_dim == 0:
+            return z
+        if self.augment_init == "zeros":
+            a = z.new_zeros(*z.shape[:-1], self.augment_dim)
+        else:
+            first = self.augment_proj(hidden[:, 0])
+            a = first.view(first.shape[0], *([1] * (z.dim() - 2)), -1).expand(
+                *z.shape[:-1], self.augment_dim
+            )
+        return torch.cat([z, a], dim=-1)
+
+    def _integrate(
+        self, z0: torch.Tensor, times: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Solve from ``z0`` ``[N, width]``; states ``[len(times), N, width]`` and the reg."""
+        kinetic, jacobian = self.kinetic_weight > 0, self.jacobian_weight > 0
+        if not (self.training and (kinetic or jacobian)):
+            states, stats = self.solver.solve(self.field, z0, times)
+            self.last_stats = stats
+            return states, None
+        regularized = RegularizedField(self.field, self.width, kinetic=kinetic, jacobian=jacobian)
+        regularized.noise = torch.randn_like(z0) if jacobian else None
+        x0 = torch.cat([z0, z0.new_zeros(z0.shape[0], regularized.extra)], dim=-1)
+        states, stats = self.solver.solve(regularized, x0, times)
+        self.last_stats = stats
+        totals = states[-1, :, self.width :].mean(0)
+        weights = [w for w in (self.kinetic_weight, self.jacobian_weight) if w > 0]
+        reg = sum(w * total for w, total in zip(weights, totals))
+        return states[..., : self.width], reg
+
+    def _aux(self, reg: torch.Tensor | None) -> dict[str, Any]:
+        stats = self.last_stats
+        aux: dict[str, Any] = {"nfe": stats.nfe_forward if stats else 0}
+        if stats is not None and stats.accepted_steps is not None:
+            aux["accepted_steps"] = stats.accepted_steps
+            aux["rejected_steps"] = stats.rejected_steps
+        if reg is not None:
+            aux["reg"] = reg
+        return aux
+
+    def _check(self, hidden: torch.Tensor) -> None:
+        if hidden.dim() != 3 or hidden.shape[-1] != self.dim:
+            raise ValueError(
+                f"{type(self).__name__} expects encoder states [B, T, {self.dim}], "
+                f"got {tuple(hidden.shape)}"
+            )
+
+
+class CausalODEHead(_ODEHead):
+    """``z(0) = h_t``, integrate ``s in [0, S]``, ``logits_t = W z(S)``; one solve per batch.
+
+    Causal because each position evolves from its own encoder state (with ``"first"``
+    augmentation, also from the first token's, which precedes every position). With a
+    shared adaptive step size (torchdiffeq, TorchDyn) the positions of a batch influence
+    each other's step sizes, so outputs agree across batchings within the solver
+    tolerance; with ``backend="torchode"`` every position has its own step control.
+    """
+
+    is_causal = True
+
+    def forward(self, hidden: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:
+        self._check(hidden)
+        batch, length, _ = hidden.shape
+        z0 = self._augment(hidden, hidden).reshape(batch * length, self.width)
+        times = torch.tensor([0.0, self.integration_time], dtype=z0.dtype, device=z0.device)
+        states, reg = self._integrate(z0, times)
+        logits = self.proj(states[-1]).view(batch, length, self.vocab_size)
+        return logits, self._aux(reg)
+
+
+class ReconstructionODEDecoder(_ODEHead):
+    """The report's decoder: ``z(0) = h_{T-1}``, read out at ``linspace(0, S, T)``.
+
+    Faithful to sections 3.6-3.8: the encoder (LSTM or GPT-2 layer 12) reads the whole
+    sentence, its last state starts the ODE, and a linear layer maps the state at the
+    ``k``-th time point to the logits for token ``k + 1``. Not causal.
+    """
+
+    is_causal = False
+
+    def forward(self, hidden: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:
+        self._check(hidden)
+        length = hidden.shape[1]
+        z0 = self._augment(hidden[:, -1], hidden)
+        if length == 1:
+            self.last_stats = None
+            return self.proj(z0)[:, None], self._aux(None)
+        times = torch.linspace(0.0, self.integration_time, length, dtype=z0.dtype, device=z0.device)
+        states, reg = self._integrate(z0, times)
+        return self.proj(states.transpose(0, 1)), self._aux(reg)

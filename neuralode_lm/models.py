@@ -1,0 +1,268 @@
+"""Language models of the continuous-depth family, each meeting the model contract.
+
+``logits, aux = model(tokens)``; ``logits[:, t]`` predicts ``tokens[:, t + 1]``. The ODE
+models put ``aux["nfe"]`` (forward function evaluations of this call), the step counts and,
+with regularisation in training, ``aux["reg"]`` (add it to the loss); after ``backward()``
+``model.solver_stats.nfe_backward`` holds the backward NFE.
+
+* baselines: :class:`LSTMLM` (report section 3.4), :class:`GPT2LM` (3.5);
+* :class:`ODELSTM` (3.6), :class:`ODEGPT2` (3.7), :class:`AugmentedODEGPT2` (3.8): an
+  encoder and a causal ODE head by default, or with ``reconstruction=True`` the report's
+  non-causal reconstruction decoder.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+from torch import nn
+
+from .encoders import GPT2Encoder, LSTMEncoder
+from .heads import CausalODEHead, ReconstructionODEDecoder
+from .solvers import SolverStats
+
+__all__ = [
+    "LSTMLM",
+    "GPT2LM",
+    "ODELSTM",
+    "ODEGPT2",
+    "AugmentedODEGPT2",
+    "MODELS",
+    "build_model",
+]
+
+
+class LSTMLM(nn.Module):
+    """The report's LSTM baseline: 300-d embedding, 300-unit LSTM, dropout 0.1, linear."""
+
+    is_causal = True
+
+    def __init__(
+        self,
+        vocab_size: int,
+        embed_dim: int = 300,
+        hidden_dim: int = 300,
+        *,
+        num_layers: int = 1,
+        dropout: float = 0.1,
+        embeddings: torch.Tensor | None = None,
+        freeze_embeddings: bool = False,
+    ) -> None:
+        super().__init__()
+        self.vocab_size = vocab_size
+        self.encoder = LSTMEncoder(
+            vocab_size,
+            embed_dim,
+            hidden_dim,
+            num_layers=num_layers,
+            dropout=dropout,
+            embeddings=embeddings,
+            freeze_embeddings=freeze_embeddings,
+        )
+        self.head = nn.Linear(hidden_dim, vocab_size)
+
+    def forward(self, tokens: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:
+        return self.head(self.encoder(tokens)), {}
+
+    def block_modules(self) -> list[nn.Module]:
+        return [self.encoder, self.head]
+
+
+def _gpt2_encoder(
+    vocab_size: int,
+    pretrained: str | os.PathLike[str] | None,
+    config: Any,
+    layer: int,
+    freeze: bool,
+    offline: bool | None,
+) -> GPT2Encoder:
+    if pretrained is not None and config is not None:
+        raise ValueError("pass either pretrained (a directory or hub name) or config, not both")
+    if pretrained is None:
+        return GPT2Encoder.from_config(config, layer=layer, freeze=freeze, vocab_size=vocab_size)
+    encoder = GPT2Encoder.from_pretrained(pretrained, layer=layer, freeze=freeze, offline=offline)
+    if encoder.vocab_size != vocab_size:
+        raise ValueError(
+            f"the pretrained GPT-2 at {os.fspath(pretrained)!r} has vocab_size "
+            f"{encoder.vocab_size}, but vocab_size={vocab_size} was asked for; tokenize with "
+            "that model's tokenizer (GPT-2 BPE) or train from a config"
+        )
+    return encoder
+
+
+class GPT2LM(nn.Module):
+    """GPT-2 with its tied output embedding, as ``GPT2LMHeadModel``; pretrained or from config."""
+
+    is_causal = True
+
+    def __init__(
+        self,
+        vocab_size: int,
+        *,
+        pretrained: str | os.PathLike[str] | None = None,
+        config: Any = None,
+        freeze: bool = False,
+        offline: bool | None = None,
+    ) -> None:
+        super().__init__()
+        self.vocab_size = vocab_size
+        self.encoder = _gpt2_encoder(vocab_size, pretrained, config, -1, freeze, offline)
+
+    @property
+    def max_positions(self) -> int:
+        return self.encoder.max_positions
+
+    def forward(self, tokens: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:
+        hidden = self.encoder(tokens)
+        return hidden @ self.encoder.model.wte.weight.T, {}
+
+    def block_modules(self) -> list[nn.Module]:
+        return [self.encoder.model.wte, *self.encoder.model.h, self.encoder.model.ln_f]
+
+
+class _ODELanguageModel(nn.Module):
+    """Encoder + continuous-depth head; reports the solver's statistics."""
+
+    def __init__(
+        self,
+        encoder: nn.Module,
+        vocab_size: int,
+        *,
+        reconstruction: bool,
+        field_hidden: int | None,
+        head_options: dict[str, Any],
+    ) -> None:
+        super().__init__()
+        self.vocab_size = vocab_size
+        self.encoder = encoder
+        head_class = ReconstructionODEDecoder if reconstruction else CausalODEHead
+        self.head = head_class(
+            encoder.output_dim, vocab_size, field_hidden=field_hidden, **head_options
+        )
+
+    @property
+    def is_causal(self) -> bool:
+        return self.head.is_causal
+
+    @property
+    def solver_stats(self) -> SolverStats | None:
+        """Statistics of the latest solve (``nfe_backward`` filled by its backward pass)."""
+        return self.head.last_stats
+
+    def forward(self, tokens: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:
+        return self.head(self.encoder(tokens))
+
+    def block_modules(self) -> list[nn.Module]:
+        return [self.encoder, self.head]
+
+
+class ODELSTM(_ODELanguageModel):
+    """The report's ODE-LSTM: the LSTM baseline's states decoded by an ODE (MLP field, 100).
+
+    ``head_options`` go to the head: ``field`` ("mlp", "time-concat" or a module),
+    ``integration_time``, ``solver`` (a :class:`~neuralode_lm.solvers.SolverConfig` or
+    dict), ``augment_dim``, ``augment_init``, ``kinetic_weight``, ``jacobian_weight``.
+    """
+
+    def __init__(
+        self,
+        vocab_size: int,
+        embed_dim: int = 300,
+        hidden_dim: int = 300,
+        *,
+        num_layers: int = 1,
+        dropout: float = 0.1,
+        embeddings: torch.Tensor | None = None,
+        freeze_embeddings: bool = False,
+        field_hidden: int | None = 100,
+        reconstruction: bool = False,
+        **head_options: Any,
+    ) -> None:
+        encoder = LSTMEncoder(
+            vocab_size,
+            embed_dim,
+            hidden_dim,
+            num_layers=num_layers,
+            dropout=dropout,
+            embeddings=embeddings,
+            freeze_embeddings=freeze_embeddings,
+        )
+        super().__init__(
+            encoder,
+            vocab_size,
+            reconstruction=reconstruction,
+            field_hidden=field_hidden,
+            head_options=head_options,
+        )
+
+
+class ODEGPT2(_ODELanguageModel):
+    """The report's ODE-GPT2: GPT-2 hidden layer ``layer`` (12 there) decoded by an ODE.
+
+    The field's hidden width defaults to ``n_embd`` (768 in the report).
+    """
+
+    def __init__(
+        self,
+        vocab_size: int,
+        *,
+        pretrained: str | os.PathLike[str] | None = None,
+        config: Any = None,
+        layer: int = -1,
+        freeze: bool = False,
+        offline: bool | None = None,
+        field_hidden: int | None = None,
+        reconstruction: bool = False,
+        **head_options: Any,
+    ) -> None:
+        encoder = _gpt2_encoder(vocab_size, pretrained, config, layer, freeze, offline)
+        super().__init__(
+            encoder,
+            vocab_size,
+            reconstruction=reconstruction,
+            field_hidden=field_hidden,
+            head_options={**self._head_defaults(encoder), **head_options},
+        )
+
+    @staticmethod
+    def _head_defaults(encoder: GPT2Encoder) -> dict[str, Any]:
+        """Head options this model sets unless the caller does."""
+        return {}
+
+    @property
+    def max_positions(self) -> int:
+        return self.encoder.max_positions
+
+
+class AugmentedODEGPT2(ODEGPT2):
+    """ODE-GPT2 with ``augment_dim`` extra dimensions (default ``n_embd``, doubling the state)
+    initialised, as in the report, to GPT-2's state at the first token (``augment_init``
+    "first"; "zeros" is Dupont et al.'s original)."""
+
+    @staticmethod
+    def _head_defaults(encoder: GPT2Encoder) -> dict[str, Any]:
+        return {"augment_dim": encoder.output_dim, "augment_init": "first"}
+
+
+MODELS: dict[str, type[nn.Module]] = {
+    "lstm": LSTMLM,
+    "ode-lstm": ODELSTM,
+    "gpt2": GPT2LM,
+    "ode-gpt2": ODEGPT2,
+    "aug-ode-gpt2": AugmentedODEGPT2,
+}
+
+
+def build_model(name: str, vocab_size: int, **kwargs: Any) -> nn.Module:
+    """A model by name (``lstm``, ``ode-lstm``, ``gpt2``, ``ode-gpt2``, ``aug-ode-gpt2``).
+
+    ``kwargs`` go to the class; ODE models take ``reconstruction=True`` for the report's
+    non-causal decoder.
+    """
+    if name not in MODELS:
+        raise ValueError(f"unknown model {name!r}; valid: {', '.join(MODELS)}")
+    if not isinstance(vocab_size, int) or vocab_size <= 0:
+        raise ValueError(f"vocab_size must be a positive int, got {vocab_size!r}")
+    return MODELS[name](vocab_size, **kwargs)

@@ -1,0 +1,285 @@
+"""BLEU against sacrebleu, both BLEU protocols on oracle models, and the decoders' optimality."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+
+import pytest
+import sacrebleu
+import torch
+from torch import nn
+
+from experiments.bleu import (
+    continuation_bleu,
+    corpus_bleu_score,
+    teacher_forced_bleu,
+    teacher_forced_predictions,
+)
+from experiments.decoding import beam_search, decode_continuation, greedy_decode
+
+EOS = 0
+WORDS = ["<eos>", "the", "cat", "sat", "on", "a", "mat", "dog", "ran", "far", "<zz>"]
+WRONG = len(WORDS) - 1  # the oracle's answer for a prefix it does not know
+
+
+class PrefixOracle(nn.Module):
+    """Puts all mass on the true next token of a known sentence given the whole prefix."""
+
+    is_causal = True
+
+    def __init__(self, sentences: list[list[int]], max_positions: int | None = None) -> None:
+        super().__init__()
+        self.table = {tuple([EOS, *s][: t + 1]): s[t] for s in sentences for t in range(len(s))}
+        self.seen: list[tuple[int, ...]] = []
+        if max_positions is not None:
+            self.max_positions = max_positions
+
+    def forward(self, tokens: torch.Tensor) -> tuple[torch.Tensor, dict]:
+        self.seen.append(tuple(tokens.shape))
+        logits = torch.full((*tokens.shape, len(WORDS)), -30.0)
+        for b, row in enumerate(tokens.tolist()):
+            for t in range(len(row)):
+                logits[b, t, self.table.get(tuple(row[: t + 1]), WRONG)] = 0.0
+        return logits, {}
+
+
+class Bigram(nn.Module):
+    """``logits[b, t] = log P[tokens[b, t]]`` for a row-stochastic table ``P``."""
+
+    is_causal = True
+
+    def __init__(self, probs: torch.Tensor, max_positions: int | None = None) -> None:
+        super().__init__()
+        self.log_p = probs.clamp_min(1e-12).log()
+        self.max_positions = max_positions
+
+    def forward(self, tokens: torch.Tensor) -> tuple[torch.Tensor, dict]:
+        if self.max_positions is not None:
+            assert tokens.shape[1] <= self.max_positions, "decoder did not crop the context"
+        return self.log_p[tokens], {}
+
+
+class TinyGRU(nn.Module):
+    """A random causal LM whose predictions depend on the whole prefix."""
+
+    is_causal = True
+
+    def __init__(self, vocab: int, seed: int) -> None:
+        super().__init__()
+        torch.manual_seed(seed)
+        self.embed, self.rnn = nn.Embedding(vocab, 8), nn.GRU(8, 16, batch_first=True)
+        self.out = nn.Linear(16, vocab)
+        with torch.no_grad():
+            self.out.weight.mul_(8.0)
+
+    def forward(self, tokens: torch.Tensor) -> tuple[torch.Tensor, dict]:
+        return self.out(self.rnn(self.embed(tokens))[0]), {}
+
+
+def _log_prob(model: nn.Module, prompt: list[int], new: list[int]) -> float:
+    """Exact ``log p(new | prompt)`` by teacher forcing."""
+    tokens = torch.tensor([prompt + new])
+    logp = torch.log_softmax(model(tokens)[0][0].double(), -1)
+    return sum(float(logp[len(prompt) - 1 + k, tok]) for k, tok in enumerate(new))
+
+
+# ---------------------------------------------------------------- corpus BLEU vs sacrebleu
+
+
+def _pairs(seed: int, n: int, drop: float, insert: float, min_len: int = 0) -> tuple[list, list]:
+    """``n`` random reference/hypothesis pairs with overlap; hypotheses of >= ``min_len`` words."""
+    rng = random.Random(seed)
+    vocab = [f"w{i}" for i in range(12)]
+    refs, hyps = [], []
+    while len(refs) < n:
+        ref = [rng.choice(vocab) for _ in range(rng.randint(2, 25))]
+        hyp = []
+        for word in ref:
+            r = rng.random()
+            if r < drop:
+                continue
+            hyp.append(rng.choice(vocab) if r < drop + 0.2 else word)
+            if rng.random() < insert:
+                hyp.append(rng.choice(vocab))
+        if len(hyp) >= min_len:
+            refs.append(ref)
+            hyps.append(hyp)
+    return refs, hyps
+
+
+def _sacrebleu(refs: list, hyps: list) -> sacrebleu.metrics.bleu.BLEUScore:
+    return sacrebleu.corpus_bleu(
+        [" ".join(h) for h in hyps],
+        [[" ".join(r) for r in refs]],
+        tokenize="none",
+        smooth_method="none",
+        force=True,
+    )
+
+
+@pytest.mark.parametrize("seed,drop,insert", [(0, 0.15, 0.0), (1, 0.0, 0.3), (2, 0.3, 0.1)])
+def test_unsmoothed_bleu_matches_sacrebleu(seed, drop, insert):
+    # Same definition on both sides when every hypothesis has >= 4 words: clipped n-gram
+    # matches and n-gram totals summed over the corpus, brevity penalty exp(1 - r/c) from total
+    # lengths (one reference, so NLTK's "closest reference length" is the reference length).
+    # They differ only in float rounding (sacrebleu works in percent): tolerance 1e-9.
+    refs, hyps = _pairs(seed, 48, drop, insert, min_len=4)
+    ours = corpus_bleu_score(refs, hyps, smooth=False)
+    theirs = _sacrebleu(refs, hyps)
+    assert 0.05 < ours < 0.95
+    assert ours == pytest.approx(theirs.score / 100, abs=1e-9)
+    brevity = sum(map(len, hyps)) < sum(map(len, refs))
+    assert (theirs.bp < 1.0) == brevity  # both branches of the brevity penalty are exercised
+
+
+def test_short_hypotheses_explain_the_only_difference_from_sacrebleu():
+    # NLTK's modified precision divides by max(1, number of hypothesis n-grams), so each
+    # hypothesis with fewer than n words adds 1 to the order-n total; sacrebleu adds 0. With
+    # that correction applied to sacrebleu's own counts the two agree to 1e-9 again.
+    refs, hyps = _pairs(4, 60, 0.3, 0.0)
+    refs.append(["w1", "w2"])
+    hyps.append([])
+    short = [sum(len(h) < n for h in hyps) for n in range(1, 5)]
+    assert short[0] >= 1 and short[3] > short[0]  # empty and short hypotheses present
+    theirs = _sacrebleu(refs, hyps)
+    log_p = [math.log(m / (t + s)) for m, t, s in zip(theirs.counts, theirs.totals, short)]
+    corrected = theirs.bp * math.exp(sum(log_p) / 4)
+    ours = corpus_bleu_score(refs, hyps, smooth=False)
+    assert ours == pytest.approx(corrected, abs=1e-9)
+    assert 0 < theirs.score / 100 - ours < 0.05
+
+
+def test_perfect_hypotheses_score_one_and_bad_input_is_rejected():
+    refs, _ = _pairs(3, 30, 0.0, 0.0)
+    assert corpus_bleu_score(refs, refs) == pytest.approx(1.0, abs=1e-12)
+    assert corpus_bleu_score(refs, refs, smooth=False) == pytest.approx(1.0, abs=1e-12)
+    no_overlap = [["x"] * len(r) for r in refs]
+    assert corpus_bleu_score(refs, no_overlap, smooth=False) == 0.0
+    with pytest.raises(ValueError, match="2 references but 1 hypotheses"):
+        corpus_bleu_score([["a"], ["b"]], [["a"]])
+
+
+# ---------------------------------------------------------------- the two BLEU protocols
+
+SENTENCES = [
+    [1, 2, 3, 4, 1, 6, EOS],
+    [5, 7, 8, 9, EOS],
+    [1, 7, 3, 4, 5, 6, 8, 9, EOS],
+    [5, 2, 8, EOS],
+]
+
+
+def test_oracle_scores_one_on_both_protocols():
+    oracle = PrefixOracle(SENTENCES)
+    assert teacher_forced_bleu(oracle, SENTENCES, WORDS.__getitem__, EOS, batch_size=2) == 1.0
+    # Right padding: batches of 2 mixed lengths were used, and padding changed nothing.
+    assert (2, 5) in oracle.seen and (2, 9) in oracle.seen
+    for strategy in ("greedy", "beam"):
+        score = continuation_bleu(oracle, SENTENCES, WORDS.__getitem__, EOS, 1, strategy, 3)
+        assert score == 1.0
+
+
+def test_teacher_forcing_isolates_a_single_error():
+    # The oracle errs at one prefix; teacher forcing feeds the true token next, so exactly one
+    # hypothesis token differs, and the score equals BLEU of that hand-made hypothesis.
+    oracle = PrefixOracle(SENTENCES)
+    oracle.table[(EOS, 1, 7, 3)] = 8
+    predictions = teacher_forced_predictions(oracle, SENTENCES, EOS, batch_size=3)
+    assert predictions[2] == [1, 7, 3, 8, 5, 6, 8, 9, EOS]
+    assert [p for i, p in enumerate(predictions) if i != 2] == [SENTENCES[i] for i in (0, 1, 3)]
+    refs = [[WORDS[i] for i in s[:-1]] for s in SENTENCES]
+    hyps = [list(r) for r in refs]
+    hyps[2][3] = "ran"
+    expected = corpus_bleu_score(refs, hyps)
+    assert 0.5 < expected < 1.0
+    assert teacher_forced_bleu(oracle, SENTENCES, WORDS.__getitem__, EOS) == pytest.approx(expected)
+
+
+def test_non_causal_model_gets_unpadded_batches():
+    oracle = PrefixOracle(SENTENCES)
+    oracle.is_causal = False
+    teacher_forced_predictions(oracle, SENTENCES + SENTENCES, EOS, batch_size=8)
+    assert sorted(oracle.seen) == [(2, 4), (2, 5), (2, 7), (2, 9)]
+
+
+def test_long_sentences_use_windows_within_max_positions():
+    probs = torch.full((11, 11), 0.01)
+    probs[torch.arange(10), torch.tensor([2, 3, 4, 5, 6, 7, 8, 9, 1, 0])] = 1.0  # a cycle
+    sentence = [1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2, 3, 4, 5, 6, 7, 8, 9, EOS]
+    full = teacher_forced_predictions(Bigram(probs), [sentence], EOS)
+    windowed = teacher_forced_predictions(Bigram(probs, max_positions=4), [sentence], EOS)
+    assert windowed == full and len(full[0]) == len(sentence)
+
+
+def test_sentences_must_end_with_eos():
+    with pytest.raises(ValueError, match="sentence 1 does not end with the eos id 0"):
+        teacher_forced_bleu(PrefixOracle(SENTENCES), [[1, EOS], [2, 3]], WORDS.__getitem__, EOS)
+
+
+# ---------------------------------------------------------------- decoders
+
+
+def _myopic() -> torch.Tensor:
+    """From <eos>: A=1 (0.6) or B=2 (0.4); after A four tokens tie at 0.25, after B one has
+    0.9; then <eos>. Greedy takes A (0.6 * 0.25 = 0.15); the best sequence is B C (0.36)."""
+    probs = torch.zeros(7, 7)
+    probs[EOS, 1], probs[EOS, 2] = 0.6, 0.4
+    probs[1, 3:7] = 0.25
+    probs[2, 3], probs[2, 4] = 0.9, 0.1
+    probs[3:7, EOS] = 1.0
+    return probs
+
+
+def test_beam_search_beats_myopic_greedy():
+    model, prompt = Bigram(_myopic()), torch.tensor([[EOS]])
+    greedy = greedy_decode(model, prompt, 5, eos_id=EOS)
+    beam = beam_search(model, prompt, 5, num_beams=2, eos_id=EOS)
+    assert greedy == [1, 3] and beam == [2, 3]
+    assert math.exp(_log_prob(model, [EOS], greedy + [EOS])) == pytest.approx(0.15)
+    assert math.exp(_log_prob(model, [EOS], beam + [EOS])) == pytest.approx(0.36)
+    assert beam_search(model, prompt, 5, num_beams=1, eos_id=EOS) == greedy
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_one_beam_is_greedy_and_wide_beam_is_exact(seed):
+    model, vocab, steps = TinyGRU(4, seed).eval(), 4, 3
+    prompt = torch.tensor([[EOS, 1 + seed % 3]])
+    greedy = greedy_decode(model, prompt, 12, eos_id=EOS)
+    assert beam_search(model, prompt, 12, num_beams=1, eos_id=EOS) == greedy
+    # With a beam wider than the search space, beam search with length_penalty=0 returns the
+    # most probable sequence among all that end in eos or reach the step limit.
+    best = max(
+        (
+            list(seq[: seq.index(EOS)]) if EOS in seq else list(seq)
+            for seq in itertools.product(range(vocab), repeat=steps)
+        ),
+        key=lambda new: _log_prob(model, prompt[0].tolist(), new + [EOS] * (len(new) < steps)),
+    )
+    assert (
+        beam_search(model, prompt, steps, num_beams=vocab**steps, eos_id=EOS, length_penalty=0)
+        == best
+    )
+
+
+def test_decoders_crop_context_to_max_positions():
+    probs = torch.full((11, 11), 0.01)
+    probs[torch.arange(11), (torch.arange(11) % 9) + 1] = 1.0  # i -> i % 9 + 1, never <eos>
+    model, prompt = Bigram(probs, max_positions=3), torch.tensor([[EOS, 1, 2, 3, 4]])
+    expected = [5, 6, 7, 8, 9, 1, 2, 3]
+    assert greedy_decode(model, prompt, 8) == expected
+    assert beam_search(model, prompt, 8, num_beams=3) == expected
+
+
+def test_decode_continuation_uses_the_models_generate():
+    class WithGenerate(Bigram):
+        def generate(self, prompt, max_new_tokens, *, strategy, num_beams, eos_token_id):
+            self.call = (strategy, num_beams, eos_token_id)
+            return torch.cat([prompt, torch.tensor([[7, 8, EOS, 9]])], dim=1)
+
+    model = WithGenerate(_myopic())
+    new = decode_continuation(model, torch.tensor([[EOS, 1]]), 10, "beam", 3, eos_id=EOS)
+    assert new == [7, 8] and model.call == ("beam", 3, EOS)
+    with pytest.raises(ValueError, match="valid: greedy, beam"):
+        decode_continuation(model, torch.tensor([[EOS]]), 3, strategy="sample")
