@@ -30,6 +30,9 @@ def corpus_bleu_score(
 
     ``smooth`` applies NLTK's ``method1`` (an epsilon of 0.1 for n-gram orders with no match),
     so that a corpus with no matching 4-gram scores above 0; unsmoothed BLEU is 0 then.
+    NLTK counts a hypothesis with fewer than n words as one order-n n-gram (its precision
+    denominator is ``max(1, count)``), so short sentences pull even a perfect corpus below 1;
+    sacrebleu counts none. With every hypothesis at least ``max_n`` words long they agree.
     """
     if len(references) != len(hypotheses):
         raise ValueError(f"{len(references)} references but {len(hypotheses)} hypotheses")

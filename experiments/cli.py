@@ -5,11 +5,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from experiments.data.corpora import CORPUS_NAMES, PROTOCOLS, Corpus, CorpusError
+from experiments.commands import REGISTRARS
+from experiments.data.corpora import CORPUS_NAMES, PROTOCOLS, Corpus
 
 
 def _print_json_or_table(rows: list[dict[str, Any]], as_json: bool) -> None:
@@ -125,20 +125,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--strict", action="store_true", help="exit 1 when a target is missed")
     bench.set_defaults(func=cmd_bench)
 
-    for register in _extra_commands():
+    for register in REGISTRARS:
         register(commands)
     return parser
-
-
-def _extra_commands() -> list[Callable[[Any], None]]:
-    """Subcommands defined beside the training code (train, eval, generate, compare)."""
-    try:
-        from experiments.commands import REGISTRARS
-    except ModuleNotFoundError as error:
-        if error.name != "experiments.commands":
-            raise
-        return []
-    return REGISTRARS
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -146,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return args.func(args)
-    except (CorpusError, KeyError, ValueError, FileNotFoundError) as error:
+    except (KeyError, ValueError, OSError, ArithmeticError) as error:
         message = error.args[0] if isinstance(error, KeyError) and error.args else error
         print(f"odelm: error: {message}", file=sys.stderr)
         return 2

@@ -26,7 +26,7 @@ from experiments.data.batching import evaluation_windows, sentence_batch, stream
 from experiments.data.tokenization import LMData
 
 
-class NonFiniteLossError(RuntimeError):
+class NonFiniteLossError(FloatingPointError):
     """The training loss became NaN or infinite."""
 
 
@@ -132,6 +132,16 @@ class LMTask(pl.LightningModule):
         self.val_nll = 0.0
         self.val_tokens = 0
         self._step_started: float | None = None
+        self.elapsed_before = 0.0  # training wall time of earlier processes of a resumed run
+        self._fit_started = time.perf_counter()
+        self._restored_rng: torch.Tensor | None = None
+
+    def on_fit_start(self) -> None:
+        self._fit_started = time.perf_counter()
+
+    def elapsed(self) -> float:
+        """Wall-clock seconds of training so far, across resumptions."""
+        return self.elapsed_before + time.perf_counter() - self._fit_started
 
     def forward(self, tokens: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:
         return call_model(self.model, tokens)
@@ -198,7 +208,8 @@ class LMTask(pl.LightningModule):
         totals = torch.tensor([self.val_nll, float(self.val_tokens)], dtype=torch.float64)
         totals = self.trainer.strategy.reduce(totals, reduce_op="sum")
         ppl = math.exp(float(totals[0] / max(totals[1], 1.0)))
-        self.log("val/ppl", ppl, prog_bar=True, sync_dist=False)
+        self.log("val/ppl", ppl, prog_bar=True)
+        self.log("val/elapsed_s", self.elapsed())
 
     def configure_optimizers(self) -> dict[str, Any]:
         cls = torch.optim.AdamW if self.optim.optimizer == "adamw" else torch.optim.Adam
@@ -217,12 +228,12 @@ class LMTask(pl.LightningModule):
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["rng_state"] = torch.get_rng_state()
+        checkpoint["elapsed_s"] = self.elapsed()
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        if "rng_state" in checkpoint:
-            self._restored_rng = checkpoint["rng_state"]
+        self._restored_rng = checkpoint.get("rng_state")
+        self.elapsed_before = checkpoint.get("elapsed_s", 0.0)
 
     def on_train_start(self) -> None:
-        restored = getattr(self, "_restored_rng", None)
-        if restored is not None:
-            torch.set_rng_state(restored)
+        if self._restored_rng is not None:
+            torch.set_rng_state(self._restored_rng)

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["LSTMEncoder", "GPT2Encoder", "is_offline"]
+__all__ = ["GPT2Encoder", "LSTMEncoder", "is_offline"]
 
 
 class LSTMEncoder(nn.Module):

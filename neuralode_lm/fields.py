@@ -12,7 +12,7 @@ import inspect
 import torch
 from torch import nn
 
-__all__ = ["MLPField", "TimeConcatField", "AutonomousField", "as_field"]
+__all__ = ["AutonomousField", "MLPField", "TimeConcatField", "as_field"]
 
 
 class MLPField(nn.Module):

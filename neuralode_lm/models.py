@@ -24,12 +24,12 @@ from .heads import CausalODEHead, ReconstructionODEDecoder
 from .solvers import SolverStats
 
 __all__ = [
-    "LSTMLM",
     "GPT2LM",
-    "ODELSTM",
-    "ODEGPT2",
-    "AugmentedODEGPT2",
+    "LSTMLM",
     "MODELS",
+    "ODEGPT2",
+    "ODELSTM",
+    "AugmentedODEGPT2",
     "build_model",
 ]
 

@@ -19,13 +19,15 @@ class KVCache:
     The model owns the root; each layer, sub-block and RK stage takes a child by name, so
     every stage of every block keeps its own keys and values (the stages attend over
     different states). ``position`` counts the tokens already processed and is maintained
-    by the model that owns the root.
+    by the model that owns the root. A leaf stores its keys/values in a buffer whose
+    capacity doubles when full, so appending one token does not copy the whole past.
     """
 
     def __init__(self) -> None:
-        self.keys: torch.Tensor | None = None
-        self.values: torch.Tensor | None = None
         self.position = 0
+        self.cached_length = 0
+        self._keys: torch.Tensor | None = None
+        self._values: torch.Tensor | None = None
         self._children: dict[object, KVCache] = {}
 
     def child(self, name: object) -> KVCache:
@@ -36,23 +38,25 @@ class KVCache:
 
     def append(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Add ``[B, H, T_new, d_head]`` keys/values; return all cached ones so far."""
-        if self.keys is None:
-            self.keys, self.values = keys, values
-        else:
-            self.keys = torch.cat([self.keys, keys], dim=2)
-            self.values = torch.cat([self.values, values], dim=2)
-        return self.keys, self.values
-
-    @property
-    def cached_length(self) -> int:
-        """Positions held by this leaf (0 before the first ``append``)."""
-        return 0 if self.keys is None else self.keys.shape[2]
+        old, new = self.cached_length, self.cached_length + keys.shape[2]
+        if self._keys is None or new > self._keys.shape[2]:
+            capacity = max(new, 2 * old, 16)
+            grown_keys = keys.new_empty(*keys.shape[:2], capacity, keys.shape[3])
+            grown_values = values.new_empty(*values.shape[:2], capacity, values.shape[3])
+            if self._keys is not None:
+                grown_keys[:, :, :old] = self._keys[:, :, :old]
+                grown_values[:, :, :old] = self._values[:, :, :old]
+            self._keys, self._values = grown_keys, grown_values
+        self._keys[:, :, old:new] = keys
+        self._values[:, :, old:new] = values
+        self.cached_length = new
+        return self._keys[:, :, :new], self._values[:, :, :new]
 
     def reorder(self, index: torch.Tensor) -> None:
         """Select batch rows ``index`` in every leaf (beam search reorders hypotheses)."""
-        if self.keys is not None:
-            self.keys = self.keys.index_select(0, index)
-            self.values = self.values.index_select(0, index)
+        if self._keys is not None:
+            self._keys = self._keys.index_select(0, index)
+            self._values = self._values.index_select(0, index)
         for node in self._children.values():
             node.reorder(index)
 

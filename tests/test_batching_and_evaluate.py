@@ -70,7 +70,9 @@ def test_bigram_perplexity_equals_hand_computation(grammar_data):
 def test_evaluate_reports_everything_and_refuses_noncausal(grammar_data):
     model = BigramLM.from_counts(grammar_data.split("train").ids, grammar_data.tokenizer.vocab_size)
     result = evaluate(model, grammar_data, "test", bleu_sentences=50)
-    assert {"ppl", "ppl_per_word", "bleu_tf", "bleu_cont", "tokens", "seconds", "protocol"} <= set(result)
+    assert {"ppl", "ppl_per_word", "bleu_tf", "bleu_cont", "tokens", "seconds", "protocol"} <= set(
+        result
+    )
     assert 0.0 < result["bleu_tf"] < 1.0
     assert result["protocol"].startswith("grammar")
     model.is_causal = False

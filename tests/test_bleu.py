@@ -81,7 +81,8 @@ class TinyGRU(nn.Module):
 def _log_prob(model: nn.Module, prompt: list[int], new: list[int]) -> float:
     """Exact ``log p(new | prompt)`` by teacher forcing."""
     tokens = torch.tensor([prompt + new])
-    logp = torch.log_softmax(model(tokens)[0][0].double(), -1)
+    with torch.no_grad():
+        logp = torch.log_softmax(model(tokens)[0][0].double(), -1)
     return sum(float(logp[len(prompt) - 1 + k, tok]) for k, tok in enumerate(new))
 
 
@@ -152,9 +153,14 @@ def test_short_hypotheses_explain_the_only_difference_from_sacrebleu():
 
 
 def test_perfect_hypotheses_score_one_and_bad_input_is_rejected():
-    refs, _ = _pairs(3, 30, 0.0, 0.0)
+    refs, _ = _pairs(3, 30, 0.0, 0.0, min_len=4)
     assert corpus_bleu_score(refs, refs) == pytest.approx(1.0, abs=1e-12)
     assert corpus_bleu_score(refs, refs, smooth=False) == pytest.approx(1.0, abs=1e-12)
+    # The NLTK convention above: one perfect 2-word pair adds 1 to the 3- and 4-gram totals.
+    totals = [sum(max(0, len(r) - n + 1) for r in refs) for n in (3, 4)]
+    expected = (totals[0] / (totals[0] + 1) * totals[1] / (totals[1] + 1)) ** 0.25
+    with_short = [*refs, ["w1", "w2"]]
+    assert corpus_bleu_score(with_short, with_short) == pytest.approx(expected, abs=1e-12)
     no_overlap = [["x"] * len(r) for r in refs]
     assert corpus_bleu_score(refs, no_overlap, smooth=False) == 0.0
     with pytest.raises(ValueError, match="2 references but 1 hypotheses"):
@@ -163,45 +169,57 @@ def test_perfect_hypotheses_score_one_and_bad_input_is_rejected():
 
 # ---------------------------------------------------------------- the two BLEU protocols
 
-SENTENCES = [
-    [1, 2, 3, 4, 1, 6, EOS],
-    [5, 7, 8, 9, EOS],
-    [1, 7, 3, 4, 5, 6, 8, 9, EOS],
-    [5, 2, 8, EOS],
-]
+SENTENCE = [1, 5, 3, 4, 5, 6, 8, 9, EOS]
 
 
 def test_oracle_scores_one_on_both_protocols():
-    oracle = PrefixOracle(SENTENCES)
-    assert teacher_forced_bleu(oracle, SENTENCES, WORDS.__getitem__, EOS, batch_size=2) == 1.0
-    # Right padding: batches of 2 mixed lengths were used, and padding changed nothing.
-    assert (2, 5) in oracle.seen and (2, 9) in oracle.seen
-    for strategy in ("greedy", "beam"):
-        score = continuation_bleu(oracle, SENTENCES, WORDS.__getitem__, EOS, 1, strategy, 3)
-        assert score == 1.0
+    oracle = PrefixOracle([SENTENCE])
+    assert teacher_forced_bleu(oracle, [SENTENCE], WORDS.__getitem__, EOS) == 1.0
+    for prompt_len in (1, 2, 3):  # continuations of >= 4 words, so perfect is exactly 1
+        for strategy in ("greedy", "beam"):
+            args = (oracle, [SENTENCE], WORDS.__getitem__, EOS, prompt_len, strategy, 3)
+            assert continuation_bleu(*args) == 1.0
 
 
 def test_teacher_forcing_isolates_a_single_error():
     # The oracle errs at one prefix; teacher forcing feeds the true token next, so exactly one
     # hypothesis token differs, and the score equals BLEU of that hand-made hypothesis.
-    oracle = PrefixOracle(SENTENCES)
-    oracle.table[(EOS, 1, 7, 3)] = 8
-    predictions = teacher_forced_predictions(oracle, SENTENCES, EOS, batch_size=3)
-    assert predictions[2] == [1, 7, 3, 8, 5, 6, 8, 9, EOS]
-    assert [p for i, p in enumerate(predictions) if i != 2] == [SENTENCES[i] for i in (0, 1, 3)]
-    refs = [[WORDS[i] for i in s[:-1]] for s in SENTENCES]
-    hyps = [list(r) for r in refs]
-    hyps[2][3] = "ran"
-    expected = corpus_bleu_score(refs, hyps)
-    assert 0.5 < expected < 1.0
-    assert teacher_forced_bleu(oracle, SENTENCES, WORDS.__getitem__, EOS) == pytest.approx(expected)
+    oracle = PrefixOracle([SENTENCE])
+    oracle.table[(EOS, 1, 5, 3)] = 8
+    assert teacher_forced_predictions(oracle, [SENTENCE], EOS) == [[1, 5, 3, 8, 5, 6, 8, 9, EOS]]
+    ref = [WORDS[i] for i in SENTENCE[:-1]]
+    hyp = [*ref[:3], "ran", *ref[4:]]
+    expected = corpus_bleu_score([ref], [hyp])
+    assert 0.3 < expected < 1.0
+    assert teacher_forced_bleu(oracle, [SENTENCE], WORDS.__getitem__, EOS) == pytest.approx(
+        expected
+    )
 
 
-def test_non_causal_model_gets_unpadded_batches():
-    oracle = PrefixOracle(SENTENCES)
-    oracle.is_causal = False
-    teacher_forced_predictions(oracle, SENTENCES + SENTENCES, EOS, batch_size=8)
-    assert sorted(oracle.seen) == [(2, 4), (2, 5), (2, 7), (2, 9)]
+class Recorder(TinyGRU):
+    """Records input shapes; declared non-causal to exercise the no-padding path."""
+
+    is_causal = False
+
+    def forward(self, tokens: torch.Tensor) -> tuple[torch.Tensor, dict]:
+        self.seen.append(tuple(tokens.shape))
+        return super().forward(tokens)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_batched_predictions_equal_one_sentence_at_a_time(causal):
+    rng = random.Random(5)
+    lengths = [rng.randint(3, 12) for _ in range(11)] + [5, 5, 5]
+    sentences = [[rng.randint(1, 10) for _ in range(n)] + [EOS] for n in lengths]
+    model = (TinyGRU if causal else Recorder)(len(WORDS), seed=1).eval()
+    model.seen = []
+    batched = teacher_forced_predictions(model, sentences, EOS, batch_size=3)
+    if not causal:  # equal lengths only: groups of <= 3 per distinct length, no padding
+        per_length = {n: lengths.count(n) for n in set(lengths)}
+        expected = [(min(3, c - k), n + 1) for n, c in per_length.items() for k in range(0, c, 3)]
+        assert sorted(model.seen) == sorted(expected)
+    assert batched == teacher_forced_predictions(model, sentences, EOS, batch_size=1)
+    assert [len(p) for p in batched] == [n + 1 for n in lengths]
 
 
 def test_long_sentences_use_windows_within_max_positions():
@@ -215,7 +233,7 @@ def test_long_sentences_use_windows_within_max_positions():
 
 def test_sentences_must_end_with_eos():
     with pytest.raises(ValueError, match="sentence 1 does not end with the eos id 0"):
-        teacher_forced_bleu(PrefixOracle(SENTENCES), [[1, EOS], [2, 3]], WORDS.__getitem__, EOS)
+        teacher_forced_bleu(PrefixOracle([SENTENCE]), [[1, EOS], [2, 3]], WORDS.__getitem__, EOS)
 
 
 # ---------------------------------------------------------------- decoders

@@ -68,7 +68,8 @@ def test_save_and_from_directory_round_trip(tmp_path):
     bpe.save(tmp_path / "tok")
     loaded = BPETokenizer.from_directory(tmp_path / "tok")
     assert (loaded.vocab_size, loaded.eos_id, loaded.unk_id) == (bpe.vocab_size, 0, 1)
-    for line in TOY[:3]:
+    unicode = " Fédération – naïve 東京 @-@ <unk> café "  # bytes never seen in training
+    for line in [*TOY[:3], unicode]:
         assert loaded.encode_line(line) == bpe.encode_line(line)
         assert loaded.decode(bpe.encode_line(line)) == " ".join(line.split())
 

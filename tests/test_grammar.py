@@ -6,7 +6,12 @@ import statistics
 
 import pytest
 
-from experiments.data.grammar import GrammarError, ProbabilisticGrammar, default_rules, generate_splits
+from experiments.data.grammar import (
+    GrammarError,
+    ProbabilisticGrammar,
+    default_rules,
+    generate_splits,
+)
 
 
 def test_entropy_and_length_match_monte_carlo():

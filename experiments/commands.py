@@ -1,0 +1,170 @@
+"""The training-side subcommands of ``odelm``: train, eval, generate, compare."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+from typing import Any
+
+import torch
+
+
+def _overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """Command-line settings that override a config (only those given)."""
+    values: dict[str, Any] = {}
+    if getattr(args, "data_dir", None):
+        values.setdefault("data", {})["data_dir"] = args.data_dir
+    if getattr(args, "protocol", None):
+        values.setdefault("data", {})["protocol"] = args.protocol
+    for key in ("max_steps", "max_time_s", "devices", "num_nodes", "strategy", "accelerator"):
+        value = getattr(args, key, None)
+        if value is not None:
+            values.setdefault("trainer", {})[key] = value
+    if getattr(args, "seed", None) is not None:
+        values["seed"] = args.seed
+    if getattr(args, "out_dir", None):
+        values["out_dir"] = args.out_dir
+    return values
+
+
+def _quiet() -> None:
+    for name in ("pytorch_lightning", "lightning", "lightning.pytorch", "lightning_fabric"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from experiments.config import load_config
+    from experiments.train import train
+
+    config = load_config(args.config, _overrides(args))
+    if args.quiet:
+        _quiet()
+        config.trainer.progress_bar = False
+    result = train(config)
+    if result:
+        print(json.dumps(result))
+    return 0
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from experiments.evaluate import evaluate
+    from experiments.train import load_run
+
+    model, data, config = load_run(args.run)
+    result = evaluate(
+        model,
+        data,
+        args.split,
+        window=config.data.eval_window,
+        bleu_sentences=args.bleu_sentences,
+        prompt_len=config.eval.prompt_len,
+        decode=args.decode or config.eval.decode,
+        allow_noncausal=args.allow_noncausal,
+    )
+    if args.json:
+        print(json.dumps(result))
+    else:
+        for key, value in result.items():
+            print(f"{key:>14}: {value}")
+    return 0
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from experiments.decoding import decode_continuation
+    from experiments.train import load_run
+
+    model, data, _ = load_run(args.run)
+    tokenizer = data.tokenizer
+    prompt = [tokenizer.eos_id] + tokenizer.encode_words(args.prompt.split())
+    torch.manual_seed(args.seed or 0)
+    new = decode_continuation(
+        model,
+        torch.tensor([prompt]),
+        args.max_new_tokens,
+        strategy=args.strategy,
+        num_beams=args.num_beams,
+        eos_id=tokenizer.eos_id if args.stop_at_eos else None,
+    )
+    words = [tokenizer.id_to_token(i) for i in new]
+    if tokenizer.kind == "bpe":
+        print(args.prompt + " " + tokenizer.bpe.decode(new))
+    else:
+        print(" ".join([args.prompt, *words]))
+    return 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from experiments.compare import grid_path, run_grid
+
+    if bool(args.grid) == bool(args.preset):
+        raise ValueError("give exactly one of --grid FILE or --preset NAME")
+    grid = args.grid or grid_path(args.preset)
+    shared = _overrides(args)
+    shared.pop("out_dir", None)
+    if args.data_dir and not args.corpus:
+        shared["data"].setdefault("corpus", "ptb")
+        shared["data"].setdefault("protocol", "mini")
+    if args.corpus:
+        shared.setdefault("data", {})["corpus"] = args.corpus
+    results = run_grid(grid, args.out, shared)
+    print(f"[compare] {len(results)} runs; tables and plots in {args.out}")
+    print((__import__("pathlib").Path(args.out) / "results.md").read_text())
+    return 0
+
+
+def _add_training_overrides(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--data-dir", help="folder holding the corpus (or $ODELM_DATA_DIR)")
+    parser.add_argument("--protocol", choices=["full", "mini"])
+    parser.add_argument("--max-steps", type=int)
+    parser.add_argument("--max-time-s", type=float, help="wall-clock training budget per run")
+    parser.add_argument("--seed", type=int)
+    parser.add_argument("--accelerator")
+    parser.add_argument("--devices", type=lambda v: v if v == "auto" else int(v))
+    parser.add_argument("--num-nodes", type=int)
+    parser.add_argument("--strategy")
+
+
+def register_train(commands: Any) -> None:
+    parser = commands.add_parser("train", help="train one model from a YAML config")
+    parser.add_argument("--config", required=True)
+    parser.add_argument("--out-dir", help="override out_dir (runs go to OUT_DIR/NAME)")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar or Lightning chatter")
+    _add_training_overrides(parser)
+    parser.set_defaults(func=cmd_train)
+
+
+def register_eval(commands: Any) -> None:
+    parser = commands.add_parser("eval", help="perplexity, per-word perplexity, BLEU, NFE of a run")
+    parser.add_argument("run", help="a run directory written by odelm train")
+    parser.add_argument("--split", default="test")
+    parser.add_argument("--bleu-sentences", type=int, default=200)
+    parser.add_argument("--decode", choices=["greedy", "beam"])
+    parser.add_argument("--allow-noncausal", action="store_true")
+    parser.add_argument("--json", action="store_true")
+    parser.set_defaults(func=cmd_eval)
+
+
+def register_generate(commands: Any) -> None:
+    parser = commands.add_parser("generate", help="continue a prompt with a trained run")
+    parser.add_argument("run")
+    parser.add_argument("--prompt", required=True)
+    parser.add_argument("--max-new-tokens", type=int, default=20)
+    parser.add_argument("--strategy", default="greedy", choices=["greedy", "beam"])
+    parser.add_argument("--num-beams", type=int, default=4)
+    parser.add_argument("--stop-at-eos", action="store_true")
+    parser.add_argument("--seed", type=int)
+    parser.set_defaults(func=cmd_generate)
+
+
+def register_compare(commands: Any) -> None:
+    parser = commands.add_parser("compare", help="train a grid of models side by side")
+    parser.add_argument("--grid", help="grid YAML file")
+    parser.add_argument("--preset", help="a grid shipped in experiments/configs/grids")
+    parser.add_argument("--out", required=True, help="output directory (resumable)")
+    parser.add_argument("--corpus", help="override the grid's corpus")
+    _add_training_overrides(parser)
+    parser.set_defaults(func=cmd_compare)
+
+
+REGISTRARS = [register_train, register_eval, register_generate, register_compare]

@@ -1,0 +1,361 @@
+"""Benchmarks of the continuous-depth family, registered in ``odelm bench``.
+
+* ``ode-batching``: training tokens/s of ODE-LSTM at batch 32 over batch 1 (the report's
+  one-sentence regime), for the library and for plain PyTorch + torchdiffeq in one run;
+* ``adjoint-memory``: peak memory of forward + backward as the integration length S grows,
+  adjoint against direct backpropagation;
+* ``solver-overhead``: the facade against calling each backend directly.
+
+Each runs in about a minute on a 2-core CPU; repeats are interleaved and medians reported
+because the machine is shared. Iteration counts are in the records.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from .fields import MLPField
+from .models import ODELSTM
+from .solvers import solve
+
+__all__ = ["adjoint_memory", "ode_batching", "solver_overhead"]
+
+
+def _timed(fn: Callable[[], Any]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+# ----------------------------------------------------------------------------- ode-batching
+
+
+class _PlainODEFunc(nn.Module):
+    """The reference's vector field: the same MLP, called the torchdiffeq way."""
+
+    def __init__(self, net: nn.Module) -> None:
+        super().__init__()
+        self.net = net
+
+    def forward(self, t: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        return self.net(z)
+
+
+def _plain_forward(model: ODELSTM, tokens: torch.Tensor) -> torch.Tensor:
+    """ODE-LSTM written directly with PyTorch and ``torchdiffeq.odeint`` (same weights)."""
+    import torchdiffeq
+
+    encoder, head = model.encoder, model.head
+    hidden = encoder.dropout(encoder.lstm(encoder.embedding(tokens))[0])
+    batch, length, dim = hidden.shape
+    t = torch.tensor([0.0, head.integration_time])
+    func = _PlainODEFunc(head.field.net)
+    states = torchdiffeq.odeint(
+        func,
+        hidden.reshape(batch * length, dim),
+        t,
+        rtol=head.solver.rtol,
+        atol=head.solver.atol,
+        method="dopri5",
+    )
+    return head.proj(states[-1]).view(batch, length, -1)
+
+
+def ode_batching() -> list[dict[str, Any]]:
+    """Tokens/s of an ODE-LSTM training step at batch 32 over batch 1, library and plain.
+
+    ODE-LSTM: 300-d LSTM (dropout 0.1), the report's MLP field (100 hidden), dopri5 with
+    rtol 1e-3 and atol 1e-4, direct backpropagation, 10k vocabulary, 35-token sequences,
+    cross-entropy + backward + Adam step. The same model's weights are used by the library
+    forward and by a plain PyTorch + torchdiffeq forward.
+    """
+    torch.manual_seed(0)
+    vocab, length = 10_000, 35
+    model = ODELSTM(vocab, 300, 300, field_hidden=100, solver={"rtol": 1e-3, "atol": 1e-4})
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.95, 0.999))
+    loss_fn = nn.CrossEntropyLoss()
+    nfe: dict[int, list[int]] = {32: [], 1: []}
+
+    def step(forward: Callable[[torch.Tensor], torch.Tensor], tokens: torch.Tensor) -> None:
+        logits = forward(tokens)
+        loss = loss_fn(logits[:, :-1].reshape(-1, vocab), tokens[:, 1:].reshape(-1))
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+
+    def library(tokens: torch.Tensor) -> torch.Tensor:
+        logits, aux = model(tokens)
+        nfe[tokens.shape[0]].append(aux["nfe"])
+        return logits
+
+    def plain(tokens: torch.Tensor) -> torch.Tensor:
+        return _plain_forward(model, tokens)
+
+    batches = {b: torch.randint(0, vocab, (b, length)) for b in (32, 1)}
+    steps = {32: 2, 1: 8}
+    repeats = 4
+    for impl in (library, plain):  # warm-up
+        for b in (32, 1):
+            step(impl, batches[b])
+    rates: dict[tuple[str, int], list[float]] = {}
+    for _ in range(repeats):
+        for name, impl in (("library", library), ("plain", plain)):
+            for b in (32, 1):
+                elapsed = _timed(
+                    lambda impl=impl, b=b: [step(impl, batches[b]) for _ in range(steps[b])]
+                )
+                rates.setdefault((name, b), []).append(steps[b] * b * length / elapsed)
+    tps = {key: statistics.median(values) for key, values in rates.items()}
+    lib_ratio = tps["library", 32] / tps["library", 1]
+    plain_ratio = tps["plain", 32] / tps["plain", 1]
+    print(
+        f"ode-batching  library: {tps['library', 1]:.0f} -> {tps['library', 32]:.0f} tokens/s "
+        f"({lib_ratio:.2f}x)   plain PyTorch+torchdiffeq: {tps['plain', 1]:.0f} -> "
+        f"{tps['plain', 32]:.0f} tokens/s ({plain_ratio:.2f}x)   NFE b32 "
+        f"{statistics.median(nfe[32])}, b1 {statistics.median(nfe[1])}"
+    )
+    common = {
+        "library_tokens_per_s_b1": tps["library", 1],
+        "library_tokens_per_s_b32": tps["library", 32],
+        "plain_tokens_per_s_b1": tps["plain", 1],
+        "plain_tokens_per_s_b32": tps["plain", 32],
+        "plain_ratio": plain_ratio,
+        "nfe_b32": statistics.median(nfe[32]),
+        "nfe_b1": statistics.median(nfe[1]),
+        "iterations": f"{repeats} interleaved repeats of {steps[32]} steps at batch 32 and "
+        f"{steps[1]} at batch 1, medians (scaled down to fit ~60 s on 2 cores)",
+        "issue_reference": "plain PyTorch + torchdiffeq on a 2-core CPU: 326 vs 1,447 "
+        "tokens/s (4.4x)",
+    }
+    return [
+        {
+            "bench": "ode-batching",
+            "metric": "tokens_per_s_batch32_over_batch1",
+            "value": lib_ratio,
+            "target": 4.0,
+            "unit": "x",
+            "better": "higher",
+            **common,
+        },
+        {
+            "bench": "ode-batching",
+            "metric": "library_ratio_over_plain_ratio",
+            "value": lib_ratio / plain_ratio,
+            "target": 0.9,
+            "unit": "x",
+            "better": "higher",
+            **common,
+        },
+    ]
+
+
+# --------------------------------------------------------------------------- adjoint-memory
+
+
+def _peak_bytes(fn: Callable[[], Any]) -> int:
+    """Peak CPU bytes allocated by ``fn`` above what was live when it started.
+
+    Uses the allocation events of the PyTorch profiler (``total_allocated`` after each
+    allocation and free), which see every tensor allocation, unlike the process RSS.
+    """
+    from torch._C._profiler import _EventType
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    peak, stack = 0, list(prof.profiler.kineto_results.experimental_event_tree())
+    while stack:
+        node = stack.pop()
+        stack.extend(node.children)
+        if node.tag == _EventType.Allocation and node.extra_fields.device.type == "cpu":
+            peak = max(peak, node.extra_fields.total_allocated)
+    return peak
+
+
+def adjoint_memory() -> list[dict[str, Any]]:
+    """Peak memory of forward + backward for S = 1, 2, 4, 8: adjoint vs direct backprop.
+
+    Field: an MLP of width 64 (hidden 128) on 1,024 states, dopri5 at rtol = atol = 1e-5,
+    float32, torchdiffeq. The adjoint keeps only the states at the output times, so its
+    peak should stay flat while direct backpropagation stores every stage of every step.
+    """
+    torch.manual_seed(0)
+    field = MLPField(64, 128)
+    with torch.no_grad():
+        for layer in (field.net[0], field.net[2]):
+            layer.weight.mul_(2.0)
+    y0 = torch.randn(1024, 64)
+    lengths = (1.0, 2.0, 4.0, 8.0)
+    peaks: dict[tuple[str, float], int] = {}
+    nfe: dict[tuple[str, float], tuple[int, int]] = {}
+    for adjoint in (True, False):
+        for s in lengths:
+            name = "adjoint" if adjoint else "direct"
+
+            def run(adjoint: bool = adjoint, s: float = s, name: str = name) -> None:
+                y = y0.clone().requires_grad_()
+                states, stats = solve(field, y, [0.0, s], rtol=1e-5, atol=1e-5, adjoint=adjoint)
+                states[-1].square().mean().backward()
+                nfe[name, s] = (stats.nfe_forward, stats.nfe_backward)
+
+            field.zero_grad(set_to_none=True)
+            run()  # warm-up
+            field.zero_grad(set_to_none=True)
+            peaks[name, s] = _peak_bytes(run)
+    mib = {key: value / 2**20 for key, value in peaks.items()}
+    for name in ("adjoint", "direct"):
+        row = "  ".join(f"S={s:g}: {mib[name, s]:.1f} MiB (NFE {nfe[name, s]})" for s in lengths)
+        print(f"adjoint-memory {name:8s} {row}")
+    detail = {f"{name}_peak_mib_S{s:g}": mib[name, s] for name, s in mib}
+    detail.update({f"{name}_nfe_S{s:g}": list(nfe[name, s]) for name, s in nfe})
+    return [
+        {
+            "bench": "adjoint-memory",
+            "metric": "adjoint_peak_S8_over_S1",
+            "value": peaks["adjoint", 8.0] / peaks["adjoint", 1.0],
+            "target": 1.3,
+            "unit": "x",
+            "better": "lower",
+            **detail,
+        },
+        {
+            "bench": "adjoint-memory",
+            "metric": "direct_peak_S8_over_S1",
+            "value": peaks["direct", 8.0] / peaks["direct", 1.0],
+            "target": 1.3,
+            "unit": "x",
+            "better": "higher",
+            **detail,
+        },
+    ]
+
+
+# -------------------------------------------------------------------------- solver-overhead
+
+
+def _direct_callers(
+    field: nn.Module, y0: torch.Tensor, t: torch.Tensor, rtol: float, atol: float
+) -> dict[str, Callable[[], torch.Tensor]]:
+    """Each backend called without the facade on the same field, state and options."""
+
+    def torchdiffeq_direct() -> torch.Tensor:
+        import torchdiffeq
+
+        return torchdiffeq.odeint(field, y0, t, rtol=rtol, atol=atol, method="dopri5")[-1]
+
+    def torchdyn_direct() -> torch.Tensor:
+        from torchdyn.numerics import odeint
+
+        return odeint(field, y0, t, "dopri5", atol=atol, rtol=rtol)[1][-1]
+
+    def torchode_direct() -> torch.Tensor:
+        import torchode
+
+        term = torchode.ODETerm(field)
+        solver = torchode.AutoDiffAdjoint(
+            torchode.Dopri5(term=term), torchode.IntegralController(atol=atol, rtol=rtol, term=term)
+        )
+        problem = torchode.InitialValueProblem(y0=y0, t_eval=t.expand(y0.shape[0], -1).contiguous())
+        return solver.solve(problem).ys[:, -1]
+
+    return {
+        "torchdiffeq": torchdiffeq_direct,
+        "torchdyn": torchdyn_direct,
+        "torchode": torchode_direct,
+    }
+
+
+def solver_overhead() -> list[dict[str, Any]]:
+    """Facade time over direct backend time (forward + backward), per backend.
+
+    2,048 states of width 256, the report's MLP field with 64 hidden units (kept narrow so
+    that three backends x two callers x three repeats fit a minute on 2 cores; a cheaper
+    field also makes any fixed per-call overhead of the facade weigh more), dopri5 at the
+    facade's default rtol 1e-3 / atol 1e-4, float32, direct backpropagation. Also lists
+    the backends side by side (time and forward/backward NFE) and the adjoint's cost.
+    """
+    torch.manual_seed(0)
+    field = MLPField(256, 64)
+    y0 = torch.randn(2048, 256)
+    t = torch.tensor([0.0, 1.0])
+    rtol, atol = 1e-3, 1e-4
+    direct = _direct_callers(field, y0, t, rtol, atol)
+    stats_of: dict[str, Any] = {}
+
+    def through_facade(
+        backend: str, adjoint: bool = False, states0: torch.Tensor = y0
+    ) -> Callable[[], torch.Tensor]:
+        def call() -> torch.Tensor:
+            states, stats = solve(
+                field, states0, t, rtol=rtol, atol=atol, backend=backend, adjoint=adjoint
+            )
+            stats_of[backend, adjoint] = stats
+            return states[-1]
+
+        return call
+
+    def fwd_bwd(call: Callable[[], torch.Tensor]) -> None:
+        field.zero_grad(set_to_none=True)
+        call().square().mean().backward()
+
+    repeats = 3
+    times: dict[tuple[str, str], list[float]] = {}
+    for backend, call in _direct_callers(field, y0[:64], t, rtol, atol).items():
+        fwd_bwd(through_facade(backend, states0=y0[:64]))  # warm-up: imports, first calls
+        fwd_bwd(call)
+    for _ in range(repeats):
+        for backend, call in direct.items():
+            times.setdefault((backend, "facade"), []).append(
+                _timed(lambda b=backend: fwd_bwd(through_facade(b)))
+            )
+            times.setdefault((backend, "direct"), []).append(_timed(lambda c=call: fwd_bwd(c)))
+    adjoint_time = {
+        backend: _timed(lambda b=backend: fwd_bwd(through_facade(b, adjoint=True)))
+        for backend in ("torchdiffeq", "torchdyn")
+    }
+    median = {key: statistics.median(values) for key, values in times.items()}
+    records = []
+    print(
+        "solver-overhead  backend      facade_s  direct_s  ratio  NFE fwd/bwd  adjoint_s  NFE fwd/bwd"
+    )
+    for backend in direct:
+        stats = stats_of[backend, False]
+        ratio = median[backend, "facade"] / median[backend, "direct"]
+        record = {
+            "bench": "solver-overhead",
+            "metric": f"facade_over_direct_{backend}",
+            "value": ratio,
+            "target": 1.05,
+            "unit": "x",
+            "better": "lower",
+            "facade_s": median[backend, "facade"],
+            "direct_s": median[backend, "direct"],
+            "nfe_forward": stats.nfe_forward,
+            "nfe_backward": stats.nfe_backward,
+            "iterations": f"{repeats} interleaved forward+backward repeats, medians",
+        }
+        line = (
+            f"solver-overhead  {backend:11s}  {record['facade_s']:8.3f}  {record['direct_s']:8.3f}"
+            f"  {ratio:5.3f}  {stats.nfe_forward:4d}/{stats.nfe_backward:<4d}"
+        )
+        if backend in adjoint_time:
+            adjoint_stats = stats_of[backend, True]
+            record.update(
+                adjoint_s=adjoint_time[backend],
+                adjoint_nfe_forward=adjoint_stats.nfe_forward,
+                adjoint_nfe_backward=adjoint_stats.nfe_backward,
+                adjoint_over_direct=adjoint_time[backend] / median[backend, "facade"],
+            )
+            line += (
+                f"   {adjoint_time[backend]:8.3f}  {adjoint_stats.nfe_forward:4d}/"
+                f"{adjoint_stats.nfe_backward}"
+            )
+        print(line)
+        records.append(record)
+    return records

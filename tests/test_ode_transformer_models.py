@@ -1,0 +1,192 @@
+"""ode_transformer models: causality, parameter counts, gradients, encoder masks, bad input."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ode_transformer import (
+    BLOCKS,
+    PRESETS,
+    STACKS,
+    MacaronLayer,
+    ODETransformerConfig,
+    ODETransformerEncoder,
+    ODETransformerLM,
+    RKBlock,
+    RKLayer,
+    Tableau,
+    config_from_preset,
+)
+
+D, HEADS, FF, VOCAB = 16, 2, 32, 23
+
+
+TINY = {
+    "vocab_size": VOCAB,
+    "d_model": D,
+    "n_heads": HEADS,
+    "d_ff": FF,
+    "n_layers": 3,
+    "max_positions": 24,
+    "dropout": 0.0,
+    "attention_dropout": 0.0,
+    "relu_dropout": 0.0,
+}
+
+
+def tiny_config(**overrides: object) -> ODETransformerConfig:
+    return ODETransformerConfig(**{**TINY, **overrides})
+
+
+ARCHITECTURES = (
+    [{"block": block} for block in BLOCKS]
+    + [{"stack": stack, "block": "rk2"} for stack in STACKS if stack != "macaron"]
+    + [{"stack": "macaron"}, {"sublayer": "attention", "block": "rk4"}]
+    + [{"sublayer": "ffn", "block": "rk2_gate"}, {"tableau": ([[0, 0], [2 / 3, 0]], [0.25, 0.75])}]
+)
+
+
+def arch_id(arch: dict) -> str:
+    return "-".join(f"{key}={value}" for key, value in arch.items() if key != "tableau") or "custom"
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES, ids=[arch_id(a) for a in ARCHITECTURES])
+def test_causality(arch: dict) -> None:
+    torch.manual_seed(0)
+    model = ODETransformerLM(tiny_config(**arch)).eval()
+    tokens = torch.randint(0, VOCAB, (2, 12))
+    t = 6
+    changed = tokens.clone()
+    changed[:, t + 1 :] = (changed[:, t + 1 :] + 1 + torch.randint(0, VOCAB - 1, (2, 5))) % VOCAB
+    logits, aux = model(tokens)
+    logits_changed, _ = model(changed)
+    assert logits.shape == (2, 12, VOCAB) and isinstance(aux, dict)
+    torch.testing.assert_close(logits[:, : t + 1], logits_changed[:, : t + 1], rtol=0, atol=1e-6)
+    assert (logits[:, t + 1 :] - logits_changed[:, t + 1 :]).abs().max() > 1e-4
+
+
+def layer_params(layer: torch.nn.Module) -> int:
+    return sum(p.numel() for p in layer.parameters())
+
+
+def test_parameter_counts() -> None:
+    kwargs = {"d_model": D, "n_heads": HEADS, "d_ff": FF}
+    standard = D * 3 * D + 3 * D + D * D + D + D * FF + FF + FF * D + D + 2 * (2 * D)
+    for sublayer in ("both", "attention", "ffn"):
+        residual = layer_params(RKLayer("residual", sublayer, **kwargs))
+        assert residual == standard
+        for block in ("rk2", "rk2_gamma1", "rk3", "rk4"):
+            assert layer_params(RKLayer(block, sublayer, **kwargs)) == residual
+        assert layer_params(RKLayer("rk2_learnable", sublayer, **kwargs)) == residual + 2
+        assert layer_params(RKLayer("rk2_gate", sublayer, **kwargs)) == residual + 2 * D + 1
+    custom = ([[0, 0, 0], [0.5, 0, 0], [0, 0.5, 0]], [0.2, 0.3, 0.5])
+    assert layer_params(RKLayer(custom, "both", **kwargs)) == standard
+
+    # Macaron: two FFNs at half width have exactly the weight matrices of one full FFN; the
+    # only extras are the second FFN's pre-norm LayerNorm (2d) and its output bias (d).
+    macaron = MacaronLayer(**kwargs)
+    standard_layer = RKLayer("residual", "both", **kwargs)
+
+    def matrix_params(layer: torch.nn.Module) -> int:
+        return sum(p.numel() for p in layer.parameters() if p.dim() == 2)
+
+    assert matrix_params(macaron) == matrix_params(standard_layer)
+    assert layer_params(macaron) == standard + 3 * D
+
+    # Stacks: multistep adds n - 1 scalars k, DLCL n (n + 1) / 2 weights W.
+    plain = sum(p.numel() for p in ODETransformerLM(tiny_config()).parameters())
+    for stack, extra in (("leapfrog", 0), ("polynet", 0), ("multistep", 2), ("dlcl", 6)):
+        model = ODETransformerLM(tiny_config(stack=stack))
+        assert sum(p.numel() for p in model.parameters()) == plain + extra
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES, ids=[arch_id(a) for a in ARCHITECTURES])
+def test_every_parameter_gets_a_gradient(arch: dict) -> None:
+    torch.manual_seed(1)
+    model = ODETransformerLM(tiny_config(n_layers=2, **arch))
+    tokens = torch.randint(0, VOCAB, (2, 8))
+    logits, _ = model(tokens)
+    torch.nn.functional.cross_entropy(
+        logits[:, :-1].reshape(-1, VOCAB), tokens[:, 1:].reshape(-1)
+    ).backward()
+    for name, p in model.named_parameters():
+        assert p.grad is not None, f"{name} received no gradient"
+        assert torch.isfinite(p.grad).all() and p.grad.abs().sum() > 0, f"{name}: zero gradient"
+
+
+def test_block_modules_and_aux() -> None:
+    model = ODETransformerLM(tiny_config(block="rk4", stack="polynet"))
+    assert model.is_causal and model.vocab_size == VOCAB and model.max_positions == 24
+    assert len(model.block_modules()) == 3
+    assert model(torch.zeros(1, 3, dtype=torch.long))[1]["nfe"] == 3 * 4 * 2
+
+
+def test_encoder_is_bidirectional_and_ignores_padding() -> None:
+    torch.manual_seed(2)
+    encoder = ODETransformerEncoder(tiny_config(block="rk2", max_positions=16)).eval()
+    assert encoder.is_causal is False
+    tokens = torch.randint(1, VOCAB, (2, 9))
+    padding = torch.zeros(2, 9, dtype=torch.bool)
+    padding[1, 5:] = True
+    hidden = encoder(tokens, padding)
+    assert hidden.shape == (2, 9, D)
+    alone = encoder(tokens[1:, :5])
+    torch.testing.assert_close(hidden[1, :5], alone[0], rtol=0, atol=1e-5)
+    other_pad = tokens.clone()
+    other_pad[1, 5:] = 0
+    torch.testing.assert_close(encoder(other_pad, padding)[1, :5], hidden[1, :5], rtol=0, atol=1e-6)
+    future = tokens.clone()
+    future[0, 8] = (future[0, 8] + 1) % VOCAB
+    assert (encoder(future, padding)[0, 0] - hidden[0, 0]).abs().max() > 1e-4  # sees the future
+
+
+def test_presets() -> None:
+    assert set(PRESETS) >= {"ptb-lm-1layer", "ptb-lm-2layer", "base", "small"}
+    ptb = config_from_preset("ptb-lm-2layer", block="rk4")
+    assert (ptb.d_model, ptb.d_ff, ptb.n_heads, ptb.n_layers, ptb.block) == (512, 2048, 8, 2, "rk4")
+    assert ptb.dropout == ptb.attention_dropout == ptb.relu_dropout == 0.1
+    assert config_from_preset("ptb-lm-1layer").n_layers == 1
+    base = config_from_preset("base")
+    assert (base.d_model, base.d_ff, base.n_heads, base.n_layers) == (512, 2048, 8, 6)
+    small = config_from_preset("small", vocab_size=50)
+    logits, _ = ODETransformerLM(small)(torch.randint(0, 50, (1, 5)))
+    assert logits.shape == (1, 5, 50)
+    with pytest.raises(ValueError, match="ptb-lm-1layer"):
+        config_from_preset("tiny")
+    with pytest.raises(ValueError, match="d_model"):
+        config_from_preset("small", width=3)
+
+
+def test_bad_input_errors() -> None:
+    with pytest.raises(ValueError, match="rk4"):
+        tiny_config(block="rk5")
+    with pytest.raises(ValueError, match="leapfrog"):
+        tiny_config(stack="ladder")
+    with pytest.raises(ValueError, match="attention"):
+        tiny_config(sublayer="conv")
+    with pytest.raises(ValueError, match="divisible"):
+        tiny_config(d_model=18, n_heads=4)
+    with pytest.raises(ValueError, match="strictly lower-triangular"):
+        Tableau(A=[[0.5, 0], [1, 0]], b=[0.5, 0.5])
+    with pytest.raises(ValueError, match="strictly lower-triangular"):
+        tiny_config(tableau=([[0, 1], [1, 0]], [0.5, 0.5]))
+    with pytest.raises(ValueError, match="shapes do not match"):
+        Tableau(A=[[0, 0], [1, 0]], b=[1 / 3, 1 / 3, 1 / 3])
+    with pytest.raises(ValueError, match="shapes do not match"):
+        Tableau(A=[[0, 0], [1]], b=[0.5, 0.5])
+    with pytest.raises(ValueError, match="not both"):
+        tiny_config(block="rk4", tableau=([[0]], [1]))
+    with pytest.raises(ValueError, match="two stages"):
+        RKBlock(torch.nn.Identity(), "rk3", "gate", D)
+    with pytest.raises(ValueError, match="macaron"):
+        tiny_config(stack="macaron", block="rk2")
+    model = ODETransformerLM(tiny_config(max_positions=8))
+    with pytest.raises(ValueError, match="max_positions=8"):
+        model(torch.zeros(1, 9, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"\[0, 23\)"):
+        model(torch.full((1, 4), VOCAB))
+    with pytest.raises(ValueError, match="batch, time"):
+        model(torch.zeros(4, dtype=torch.long))
+    with pytest.raises(ValueError, match="integer ids"):
+        model(torch.zeros(1, 4))

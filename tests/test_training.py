@@ -1,0 +1,182 @@
+"""Training harness: determinism, SIGKILL-and-resume, DDP, checkpoint averaging, bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from experiments.cli import main
+from experiments.config import ConfigError, parse_config
+from experiments.data.tokenization import VocabularyMismatchError
+from experiments.task import NonFiniteLossError
+from experiments.train import OutputDirError, load_run, train
+
+TINY_MODEL = {
+    "family": "ode_transformer",
+    "preset": "small",
+    "n_layers": 1,
+    "d_model": 32,
+    "d_ff": 64,
+    "n_heads": 2,
+    "block": "rk2",
+}
+
+
+def tiny_config(out_dir: Path, name: str = "run", **sections) -> dict:
+    values = {
+        "name": name,
+        "out_dir": str(out_dir),
+        "seed": 3,
+        "model": dict(TINY_MODEL),
+        "data": {"corpus": "grammar", "batch_size": 8, "bptt": 16, "eval_window": 64},
+        "trainer": {
+            "max_steps": 24,
+            "val_every": 8,
+            "checkpoint_every": 4,
+            "val_batches": 2,
+            "progress_bar": False,
+        },
+        "eval": {"bleu_sentences": 5},
+    }
+    for key, value in sections.items():
+        values[key] = {**values.get(key, {}), **value} if isinstance(value, dict) else value
+    return values
+
+
+def test_same_seed_same_validation_perplexity(tmp_path):
+    first = train(parse_config(tiny_config(tmp_path, "a")))
+    second = train(parse_config(tiny_config(tmp_path, "b")))
+    assert first["valid_ppl"] == pytest.approx(second["valid_ppl"], abs=1e-6)
+    assert first["test_ppl"] == pytest.approx(second["test_ppl"], abs=1e-6)
+    third = train(parse_config(tiny_config(tmp_path, "c", seed=4)))
+    assert third["valid_ppl"] != pytest.approx(first["valid_ppl"], abs=1e-6)
+
+
+@pytest.mark.slow
+def test_sigkill_mid_run_then_resume_matches_uninterrupted(tmp_path):
+    reference = train(parse_config(tiny_config(tmp_path, "reference", trainer={"max_steps": 40})))
+    config_file = tmp_path / "killed.yaml"
+    config_file.write_text(
+        yaml.safe_dump(tiny_config(tmp_path, "killed", trainer={"max_steps": 40}))
+    )
+    command = [
+        sys.executable,
+        "-m",
+        "experiments",
+        "train",
+        "--config",
+        str(config_file),
+        "--quiet",
+    ]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    checkpoints = tmp_path / "killed" / "checkpoints"
+    deadline = time.time() + 240
+    while time.time() < deadline and not (checkpoints / "last.ckpt").exists():
+        time.sleep(0.02)
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait()
+    assert not (tmp_path / "killed" / "result.json").exists(), "the run finished before the kill"
+    state = torch.load(checkpoints / "last.ckpt", weights_only=False)
+    assert 0 < state["global_step"] < 40
+    resumed = train(parse_config(tiny_config(tmp_path, "killed", trainer={"max_steps": 40})))
+    assert resumed["steps"] == 40
+    assert resumed["valid_ppl"] == pytest.approx(reference["valid_ppl"], abs=1e-6)
+    assert resumed["test_ppl"] == pytest.approx(reference["test_ppl"], abs=1e-6)
+
+
+class _SaveWeights(__import__("pytorch_lightning").Callback):
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+
+    def on_train_end(self, trainer, task) -> None:
+        torch.save(task.model.state_dict(), self.folder / f"rank{trainer.global_rank}.pt")
+
+
+@pytest.mark.slow
+def test_two_process_ddp_ends_with_identical_weights(tmp_path):
+    config = parse_config(
+        tiny_config(
+            tmp_path, "ddp", trainer={"devices": 2, "strategy": "ddp_spawn", "max_steps": 6}
+        )
+    )
+    train(config, callbacks=[_SaveWeights(tmp_path)])
+    rank0 = torch.load(tmp_path / "rank0.pt")
+    rank1 = torch.load(tmp_path / "rank1.pt")
+    initial = parse_config(tiny_config(tmp_path, "x"))
+    assert rank0.keys() == rank1.keys()
+    for key in rank0:
+        torch.testing.assert_close(rank0[key], rank1[key], rtol=0, atol=0)
+    assert initial.model == TINY_MODEL
+
+
+def test_checkpoint_averaging_averages_the_last_validations(tmp_path):
+    from experiments.train import CheckpointAverager
+
+    averager = CheckpointAverager(2)
+    for value in (1.0, 2.0, 4.0):
+        averager.snapshots.append({"w": torch.full((2,), value)})
+    assert torch.equal(averager.average()["w"], torch.full((2,), 3.0))
+    result = train(parse_config(tiny_config(tmp_path, "avg", trainer={"average_last": 2})))
+    assert result["selected"] == "average of last 2 validations"
+
+
+def test_unknown_key_and_wrong_type_are_named(tmp_path):
+    with pytest.raises(ConfigError, match=r"unknown key config.trainer.max_step\b"):
+        parse_config(tiny_config(tmp_path, trainer={"max_step": 3}))
+    with pytest.raises(ConfigError, match=r"config.optim.lr must be float, got 'fast'"):
+        parse_config(tiny_config(tmp_path, optim={"lr": "fast"}))
+    with pytest.raises(ConfigError, match="model.family"):
+        train(parse_config(tiny_config(tmp_path, model={"family": "rnn"})))
+
+
+def test_unwritable_output_dir_fails_before_training(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    with pytest.raises(OutputDirError, match="cannot write to run directory"):
+        train(parse_config(tiny_config(blocker)))
+
+
+def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
+    values = tiny_config(tmp_path, "nan", optim={"lr": 1e6, "grad_clip": None})
+    values["trainer"]["max_steps"] = 200
+    with pytest.raises(NonFiniteLossError, match="last good checkpoint is kept"):
+        train(parse_config(values))
+    last = tmp_path / "nan" / "checkpoints" / "last.ckpt"
+    if last.exists():
+        state = torch.load(last, weights_only=False)["state_dict"]
+        assert all(torch.isfinite(v).all() for v in state.values())
+
+
+def test_eval_and_generate_commands_and_vocabulary_check(tmp_path, capsys):
+    config_file = tmp_path / "run.yaml"
+    config_file.write_text(yaml.safe_dump(tiny_config(tmp_path, "cli")))
+    assert main(["train", "--config", str(config_file), "--quiet"]) == 0
+    trained = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert main(["eval", str(tmp_path / "cli"), "--json", "--bleu-sentences", "5"]) == 0
+    evaluated = json.loads(capsys.readouterr().out)
+    assert evaluated["ppl"] == pytest.approx(trained["test_ppl"], rel=1e-6)
+    assert (
+        main(["generate", str(tmp_path / "cli"), "--prompt", "a dog", "--max-new-tokens", "4"]) == 0
+    )
+    assert capsys.readouterr().out.startswith("a dog ")
+    # the same run against another corpus seed: a different vocabulary is refused
+    saved = yaml.safe_load((tmp_path / "cli" / "config.yaml").read_text())
+    saved["data"]["corpus"] = "text"
+    saved["data"]["data_dir"] = str(tmp_path / "other")
+    (tmp_path / "other").mkdir()
+    for split in ("train", "valid", "test"):
+        (tmp_path / "other" / f"{split}.txt").write_text("a dog runs\n")
+    (tmp_path / "cli" / "config.yaml").write_text(yaml.safe_dump(saved))
+    with pytest.raises(VocabularyMismatchError, match="trained with tokenizer"):
+        load_run(tmp_path / "cli")
+    assert main(["train", "--config", str(tmp_path / "missing.yaml")]) == 2
+    assert "does not exist" in capsys.readouterr().err
