@@ -28,7 +28,9 @@ BENCHMARKS: dict[str, str] = {
 def register(name: str, target: str) -> None:
     """Register ``"module:function"`` under ``name`` (for users' own benchmarks)."""
     if ":" not in target:
-        raise ValueError(f"benchmark target must look like 'package.module:function', got {target!r}")
+        raise ValueError(
+            f"benchmark target must look like 'package.module:function', got {target!r}"
+        )
     BENCHMARKS[name] = target
 
 

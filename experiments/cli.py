@@ -30,26 +30,41 @@ def _fmt(value: Any) -> str:
     return "" if value is None else str(value)
 
 
-def corpus_info(name: str, data_dir: str | None, protocol: str, seed: int = 0) -> dict[str, Any]:
-    """Splits found, lines, words and tokens per split, vocabulary size, file checksums."""
-    from experiments.data.corpora import load_corpus, sha256_of
+def corpus_info(
+    name: str, data_dir: str | None, protocol: str | None = None, seed: int = 0
+) -> dict[str, Any]:
+    """Splits found, lines, words and tokens per split, vocabulary size, file checksums.
+
+    Without a protocol it describes the files as they are (missing splits listed); with
+    one it describes the splits a run under that protocol would use.
+    """
+    from experiments.data.corpora import SPLITS, load_corpus, read_lines, sha256_of, split_files
     from experiments.data.download import KNOWN_FILE_SHA256
 
-    corpus: Corpus = load_corpus(name, data_dir, protocol=protocol, seed=seed)
+    if protocol is not None or name == "grammar":
+        corpus: Corpus = load_corpus(name, data_dir, protocol=protocol or "full", seed=seed)
+        lines, label, paths = corpus.lines, corpus.protocol, corpus.files
+    else:
+        paths = {split: str(path) for split, path in split_files(name, data_dir).items()}
+        if not paths:
+            load_corpus(name, data_dir)  # raises the error naming files and folders searched
+        lines = {split: read_lines(Path(path)) for split, path in paths.items()}
+        label = "files as found"
     splits = {}
-    for split, lines in corpus.lines.items():
-        tokens = sum(len(line) for line in lines)
-        splits[split] = {"lines": len(lines), "words": tokens - len(lines), "tokens": tokens}
+    for split, split_lines in lines.items():
+        tokens = sum(len(line) for line in split_lines)
+        splits[split] = {"lines": len(split_lines), "words": tokens - len(split_lines), "tokens": tokens}
     files = {}
-    for split, path in corpus.files.items():
+    for split, path in paths.items():
         actual, expected = sha256_of(Path(path)), KNOWN_FILE_SHA256.get(Path(path).name)
         status = "unknown" if expected is None else ("ok" if actual == expected else "MISMATCH")
         files[split] = {"path": path, "sha256": actual, "checksum": status}
     info: dict[str, Any] = {
         "corpus": name,
-        "protocol": corpus.protocol,
+        "protocol": label,
         "splits": splits,
-        "vocab_size": len(corpus.words()),
+        "missing": [split for split in SPLITS if split not in lines],
+        "vocab_size": len({word for ls in lines.values() for line in ls for word in line}),
         "files": files,
     }
     if name == "grammar":
@@ -66,7 +81,9 @@ def cmd_data_info(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(info))
         return 0
-    print(f"corpus {info['corpus']}  protocol {info['protocol']}  vocabulary {info['vocab_size']}")
+    print(f"corpus {info['corpus']} ({info['protocol']}), vocabulary {info['vocab_size']}")
+    if info["missing"]:
+        print(f"missing splits: {', '.join(info['missing'])} (train with --protocol mini)")
     _print_json_or_table([{"split": k, **v} for k, v in info["splits"].items()], False)
     for split, entry in info["files"].items():
         print(f"{split} file {entry['path']}: checksum {entry['checksum']}")
@@ -108,7 +125,9 @@ def build_parser() -> argparse.ArgumentParser:
     info = data.add_parser("info", help="splits, words, tokens, vocabulary, checksums")
     info.add_argument("--corpus", required=True, help=f"one of {', '.join(CORPUS_NAMES)}")
     info.add_argument("--data-dir", help="folder holding the corpus (or $ODELM_DATA_DIR)")
-    info.add_argument("--protocol", default="full", choices=PROTOCOLS)
+    info.add_argument(
+        "--protocol", choices=PROTOCOLS, help="describe the splits a run would use under it"
+    )
     info.add_argument("--seed", type=int, default=0, help="seed of the grammar corpus")
     info.add_argument("--json", action="store_true")
     info.set_defaults(func=cmd_data_info)

@@ -123,7 +123,8 @@ def _build(cls: type, values: dict[str, Any], where: str) -> Any:
     unknown = sorted(set(values) - known)
     if unknown:
         raise ConfigError(
-            f"unknown key {where}.{unknown[0]}" + (f" (and {unknown[1:]})" if unknown[1:] else "")
+            f"unknown key {where}.{unknown[0]}"
+            + (f" (and {unknown[1:]})" if unknown[1:] else "")
             + f"; valid keys in {where}: {', '.join(sorted(known))}"
         )
     kwargs = {}

@@ -41,7 +41,9 @@ def perplexity(
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
     total_nll, total_tokens, nfe = 0.0, 0, []
     # All windows but the last have one length: batch them, then the remainder alone.
-    groups = [windows[:-1], windows[-1:]] if windows[-1].numel() != windows[0].numel() else [windows]
+    groups = (
+        [windows[:-1], windows[-1:]] if windows[-1].numel() != windows[0].numel() else [windows]
+    )
     for group in groups:
         for i in range(0, len(group), batch_size):
             tokens = torch.stack(group[i : i + batch_size]).to(device)
@@ -95,7 +97,9 @@ def evaluate(
     model.eval()
     started = time.perf_counter()
     try:
-        result: dict[str, Any] = perplexity(model, data, split, window=window, batch_size=batch_size)
+        result: dict[str, Any] = perplexity(
+            model, data, split, window=window, batch_size=batch_size
+        )
         sentences = [s for s in data.split(split).sentences if len(s) > 1][:bleu_sentences]
         tokenizer = data.tokenizer
         if sentences:

@@ -51,4 +51,6 @@ def build_model(spec: dict[str, Any], vocab_size: int) -> nn.Module:
 
 def count_parameters(model: nn.Module) -> int:
     """Trainable parameters (tied weights counted once)."""
-    return sum(p.numel() for p in {id(p): p for p in model.parameters() if p.requires_grad}.values())
+    return sum(
+        p.numel() for p in {id(p): p for p in model.parameters() if p.requires_grad}.values()
+    )

@@ -11,7 +11,7 @@ from typing import Any
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
 
 def read_metrics(run_dir: Path) -> dict[str, list[tuple[float, float]]]:
@@ -28,7 +28,9 @@ def read_metrics(run_dir: Path) -> dict[str, list[tuple[float, float]]]:
     return series
 
 
-def _paired(series: dict[str, list[tuple[float, float]]], x_key: str, y_key: str) -> list[tuple[float, float]]:
+def _paired(
+    series: dict[str, list[tuple[float, float]]], x_key: str, y_key: str
+) -> list[tuple[float, float]]:
     xs = dict(series.get(x_key, []))
     return [(xs[step], y) for step, y in series.get(y_key, []) if step in xs]
 
@@ -52,7 +54,9 @@ def plot_comparison(out_dir: Path, names: list[str], results: list[dict[str, Any
     ):
         figure, axis = plt.subplots(figsize=(6, 4))
         for name, series in logs.items():
-            points = series.get("val/ppl", []) if x_key == "step" else _paired(series, x_key, "val/ppl")
+            points = (
+                series.get("val/ppl", []) if x_key == "step" else _paired(series, x_key, "val/ppl")
+            )
             if points:
                 axis.plot(*zip(*points), marker="o", markersize=3, label=name)
         axis.set(xlabel=x_label, ylabel="validation perplexity", yscale="log")
@@ -69,7 +73,9 @@ def plot_comparison(out_dir: Path, names: list[str], results: list[dict[str, Any
     save(figure, "ppl_vs_params.png")
 
     continuous = {r["name"] for r in results if r.get("family") == "continuous depth"}
-    ode_runs = {n: s["train/nfe"] for n, s in logs.items() if n in continuous and s.get("train/nfe")}
+    ode_runs = {
+        n: s["train/nfe"] for n, s in logs.items() if n in continuous and s.get("train/nfe")
+    }
     if ode_runs:
         figure, axis = plt.subplots(figsize=(6, 4))
         for name, points in ode_runs.items():

@@ -31,7 +31,9 @@ class BigramLM(nn.Module):
     def from_counts(cls, ids: torch.Tensor, vocab_size: int, smoothing: float = 0.1) -> BigramLM:
         """The additively smoothed maximum-likelihood bigram model of a token stream."""
         counts = torch.full((vocab_size, vocab_size), smoothing, dtype=torch.float64)
-        counts.index_put_((ids[:-1], ids[1:]), torch.ones(ids.numel() - 1, dtype=torch.float64), accumulate=True)
+        counts.index_put_(
+            (ids[:-1], ids[1:]), torch.ones(ids.numel() - 1, dtype=torch.float64), accumulate=True
+        )
         model = cls(vocab_size)
         with torch.no_grad():
             model.table.weight.copy_((counts / counts.sum(1, keepdim=True)).log().float())

@@ -59,7 +59,9 @@ class SeededResumableSampler(Sampler[int]):
 
     def _index(self, global_batch: int) -> int:
         epoch, position = divmod(global_batch, self.size)
-        order = torch.randperm(self.size, generator=torch.Generator().manual_seed(self.seed + epoch))
+        order = torch.randperm(
+            self.size, generator=torch.Generator().manual_seed(self.seed + epoch)
+        )
         return int(order[position])
 
     def __iter__(self) -> Iterator[int]:
@@ -75,7 +77,9 @@ class SeededResumableSampler(Sampler[int]):
 class LMDataModule(pl.LightningDataModule):
     """Training batches in a resumable seeded order; validation windows in a fixed order."""
 
-    def __init__(self, data: LMData, config: DataConfig, seed: int, val_batches: int | None) -> None:
+    def __init__(
+        self, data: LMData, config: DataConfig, seed: int, val_batches: int | None
+    ) -> None:
         super().__init__()
         self.data, self.config, self.seed, self.val_batches = data, config, seed, val_batches
 

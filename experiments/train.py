@@ -50,7 +50,9 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     """Checkpoints go to a temporary file first and are renamed into place, so a crash
     mid-write never leaves a truncated checkpoint under the final name."""
 
-    def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any = None) -> None:
+    def save_checkpoint(
+        self, checkpoint: dict[str, Any], path: Any, storage_options: Any = None
+    ) -> None:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         partial = path.with_name(path.name + ".partial")
@@ -68,12 +70,16 @@ class CheckpointAverager(Callback):
 
     def on_validation_end(self, trainer: pl.Trainer, task: pl.LightningModule) -> None:
         if not trainer.sanity_checking:
-            self.snapshots.append({k: v.detach().cpu().clone() for k, v in task.model.state_dict().items()})
+            self.snapshots.append(
+                {k: v.detach().cpu().clone() for k, v in task.model.state_dict().items()}
+            )
 
     def average(self) -> dict[str, torch.Tensor]:
         keys = self.snapshots[0].keys()
         return {
-            k: torch.stack([s[k].double() for s in self.snapshots]).mean(0).to(self.snapshots[0][k].dtype)
+            k: torch.stack([s[k].double() for s in self.snapshots])
+            .mean(0)
+            .to(self.snapshots[0][k].dtype)
             for k in keys
         }
 
@@ -172,7 +178,9 @@ def train(
         all_callbacks.append(averager)
     if trainer_cfg.early_stopping_patience:
         all_callbacks.append(
-            EarlyStopping(monitor="val/ppl", mode="min", patience=trainer_cfg.early_stopping_patience)
+            EarlyStopping(
+                monitor="val/ppl", mode="min", patience=trainer_cfg.early_stopping_patience
+            )
         )
     trainer = pl.Trainer(
         max_steps=trainer_cfg.max_steps,
@@ -205,7 +213,9 @@ def train(
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*does not have many workers.*")
         warnings.filterwarnings("ignore", message=".*resuming from a checkpoint that ended.*")
-        trainer.fit(task, datamodule=datamodule, ckpt_path=last if resume and last.is_file() else None)
+        trainer.fit(
+            task, datamodule=datamodule, ckpt_path=last if resume and last.is_file() else None
+        )
     train_seconds = time.perf_counter() - started
     if trainer.global_rank != 0:
         return {}
@@ -216,7 +226,12 @@ def train(
         selected = f"average of last {len(averager.snapshots)} validations"
     elif best.best_model_path:
         model.load_state_dict(
-            {k.removeprefix("model."): v for k, v in torch.load(best.best_model_path, weights_only=False)["state_dict"].items()}
+            {
+                k.removeprefix("model."): v
+                for k, v in torch.load(best.best_model_path, weights_only=False)[
+                    "state_dict"
+                ].items()
+            }
         )
         selected = "best validation"
     save_weights(model, run_dir, data)
@@ -237,7 +252,11 @@ def train(
         "family": FAMILIES[config.model["family"]],
         "model": describe_model(config.model),
         "parameters": count_parameters(model),
-        **{f"test_{k}": v for k, v in metrics.items() if k not in ("protocol", "is_causal", "split")},
+        **{
+            f"test_{k}": v
+            for k, v in metrics.items()
+            if k not in ("protocol", "is_causal", "split")
+        },
         "valid_ppl": valid_ppl,
         "is_causal": metrics["is_causal"],
         "protocol": metrics["protocol"],

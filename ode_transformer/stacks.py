@@ -186,7 +186,7 @@ class LeapfrogStack(LayerStack):
             if previous is None:
                 previous, y = y, y + increment
             else:
-                previous, y = y, previous + increment
+                previous, y = y, previous + 2.0 * increment
         return y
 
 

@@ -1,8 +1,10 @@
 """Corpus loading: the standard token counts, protocols, and clear errors on bad input."""
 
+import json
+
 import pytest
 
-from experiments.cli import corpus_info
+from experiments.cli import corpus_info, main
 from experiments.data.corpora import CorpusError, load_corpus
 from experiments.data.tokenization import (
     VocabularyMismatchError,
@@ -12,16 +14,24 @@ from experiments.data.tokenization import (
 )
 
 
-def test_ptb_and_wikitext2_token_counts(data_dir):
-    ptb = corpus_info("ptb", str(data_dir), "mini")
-    # mini protocol: train + valid together are the valid file
-    assert ptb["splits"]["train"]["tokens"] + ptb["splits"]["valid"]["tokens"] == 73_760
+def test_data_info_reports_the_standard_token_counts(data_dir, capsys):
+    assert main(["data", "info", "--corpus", "ptb", "--data-dir", str(data_dir), "--json"]) == 0
+    ptb = json.loads(capsys.readouterr().out)
+    assert ptb["splits"]["valid"]["tokens"] == 73_760  # 70,390 words + 3,370 <eos>
     assert ptb["splits"]["test"]["tokens"] == 82_430
-    assert ptb["vocab_size"] == 7_596  # words of the closed 10k vocabulary seen in valid + test
+    assert ptb["missing"] == ["train"]
     assert {f["checksum"] for f in ptb["files"].values()} == {"ok"}
-    wt2 = load_corpus("wikitext2", data_dir, protocol="mini")
-    assert wt2.num_tokens("train") + wt2.num_tokens("valid") == 217_646
-    assert wt2.num_tokens("test") == 245_569
+    assert ptb["vocab_size"] == 7_596  # words of the closed 10k vocabulary seen in valid + test
+    wt2 = corpus_info("wikitext2", str(data_dir))
+    assert wt2["splits"]["valid"]["tokens"] == 217_646
+    assert wt2["splits"]["test"]["tokens"] == 245_569
+
+
+def test_mini_protocol_splits_the_valid_file(data_dir):
+    mini = corpus_info("ptb", str(data_dir), "mini")
+    assert mini["splits"]["train"]["lines"] == 3033  # the first 90% of 3,370 lines
+    assert mini["splits"]["train"]["tokens"] + mini["splits"]["valid"]["tokens"] == 73_760
+    assert mini["protocol"].startswith("PTB-mini")
 
 
 def test_full_protocol_without_train_split_names_files_and_fix(data_dir):

@@ -97,7 +97,9 @@ def sentence_batches(
     )
     order = list(order)
     for i in range(0, len(order), batch_size):
-        yield sentence_batch([sentences[j] for j in order[i : i + batch_size]], pad_id, bos_id, side=side)
+        yield sentence_batch(
+            [sentences[j] for j in order[i : i + batch_size]], pad_id, bos_id, side=side
+        )
 
 
 def lm_nll(

@@ -97,7 +97,7 @@ def read_lines(path: Path) -> list[list[str]]:
         text = data.decode("utf-8")
     except UnicodeDecodeError as error:
         raise CorpusError(
-            f"{path} is not UTF-8: byte offset {error.start} ({data[error.start:error.start + 1]!r}) "
+            f"{path} is not UTF-8: byte offset {error.start} ({data[error.start : error.start + 1]!r}) "
             "cannot be decoded; re-encode the file as UTF-8"
         ) from None
     return [line.split() + [EOS] for line in text.splitlines()]
@@ -177,6 +177,19 @@ def apply_protocol(
     return mini, f"{label}-mini (train=valid[:90%], valid=valid[90%:], test=test)"
 
 
+def split_files(name: str, data_dir: str | Path | None) -> dict[str, Path]:
+    """The split files of a file-based corpus that exist (``text`` reads ``data_dir``)."""
+    if name not in CORPUS_NAMES:
+        raise CorpusError(f"unknown corpus {name!r}; valid: {', '.join(CORPUS_NAMES)}")
+    if name == "grammar":
+        raise CorpusError("the grammar corpus is generated, not read from files")
+    if name == "text":
+        if data_dir is None:
+            raise CorpusError("corpus 'text' needs --data-dir FOLDER holding train/valid/test files")
+        return find_text_files(Path(data_dir))
+    return find_split_files(name, data_dir)
+
+
 def load_corpus(
     name: str,
     data_dir: str | Path | None = None,
@@ -202,7 +215,9 @@ def load_corpus(
         return Corpus(name, label, lines, note="generated")
     if name == "text":
         if data_dir is None:
-            raise CorpusError("corpus 'text' needs --data-dir FOLDER holding train/valid/test files")
+            raise CorpusError(
+                "corpus 'text' needs --data-dir FOLDER holding train/valid/test files"
+            )
         paths = find_text_files(Path(data_dir))
         label = f"text:{Path(data_dir).name}"
     else:
@@ -214,7 +229,8 @@ def load_corpus(
         if name == "text":
             raise CorpusError(
                 f"text corpus {data_dir} lacks {', '.join(missing)} file(s); name them e.g. "
-                "train.txt, valid.txt, test.txt" + (" or use --protocol mini" if missing == ["train"] else "")
+                "train.txt, valid.txt, test.txt"
+                + (" or use --protocol mini" if missing == ["train"] else "")
             )
         raise missing_files_error(name, data_dir, missing)
     lines = {split: read_lines(paths[split]) for split in needed}

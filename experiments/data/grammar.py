@@ -21,15 +21,33 @@ import numpy as np
 
 Rule = tuple[float, tuple[str, ...]]
 
-_NOUNS = (
-    "dog cat bird horse teacher doctor farmer student artist child king queen robot "
-    "sailor writer baker lawyer singer pilot judge"
-).split()
-_INTRANSITIVE = "sleep run laugh sing swim wait fall smile dance work".split()
-_TRANSITIVE = "see follow help like watch call visit know meet find".split()
-_ADJECTIVES = "big small old young happy quiet clever brave tall lazy".split()
-_ADVERBS = "slowly quickly today loudly again".split()
-_PREPOSITIONS = "near behind with under".split()
+_NOUNS = [
+    "dog",
+    "cat",
+    "bird",
+    "horse",
+    "teacher",
+    "doctor",
+    "farmer",
+    "student",
+    "artist",
+    "child",
+    "king",
+    "queen",
+    "robot",
+    "sailor",
+    "writer",
+    "baker",
+    "lawyer",
+    "singer",
+    "pilot",
+    "judge",
+]
+_INTRANSITIVE = ["sleep", "run", "laugh", "sing", "swim", "wait", "fall", "smile", "dance", "work"]
+_TRANSITIVE = ["see", "follow", "help", "like", "watch", "call", "visit", "know", "meet", "find"]
+_ADJECTIVES = ["big", "small", "old", "young", "happy", "quiet", "clever", "brave", "tall", "lazy"]
+_ADVERBS = ["slowly", "quickly", "today", "loudly", "again"]
+_PREPOSITIONS = ["near", "behind", "with", "under"]
 
 
 def _zipf(words: list[str], exponent: float = 1.0) -> list[Rule]:
@@ -50,7 +68,9 @@ def default_rules() -> dict[str, list[Rule]]:
     """
     rules: dict[str, list[Rule]] = {"S": [(0.5, ("NP_SG", "VP_SG")), (0.5, ("NP_PL", "VP_PL"))]}
     for number in ("SG", "PL"):
-        rules[f"NP_{number}"] = [(1.0, (f"DET_{number}", "ADJS", f"N_{number}", "PP", f"RC_{number}"))]
+        rules[f"NP_{number}"] = [
+            (1.0, (f"DET_{number}", "ADJS", f"N_{number}", "PP", f"RC_{number}"))
+        ]
         rules[f"RC_{number}"] = [(0.15, ("that", f"VP_{number}")), (0.85, ())]
         rules[f"VP_{number}"] = [
             (0.45, (f"VI_{number}", "ADVP")),
@@ -105,7 +125,13 @@ class ProbabilisticGrammar:
     def words(self) -> list[str]:
         """Every word the grammar can produce, sorted."""
         return sorted(
-            {s for alts in self.rules.values() for _, rhs in alts for s in rhs if s not in self.rules}
+            {
+                s
+                for alts in self.rules.values()
+                for _, rhs in alts
+                for s in rhs
+                if s not in self.rules
+            }
         )
 
     @cached_property
@@ -124,7 +150,9 @@ class ProbabilisticGrammar:
                         mean[index[symbol], index[child]] += probability
         radius = max(abs(np.linalg.eigvals(mean)))
         if radius >= 1.0:
-            raise GrammarError(f"expected sentence length is infinite (spectral radius {radius:.3f})")
+            raise GrammarError(
+                f"expected sentence length is infinite (spectral radius {radius:.3f})"
+            )
         start = np.zeros(len(index))
         start[index[self.start]] = 1.0
         counts = np.linalg.solve(np.eye(len(index)) - mean.T, start)
@@ -170,7 +198,9 @@ class ProbabilisticGrammar:
                     lookahead |= follow[symbol]
                 clash = seen & lookahead
                 if clash:
-                    raise GrammarError(f"{symbol} is not LL(1): lookahead {sorted(clash)} is shared")
+                    raise GrammarError(
+                        f"{symbol} is not LL(1): lookahead {sorted(clash)} is shared"
+                    )
                 seen |= lookahead
 
     def _nullable(self) -> set[str]:
@@ -263,6 +293,4 @@ def generate_splits(
     sizes = sizes or {"train": 8000, "valid": 800, "test": 800}
     grammar = ProbabilisticGrammar(default_rules())
     rng = random.Random(seed)
-    return {
-        split: [grammar.sample(rng)[0] for _ in range(count)] for split, count in sizes.items()
-    }
+    return {split: [grammar.sample(rng)[0] for _ in range(count)] for split, count in sizes.items()}
