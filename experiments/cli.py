@@ -53,7 +53,11 @@ def corpus_info(
     splits = {}
     for split, split_lines in lines.items():
         tokens = sum(len(line) for line in split_lines)
-        splits[split] = {"lines": len(split_lines), "words": tokens - len(split_lines), "tokens": tokens}
+        splits[split] = {
+            "lines": len(split_lines),
+            "words": tokens - len(split_lines),
+            "tokens": tokens,
+        }
     files = {}
     for split, path in paths.items():
         actual, expected = sha256_of(Path(path)), KNOWN_FILE_SHA256.get(Path(path).name)

@@ -66,6 +66,7 @@ class TrainerConfig:
     precision: str = "32-true"
     deterministic: bool = True
     progress_bar: bool = True
+    num_threads: int | None = None  # CPU threads for torch (None: torch's default)
 
 
 @dataclass

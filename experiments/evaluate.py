@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from experiments.contract import call_model
-from experiments.data.batching import evaluation_windows, lm_nll
+from experiments.data.batching import evaluation_windows, lm_nll, sentence_batch
 from experiments.data.tokenization import LMData
 
 NONCAUSAL_LABEL = "non-causal (reconstruction) perplexity: not a valid language-model perplexity"
@@ -30,29 +30,70 @@ def _window_length(model: nn.Module, requested: int) -> int:
     return min(requested, limit - 1) if limit else requested
 
 
+def evaluation_batches(
+    data: LMData,
+    split: str,
+    *,
+    mode: str = "stream",
+    window: int = 128,
+    batch_size: int = 16,
+    padding_side: str = "right",
+) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+    """Batches in which every token of ``split`` is predicted exactly once.
+
+    ``stream``: non-overlapping windows of the token stream (an ``<eos>`` before the first
+    token gives it a context). ``sentences``: each line alone, after an ``<eos>``, padded.
+    """
+    eos = data.tokenizer.eos_id
+    if mode == "sentences":
+        sentences = data.split(split).sentences
+        return [
+            sentence_batch(sentences[i : i + batch_size], eos, eos, side=padding_side)
+            for i in range(0, len(sentences), batch_size)
+        ]
+    if mode != "stream":
+        raise ValueError(f"unknown evaluation mode {mode!r}; valid: stream, sentences")
+    windows = evaluation_windows(data.split(split).ids, eos, window)
+    # All windows but the last have one length: batch them, then the remainder alone.
+    last_differs = windows[-1].numel() != windows[0].numel()
+    groups = [windows[:-1], windows[-1:]] if last_differs else [windows]
+    return [
+        (torch.stack(group[i : i + batch_size]), None)
+        for group in groups
+        for i in range(0, len(group), batch_size)
+    ]
+
+
 @torch.no_grad()
 def perplexity(
-    model: nn.Module, data: LMData, split: str, *, window: int = 128, batch_size: int = 16
+    model: nn.Module,
+    data: LMData,
+    split: str,
+    *,
+    mode: str = "stream",
+    window: int = 128,
+    batch_size: int = 16,
+    padding_side: str = "right",
 ) -> dict[str, float]:
     """Total NLL over every token of ``split`` (each predicted exactly once) and its ratios."""
-    ids = data.split(split).ids
-    length = _window_length(model, window)
-    windows = evaluation_windows(ids, data.tokenizer.eos_id, length)
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
     total_nll, total_tokens, nfe = 0.0, 0, []
-    # All windows but the last have one length: batch them, then the remainder alone.
-    groups = (
-        [windows[:-1], windows[-1:]] if windows[-1].numel() != windows[0].numel() else [windows]
+    batches = evaluation_batches(
+        data,
+        split,
+        mode=mode,
+        window=_window_length(model, window),
+        batch_size=batch_size,
+        padding_side=padding_side,
     )
-    for group in groups:
-        for i in range(0, len(group), batch_size):
-            tokens = torch.stack(group[i : i + batch_size]).to(device)
-            logits, aux = call_model(model, tokens)
-            nll, count = lm_nll(logits, tokens)
-            total_nll += float(nll)
-            total_tokens += count
-            if "nfe" in aux:
-                nfe.append(float(aux["nfe"]))
+    for tokens, mask in batches:
+        tokens = tokens.to(device)
+        logits, aux = call_model(model, tokens)
+        nll, count = lm_nll(logits, tokens, None if mask is None else mask.to(device))
+        total_nll += float(nll)
+        total_tokens += count
+        if "nfe" in aux:
+            nfe.append(float(aux["nfe"]))
     words = data.split(split).num_words
     return {
         "nll": total_nll,
@@ -69,8 +110,10 @@ def evaluate(
     data: LMData,
     split: str = "test",
     *,
+    mode: str = "stream",
     window: int = 128,
     batch_size: int = 16,
+    padding_side: str = "right",
     bleu_sentences: int = 200,
     prompt_len: int = 3,
     decode: str = "greedy",
@@ -82,7 +125,9 @@ def evaluate(
     report's teacher-forced BLEU), ``bleu_cont`` (continuation BLEU after ``prompt_len``
     words), ``tokens``, ``words``, ``seconds``, ``nfe`` (mean forward NFE when the model
     reports it), ``is_causal`` and ``protocol``. BLEU uses the first ``bleu_sentences`` lines
-    of the split (0 skips BLEU).
+    of the split (0 skips BLEU). ``mode`` is ``stream`` (BPTT-style windows of ``window``
+    tokens) or ``sentences`` (each line alone, padded on ``padding_side``), matching how the
+    model was trained.
     """
     from experiments.bleu import continuation_bleu, teacher_forced_bleu
 
@@ -98,7 +143,13 @@ def evaluate(
     started = time.perf_counter()
     try:
         result: dict[str, Any] = perplexity(
-            model, data, split, window=window, batch_size=batch_size
+            model,
+            data,
+            split,
+            mode=mode,
+            window=window,
+            batch_size=batch_size,
+            padding_side=padding_side,
         )
         sentences = [s for s in data.split(split).sentences if len(s) > 1][:bleu_sentences]
         tokenizer = data.tokenizer
@@ -123,6 +174,7 @@ def evaluate(
         is_causal=is_causal,
         protocol=data.protocol,
         split=split,
+        mode=mode,
         tokenizer=tokenizer.kind,
     )
     if not is_causal:

@@ -22,7 +22,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from experiments.config import DataConfig, OptimConfig
 from experiments.contract import call_model
-from experiments.data.batching import evaluation_windows, sentence_batch, stream_windows
+from experiments.data.batching import lm_nll, sentence_batch, stream_windows
 from experiments.data.tokenization import LMData
 
 
@@ -104,15 +104,20 @@ class LMDataModule(pl.LightningDataModule):
         return DataLoader(_Batches(batches), sampler=sampler, batch_size=None)
 
     def val_dataloader(self) -> DataLoader:
-        windows = evaluation_windows(
-            self.data.split("valid").ids, self.data.tokenizer.eos_id, self.config.eval_window
+        from experiments.evaluate import evaluation_batches
+
+        batches = evaluation_batches(
+            self.data,
+            "valid",
+            mode="sentences" if self.config.batching == "sentences" else "stream",
+            window=self.config.eval_window,
+            padding_side=self.config.padding_side,
         )
-        full = [w for w in windows if w.numel() == windows[0].numel()]
-        batches = [torch.stack(full[i : i + 16]) for i in range(0, len(full), 16)]
-        if windows[-1].numel() != windows[0].numel():
-            batches.append(windows[-1][None])
         if self.val_batches:
             batches = batches[: self.val_batches]
+        trainer = self.trainer
+        if trainer is not None and trainer.world_size > 1:
+            batches = batches[trainer.global_rank :: trainer.world_size]
         return DataLoader(_Batches(batches), batch_size=None)
 
 
@@ -188,25 +193,25 @@ class LMTask(pl.LightningModule):
             grads = [p.grad.detach().norm() for p in block.parameters() if p.grad is not None]
             if grads:
                 self.log(f"grad_norm/block_{index}", torch.stack(grads).norm())
-        stats = getattr(self.model, "last_solver_stats", None)
-        nfe_backward = getattr(stats, "nfe_backward", None) if stats is not None else None
-        if nfe_backward:
-            self.log("train/nfe_backward", float(nfe_backward))
+        # Continuous-depth models expose the latest solve's statistics; the backward NFE of
+        # this step is known only now, after backward and before the optimizer step.
+        stats = getattr(self.model, "solver_stats", None)
+        if stats is not None and stats.nfe_backward:
+            self.log("train/nfe_backward", float(stats.nfe_backward))
 
     def on_validation_epoch_start(self) -> None:
         self.val_nll, self.val_tokens = 0.0, 0
 
-    def validation_step(self, batch: torch.Tensor, batch_idx: int) -> None:
-        logits, aux = self(batch)
-        nll = F.cross_entropy(
-            logits[:, :-1].reshape(-1, logits.shape[-1]).float(),
-            batch[:, 1:].reshape(-1),
-            reduction="sum",
-        )
+    def validation_step(
+        self, batch: tuple[torch.Tensor, torch.Tensor | None], batch_idx: int
+    ) -> None:
+        tokens, mask = batch
+        logits, aux = self(tokens)
+        nll, count = lm_nll(logits, tokens, mask)
         self.val_nll += float(nll)
-        self.val_tokens += batch[:, 1:].numel()
+        self.val_tokens += count
         if "nfe" in aux:
-            self.log("val/nfe", float(aux["nfe"]), batch_size=batch.shape[0])
+            self.log("val/nfe", float(aux["nfe"]), batch_size=tokens.shape[0])
 
     def on_validation_epoch_end(self) -> None:
         totals = torch.tensor([self.val_nll, float(self.val_tokens)], dtype=torch.float64)

@@ -154,6 +154,8 @@ def train(
         return json.loads(result_path.read_text())
     (run_dir / "config.yaml").write_text(yaml.safe_dump(config.to_dict(), sort_keys=False))
     pl.seed_everything(config.seed, workers=True, verbose=False)
+    if config.trainer.num_threads:
+        torch.set_num_threads(config.trainer.num_threads)
     data = data or prepare_data(config)
     data.tokenizer.save(run_dir / "tokenizer")
     model = build_model(config.model, data.tokenizer.vocab_size)
@@ -240,7 +242,9 @@ def train(
         model,
         data,
         "test",
+        mode="sentences" if config.data.batching == "sentences" else "stream",
         window=config.data.eval_window,
+        padding_side=config.data.padding_side,
         bleu_sentences=config.eval.bleu_sentences,
         prompt_len=config.eval.prompt_len,
         decode=config.eval.decode,

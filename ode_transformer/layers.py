@@ -206,7 +206,7 @@ class PreNormAttentionFFN(nn.Module):
         padding_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         a = self.attention(y, cache, padding_mask)
-        return a + self.ffn(y)
+        return a + self.ffn(y + a)
 
 
 def _divisors_hint(n: int) -> str:

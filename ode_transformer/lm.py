@@ -191,7 +191,8 @@ class ODETransformerLM(nn.Module):
     def forward(
         self, tokens: torch.Tensor, cache: KVCache | None = None
     ) -> tuple[torch.Tensor, dict]:
-        """Logits ``[B, T, V]`` where ``logits[:, t]`` predicts ``tokens[:, t + 1]``."""
+        """Logits ``[B, T, V]`` where ``logits[:, t]`` predicts ``tokens[:, t + 1]`` (``cache``:
+        see :meth:`hidden_states`); ``aux["nfe"]`` counts sub-layer evaluations per position."""
         return self.head(self.hidden_states(tokens, cache)), {"nfe": self.stack.nfe}
 
     def next_token_logits(self, tokens: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:

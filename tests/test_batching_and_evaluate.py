@@ -80,3 +80,14 @@ def test_evaluate_reports_everything_and_refuses_noncausal(grammar_data):
         evaluate(model, grammar_data, "test")
     labelled = evaluate(model, grammar_data, "test", bleu_sentences=0, allow_noncausal=True)
     assert "not a valid language-model perplexity" in labelled["ppl_label"]
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_sentence_mode_equals_stream_mode_for_a_bigram(grammar_data, side):
+    # A bigram sees only the previous token, and every sentence in the stream follows an
+    # <eos>, so scoring padded sentences must give exactly the stream's total NLL.
+    model = BigramLM.from_counts(grammar_data.split("train").ids, grammar_data.tokenizer.vocab_size)
+    stream = perplexity(model, grammar_data, "valid", mode="stream", window=40)
+    sentences = perplexity(model, grammar_data, "valid", mode="sentences", padding_side=side)
+    assert sentences["tokens"] == stream["tokens"]
+    assert sentences["nll"] == pytest.approx(stream["nll"], rel=1e-6)

@@ -66,6 +66,30 @@ def test_causality(arch: dict) -> None:
     assert (logits[:, t + 1 :] - logits_changed[:, t + 1 :]).abs().max() > 1e-4
 
 
+def test_residual_layer_is_a_standard_prenorm_layer() -> None:
+    """``F`` = attention, FFN or both with the residual block all give the textbook pre-norm
+    layer ``h = y + SAN(LN1 y)``, ``out = h + FFN(LN2 h)``; RK2 uses ``F = layer(y) - y``."""
+    torch.manual_seed(3)
+    y = torch.randn(2, 7, D, dtype=torch.float64)
+
+    def standard(attention: torch.nn.Module, ffn: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+        h = x + attention.attention(attention.norm(x))
+        return h + ffn.ffn(ffn.norm(h))
+
+    for sublayer in ("both", "attention", "ffn"):
+        layer = RKLayer("residual", sublayer, D, HEADS, FF).double()
+        if sublayer == "both":
+            attention, ffn = layer.blocks[0].f.attention, layer.blocks[0].f.ffn
+        else:
+            attention, ffn = layer.blocks[0].f, layer.blocks[1].f
+        torch.testing.assert_close(layer(y), standard(attention, ffn, y))
+    rk2 = RKLayer("rk2", "both", D, HEADS, FF).double()
+    attention, ffn = rk2.blocks[0].f.attention, rk2.blocks[0].f.ffn
+    F1 = standard(attention, ffn, y) - y
+    F2 = standard(attention, ffn, y + F1) - (y + F1)
+    torch.testing.assert_close(rk2(y), y + 0.5 * F1 + 0.5 * F2)
+
+
 def layer_params(layer: torch.nn.Module) -> int:
     return sum(p.numel() for p in layer.parameters())
 

@@ -185,7 +185,9 @@ def split_files(name: str, data_dir: str | Path | None) -> dict[str, Path]:
         raise CorpusError("the grammar corpus is generated, not read from files")
     if name == "text":
         if data_dir is None:
-            raise CorpusError("corpus 'text' needs --data-dir FOLDER holding train/valid/test files")
+            raise CorpusError(
+                "corpus 'text' needs --data-dir FOLDER holding train/valid/test files"
+            )
         return find_text_files(Path(data_dir))
     return find_split_files(name, data_dir)
 
