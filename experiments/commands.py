@@ -60,6 +60,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         window=config.data.eval_window,
         padding_side=config.data.padding_side,
         bleu_sentences=args.bleu_sentences,
+        continuation_sentences=config.eval.continuation_sentences,
         prompt_len=config.eval.prompt_len,
         decode=args.decode or config.eval.decode,
         allow_noncausal=args.allow_noncausal,

@@ -71,7 +71,8 @@ class TrainerConfig:
 
 @dataclass
 class EvalConfig:
-    bleu_sentences: int = 200
+    bleu_sentences: int = 200  # teacher-forced BLEU over the first N test lines
+    continuation_sentences: int = 50  # continuation BLEU decodes, so it uses fewer
     prompt_len: int = 3
     decode: str = "greedy"
 

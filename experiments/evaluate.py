@@ -115,6 +115,7 @@ def evaluate(
     batch_size: int = 16,
     padding_side: str = "right",
     bleu_sentences: int = 200,
+    continuation_sentences: int = 50,
     prompt_len: int = 3,
     decode: str = "greedy",
     allow_noncausal: bool = False,
@@ -123,7 +124,7 @@ def evaluate(
 
     Returns ``ppl`` (per token), ``ppl_per_word`` (total NLL / words), ``bleu_tf`` (the NODE-LM
     report's teacher-forced BLEU), ``bleu_cont`` (continuation BLEU after ``prompt_len``
-    words), ``tokens``, ``words``, ``seconds``, ``nfe`` (mean forward NFE when the model
+    words, over ``continuation_sentences`` lines), ``tokens``, ``words``, ``seconds``, ``nfe`` (mean forward NFE when the model
     reports it), ``is_causal`` and ``protocol``. BLEU uses the first ``bleu_sentences`` lines
     of the split (0 skips BLEU). ``mode`` is ``stream`` (BPTT-style windows of ``window``
     tokens) or ``sentences`` (each line alone, padded on ``padding_side``), matching how the
@@ -164,6 +165,7 @@ def evaluate(
                 tokenizer.eos_id,
                 prompt_len=prompt_len,
                 strategy=decode,
+                max_sentences=continuation_sentences,
             )
         else:
             result["bleu_tf"] = result["bleu_cont"] = None

@@ -246,6 +246,7 @@ def train(
         window=config.data.eval_window,
         padding_side=config.data.padding_side,
         bleu_sentences=config.eval.bleu_sentences,
+        continuation_sentences=config.eval.continuation_sentences,
         prompt_len=config.eval.prompt_len,
         decode=config.eval.decode,
         allow_noncausal=True,

@@ -31,12 +31,14 @@ def rk_overhead(
     seq_len: int = 64,
     batch: int = 16,
     repeats: int = 15,
+    budget_s: float = 40.0,
     seed: int = 0,
 ) -> list[dict[str, Any]]:
     """Forward+backward time of one RK-k block / (k x that of one residual block), k = 2, 3, 4.
 
     All blocks share one ``F`` (pre-norm attention + FFN, d_ff = 4 d, dropout 0.1, causal),
-    so the ratio isolates the RK bookkeeping; the ideal is 1.00 and the target 1.10.
+    so the ratio isolates the RK bookkeeping; the ideal is 1.00 and the target 1.10. Stops
+    repeating (after at least 3 rounds) once ``budget_s`` seconds have passed.
     """
     torch.manual_seed(seed)
     f = PreNormAttentionFFN(
@@ -60,7 +62,10 @@ def rk_overhead(
     for block in blocks.values():  # warm-up: allocator and kernels
         step(block)
     times: dict[str, list[float]] = {name: [] for name in blocks}
-    for _ in range(repeats):
+    start = time.perf_counter()
+    for done in range(repeats):
+        if done >= 3 and time.perf_counter() - start > budget_s:
+            break
         for name, block in blocks.items():
             times[name].append(_seconds(lambda block=block: step(block)))
     residual = statistics.median(times["residual"])
@@ -79,7 +84,7 @@ def rk_overhead(
                 "seconds_rk": median,
                 "seconds_residual": residual,
                 "shape": [batch, seq_len, d_model],
-                "repeats": repeats,
+                "repeats": len(times[name]),
                 "threads": torch.get_num_threads(),
             }
         )
@@ -91,12 +96,14 @@ def generate_cache(
     prompt_len: int = 16,
     batch: int = 1,
     repeats: int = 3,
+    budget_s: float = 30.0,
     seed: int = 0,
 ) -> list[dict[str, Any]]:
     """New tokens per second with the per-stage KV cache / without, 6-layer RK2 LM, greedy.
 
     The model is the CPU-sized width (d 128, FFN 512, 4 heads) at PTB's vocabulary; both
-    paths must produce the same tokens, which the record reports as ``tokens_match``.
+    paths must produce the same tokens, which the record reports as ``tokens_match``. Stops
+    repeating (after at least 1 round) once ``budget_s`` seconds have passed.
     """
     torch.manual_seed(seed)
     config = ODETransformerConfig(
@@ -117,7 +124,10 @@ def generate_cache(
 
     run(True)  # warm-up
     times: dict[bool, list[float]] = {True: [], False: []}
-    for _ in range(repeats):
+    start = time.perf_counter()
+    for done in range(repeats):
+        if done >= 1 and time.perf_counter() - start > budget_s:
+            break
         for use_cache in (True, False):
             times[use_cache].append(_seconds(lambda use_cache=use_cache: run(use_cache)))
     cached, uncached = statistics.median(times[True]), statistics.median(times[False])
@@ -136,6 +146,7 @@ def generate_cache(
             "new_tokens": new_tokens,
             "prompt_len": prompt_len,
             "batch": batch,
+            "repeats": len(times[True]),
             "n_layers": config.n_layers,
             "block": config.block,
             "threads": torch.get_num_threads(),
