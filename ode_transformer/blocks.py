@@ -13,7 +13,7 @@ or mask is in play, so stage ``i`` attends with its own key/value cache ``cache.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
@@ -81,10 +81,7 @@ class RKBlock(nn.Module):
         """The stage derivatives ``[F_1, ..., F_s]`` at ``y``."""
         values: list[torch.Tensor] = []
         for i, row in enumerate(self.tableau.A):
-            y_i = y
-            for j in range(i):
-                if row[j] != 0.0:
-                    y_i = y_i + (values[j] if row[j] == 1.0 else row[j] * values[j])
+            y_i = _weighted_sum(y, row[:i], values)
             if cache is None and padding_mask is None:
                 values.append(self.f(y_i))
             else:
@@ -108,13 +105,8 @@ class RKBlock(nn.Module):
             for i in range(1, len(values)):
                 total = total + self.gamma[i] * values[i]
             return total
-        total = None
-        for b_i, value in zip(self.tableau.b, values):
-            if b_i == 0.0:
-                continue
-            term = value if b_i == 1.0 else b_i * value
-            total = term if total is None else total + term
-        return total if total is not None else torch.zeros_like(y)
+        total = _weighted_sum(None, self.tableau.b, values)
+        return torch.zeros_like(y) if total is None else total
 
     def forward(
         self,
@@ -122,12 +114,29 @@ class RKBlock(nn.Module):
         cache: KVCache | None = None,
         padding_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        if self.coefficients == "fixed":  # accumulate onto y directly: one op per stage
+            return _weighted_sum(y, self.tableau.b, self.stage_values(y, cache, padding_mask))
         return y + self.increment(y, cache, padding_mask)
 
     def extra_repr(self) -> str:
         return (
             f"tableau={self.tableau.name}, stages={self.stages}, coefficients={self.coefficients}"
         )
+
+
+def _weighted_sum(
+    start: torch.Tensor | None, weights: Sequence[float], values: Sequence[torch.Tensor]
+) -> torch.Tensor | None:
+    """``start + sum_i w_i v_i`` with one fused multiply-add per nonzero weight."""
+    total = start
+    for weight, value in zip(weights, values):
+        if weight == 0.0:
+            continue
+        if total is None:
+            total = value if weight == 1.0 else weight * value
+        else:
+            total = torch.add(total, value, alpha=weight)
+    return total
 
 
 def make_block(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 import torch
 
@@ -18,6 +20,17 @@ from ode_transformer import (
     Tableau,
     config_from_preset,
 )
+
+
+@pytest.fixture(autouse=True)
+def _one_thread() -> Iterator[None]:
+    """Tiny models gain nothing from intra-op threads, and on a shared 2-core machine two
+    threads can stall each op for milliseconds; restore the setting afterwards."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
 
 D, HEADS, FF, VOCAB = 16, 2, 32, 23
 
@@ -144,6 +157,10 @@ def test_block_modules_and_aux() -> None:
     assert model.is_causal and model.vocab_size == VOCAB and model.max_positions == 24
     assert len(model.block_modules()) == 3
     assert model(torch.zeros(1, 3, dtype=torch.long))[1]["nfe"] == 3 * 4 * 2
+    tied = sum(p.numel() for p in ODETransformerLM(tiny_config()).parameters())
+    untied_model = ODETransformerLM(tiny_config(tie_embeddings=False))
+    assert untied_model.head.weight is not untied_model.token_embedding.weight
+    assert sum(p.numel() for p in untied_model.parameters()) == tied + VOCAB * D
 
 
 def test_encoder_is_bidirectional_and_ignores_padding() -> None:
