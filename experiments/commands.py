@@ -17,7 +17,8 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
         values.setdefault("data", {})["data_dir"] = args.data_dir
     if getattr(args, "protocol", None):
         values.setdefault("data", {})["protocol"] = args.protocol
-    for key in ("max_steps", "max_time_s", "devices", "num_nodes", "strategy", "accelerator"):
+    trainer_keys = ("max_steps", "max_time_s", "devices", "num_nodes", "strategy", "accelerator")
+    for key in (*trainer_keys, "num_threads"):
         value = getattr(args, key, None)
         if value is not None:
             values.setdefault("trainer", {})[key] = value
@@ -126,6 +127,7 @@ def _add_training_overrides(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--devices", type=lambda v: v if v == "auto" else int(v))
     parser.add_argument("--num-nodes", type=int)
     parser.add_argument("--strategy")
+    parser.add_argument("--num-threads", type=int, help="torch CPU threads per run")
 
 
 def register_train(commands: Any) -> None:
