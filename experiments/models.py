@@ -14,11 +14,7 @@ from torch import nn
 
 from experiments.config import ConfigError
 
-FAMILIES = {
-    "ode_transformer": "discrete depth",
-    "neuralode_lm": "continuous depth",
-    "reference": "reference",
-}
+FAMILIES = ("ode_transformer", "neuralode_lm", "reference")
 
 
 def build_model(spec: dict[str, Any], vocab_size: int) -> nn.Module:
@@ -47,6 +43,13 @@ def build_model(spec: dict[str, Any], vocab_size: int) -> nn.Module:
         return BigramLM(vocab_size)
     except TypeError as error:
         raise ConfigError(f"model section {spec}: {error}") from None
+
+
+def depth_kind(spec: dict[str, Any], model: nn.Module) -> str:
+    """``continuous depth`` (an ODE solve), ``discrete depth`` (RK blocks) or ``baseline``."""
+    if hasattr(model, "solver_stats"):
+        return "continuous depth"
+    return "discrete depth" if spec.get("family") == "ode_transformer" else "baseline"
 
 
 def count_parameters(model: nn.Module) -> int:

@@ -35,7 +35,7 @@ from experiments.data.tokenization import (
     encode_corpus,
 )
 from experiments.evaluate import evaluate
-from experiments.models import FAMILIES, build_model, count_parameters
+from experiments.models import build_model, count_parameters, depth_kind
 from experiments.task import LMDataModule, LMTask
 
 RESULT_FILE = "result.json"
@@ -254,7 +254,7 @@ def train(
     valid_ppl = float(best.best_model_score) if best.best_model_score is not None else None
     result = {
         "name": config.name,
-        "family": FAMILIES[config.model["family"]],
+        "family": depth_kind(config.model, model),
         "model": describe_model(config.model),
         "parameters": count_parameters(model),
         **{
