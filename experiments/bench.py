@@ -8,8 +8,10 @@ names to ``"module:function"`` strings so model packages never import ``experime
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import math
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -60,5 +62,11 @@ def judge(record: dict[str, Any]) -> dict[str, Any]:
 
 
 def run(name: str) -> list[dict[str, Any]]:
-    """Run one benchmark and return its judged records."""
-    return [judge(record) for record in resolve(name)()]
+    """Run one benchmark and return its judged records.
+
+    Whatever the benchmark prints for people (side-by-side tables) goes to stderr, so
+    stdout carries only the records.
+    """
+    with contextlib.redirect_stdout(sys.stderr):
+        records = resolve(name)()
+    return [judge(record) for record in records]
