@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -180,3 +181,15 @@ def test_eval_and_generate_commands_and_vocabulary_check(tmp_path, capsys):
         load_run(tmp_path / "cli")
     assert main(["train", "--config", str(tmp_path / "missing.yaml")]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_bpe_run_reports_per_word_and_per_token_perplexity_consistently(tmp_path):
+    values = tiny_config(tmp_path, "bpe", data={"tokenizer": "bpe", "bpe_vocab_size": 300})
+    values["trainer"]["max_steps"] = 4
+    result = train(parse_config(values))
+    assert result["test_tokenizer"] == "bpe"
+    assert result["test_tokens"] > result["test_words"]  # sub-words: more tokens than words
+    # one total NLL, two denominators: log ppl_word * words == log ppl_token * tokens
+    assert math.log(result["test_ppl_per_word"]) * result["test_words"] == pytest.approx(
+        math.log(result["test_ppl"]) * result["test_tokens"], rel=1e-9
+    )
