@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from experiments.commands import REGISTRARS
-from experiments.data.corpora import CORPUS_NAMES, PROTOCOLS, Corpus
+from experiments.data.corpora import CORPUS_NAMES, DEFAULT_CACHE_DIR, PROTOCOLS, Corpus
 
 
 def _print_json_or_table(rows: list[dict[str, Any]], as_json: bool) -> None:
@@ -137,7 +137,7 @@ def build_parser() -> argparse.ArgumentParser:
     info.set_defaults(func=cmd_data_info)
     download = data.add_parser("download", help="fetch and verify a corpus archive")
     download.add_argument("--corpus", required=True, choices=["ptb", "wikitext2", "wikitext2-raw"])
-    download.add_argument("--cache-dir", default=None, help="default: ~/.cache/odelm")
+    download.add_argument("--cache-dir", default=str(DEFAULT_CACHE_DIR))
     download.add_argument("--url", help="override the archive URL (a mirror)")
     download.add_argument("--sha256", help="expected SHA-256 of the archive at --url")
     download.set_defaults(func=cmd_data_download)

@@ -17,6 +17,8 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
         values.setdefault("data", {})["data_dir"] = args.data_dir
     if getattr(args, "protocol", None):
         values.setdefault("data", {})["protocol"] = args.protocol
+    if getattr(args, "download", False):
+        values.setdefault("data", {})["download"] = True
     trainer_keys = ("max_steps", "max_time_s", "devices", "num_nodes", "strategy", "accelerator")
     for key in (*trainer_keys, "num_threads"):
         value = getattr(args, key, None)
@@ -120,6 +122,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
 def _add_training_overrides(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data-dir", help="folder holding the corpus (or $ODELM_DATA_DIR)")
     parser.add_argument("--protocol", choices=["full", "mini"])
+    parser.add_argument(
+        "--download", action="store_true", help="fetch missing PTB/WikiText-2 files first"
+    )
     parser.add_argument("--max-steps", type=int)
     parser.add_argument("--max-time-s", type=float, help="wall-clock training budget per run")
     parser.add_argument("--seed", type=int)

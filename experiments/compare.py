@@ -23,7 +23,6 @@ from experiments.train import RESULT_FILE
 
 GRIDS_DIR = Path(__file__).parent / "configs" / "grids"
 RUN_KEYS = {"name", "model", "optim"}
-BUDGET_KEYS = {"max_steps", "max_time_s"}
 COLUMNS = [
     ("name", "model"),
     ("family", "family"),

@@ -26,6 +26,7 @@ class DataConfig:
     corpus: str = "grammar"
     data_dir: str | None = None
     protocol: str = "full"
+    download: bool = False  # fetch missing PTB / WikiText-2 files into the cache
     tokenizer: str = "word"  # "word" or "bpe"
     bpe_vocab_size: int = 4000
     tokenizer_dir: str | None = None  # a local GPT-2 tokenizer directory for "bpe"

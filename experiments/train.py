@@ -112,7 +112,9 @@ class ThroughputMeter(Callback):
 def prepare_data(config: RunConfig) -> LMData:
     """Load, tokenize and encode the run's corpus."""
     cfg = config.data
-    corpus = load_corpus(cfg.corpus, cfg.data_dir, protocol=cfg.protocol, seed=cfg.seed)
+    corpus = load_corpus(
+        cfg.corpus, cfg.data_dir, protocol=cfg.protocol, seed=cfg.seed, download=cfg.download
+    )
     tokenizer = build_tokenizer(
         corpus, cfg.tokenizer, bpe_vocab_size=cfg.bpe_vocab_size, tokenizer_dir=cfg.tokenizer_dir
     )

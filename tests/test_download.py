@@ -215,3 +215,24 @@ def test_corrupt_archive_raises_download_error_and_leaves_no_files(server, tmp_p
             "ptb", tmp_path, url=server.url("/bad.tgz"), sha256=_sha(garbage), timeout=5
         )
     assert _finals(tmp_path / "ptb") == []
+
+
+def test_load_corpus_with_download_fetches_missing_files_into_the_cache(
+    server, tmp_path, monkeypatch
+):
+    import dataclasses
+
+    from experiments.data import corpora
+
+    body = server.routes["/wikitext-2-raw-v1.zip"]
+    mirror = dataclasses.replace(
+        ARCHIVES["wikitext2-raw"], url=server.url("/wikitext-2-raw-v1.zip"), sha256=_sha(body)
+    )
+    monkeypatch.setitem(ARCHIVES, "wikitext2-raw", mirror)
+    monkeypatch.setattr(corpora, "DEFAULT_CACHE_DIR", tmp_path)
+    monkeypatch.delenv("ODELM_DATA_DIR", raising=False)
+    with pytest.raises(corpora.CorpusError, match="wiki.train.raw"):
+        corpora.load_corpus("wikitext2-raw")
+    corpus = corpora.load_corpus("wikitext2-raw", download=True)
+    assert corpus.split("valid") == [["the", "dog", "ran", "<eos>"]]
+    assert server.requests == ["/wikitext-2-raw-v1.zip"]

@@ -198,11 +198,13 @@ def load_corpus(
     *,
     protocol: str = "full",
     seed: int = 0,
+    download: bool = False,
 ) -> Corpus:
     """Load a corpus by name: ``ptb``, ``wikitext2``, ``wikitext2-raw``, ``text`` or ``grammar``.
 
     ``text`` reads the folder ``data_dir``; ``grammar`` generates the embedded corpus from
-    ``seed`` and needs no files. ``protocol="mini"`` trains on the valid split.
+    ``seed`` and needs no files. ``protocol="mini"`` trains on the valid split. With
+    ``download=True`` a named corpus whose files are missing is fetched into the cache.
     """
     if name not in CORPUS_NAMES:
         raise CorpusError(f"unknown corpus {name!r}; valid: {', '.join(CORPUS_NAMES)}")
@@ -215,16 +217,13 @@ def load_corpus(
         label = f"grammar (embedded, seed {seed})"
         lines, label = apply_protocol(name, label, lines, protocol)
         return Corpus(name, label, lines, note="generated")
-    if name == "text":
-        if data_dir is None:
-            raise CorpusError(
-                "corpus 'text' needs --data-dir FOLDER holding train/valid/test files"
-            )
-        paths = find_text_files(Path(data_dir))
-        label = f"text:{Path(data_dir).name}"
-    else:
-        paths = find_split_files(name, data_dir)
-        label = SPECS[name].label
+    paths = split_files(name, data_dir)
+    if download and name in SPECS and len(paths) < len(SPLITS):
+        from experiments.data.download import download_corpus
+
+        download_corpus(name, DEFAULT_CACHE_DIR)
+        paths = find_split_files(name, DEFAULT_CACHE_DIR)
+    label = f"text:{Path(data_dir).name}" if name == "text" else SPECS[name].label
     needed = ("valid", "test") if protocol == "mini" else SPLITS
     missing = [split for split in needed if split not in paths]
     if missing:
