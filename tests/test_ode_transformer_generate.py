@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -11,16 +10,6 @@ import torch
 
 from ode_transformer import KVCache, ODETransformerConfig, ODETransformerLM
 from ode_transformer.lm import filter_logits
-
-
-@pytest.fixture(autouse=True)
-def _one_thread() -> Iterator[None]:
-    """Tiny models gain nothing from intra-op threads, and on a shared 2-core machine two
-    threads can stall each op for milliseconds; restore the setting afterwards."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def make_model(vocab: int = 29, seed: int = 0, **overrides: object) -> ODETransformerLM:

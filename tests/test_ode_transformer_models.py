@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import torch
 
@@ -20,17 +18,6 @@ from ode_transformer import (
     Tableau,
     config_from_preset,
 )
-
-
-@pytest.fixture(autouse=True)
-def _one_thread() -> Iterator[None]:
-    """Tiny models gain nothing from intra-op threads, and on a shared 2-core machine two
-    threads can stall each op for milliseconds; restore the setting afterwards."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 D, HEADS, FF, VOCAB = 16, 2, 32, 23
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 
 import pytest
 import torch
@@ -22,17 +21,6 @@ from ode_transformer import (
     Tableau,
     make_block,
 )
-
-
-@pytest.fixture(autouse=True)
-def _one_thread() -> Iterator[None]:
-    """Tiny models gain nothing from intra-op threads, and on a shared 2-core machine two
-    threads can stall each op for milliseconds; restore the setting afterwards."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 # Stability polynomials written out by hand (not taken from Tableau.stability_polynomial).
 KNOWN_POLYNOMIALS = {

@@ -47,6 +47,7 @@ def tiny_config(out_dir: Path, name: str = "run", **sections) -> dict:
             "checkpoint_every": 4,
             "val_batches": 2,
             "progress_bar": False,
+            "num_threads": 1,  # bitwise reproducibility needs one thread count everywhere
         },
         "eval": {"bleu_sentences": 5},
     }
