@@ -140,7 +140,6 @@ class LMTask(pl.LightningModule):
         self.model, self.optim = model, optim
         self.val_nll = 0.0
         self.val_tokens = 0
-        self._step_started: float | None = None
         self.elapsed_before = 0.0  # training wall time of earlier processes of a resumed run
         self._fit_started = time.perf_counter()
         self._restored_rng: torch.Tensor | None = None
@@ -155,7 +154,7 @@ class LMTask(pl.LightningModule):
     def forward(self, tokens: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:
         return call_model(self.model, tokens)
 
-    def _loss(self, batch: Any) -> tuple[torch.Tensor, int, dict[str, Any]]:
+    def _loss(self, batch: Any) -> tuple[torch.Tensor, dict[str, Any]]:
         tokens, mask = batch if isinstance(batch, (tuple, list)) else (batch, None)
         logits, aux = self(tokens)
         targets = tokens[:, 1:].reshape(-1)
@@ -166,13 +165,10 @@ class LMTask(pl.LightningModule):
         loss = F.cross_entropy(flat, targets, label_smoothing=self.optim.label_smoothing)
         if "reg" in aux:
             loss = loss + aux["reg"]
-        return loss, targets.numel(), aux
-
-    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
-        self._step_started = time.perf_counter()
+        return loss, aux
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-        loss, count, aux = self._loss(batch)
+        loss, aux = self._loss(batch)
         if not torch.isfinite(loss):
             raise NonFiniteLossError(
                 f"training loss is {loss.item()} at step {self.global_step}; stopping. The last "
@@ -182,12 +178,11 @@ class LMTask(pl.LightningModule):
         self.log("train/ppl", torch.exp(loss.detach().clamp(max=50)))
         if "nfe" in aux:
             self.log("train/nfe", float(aux["nfe"]), prog_bar=True)
-        if self._step_started is not None:
-            elapsed = max(time.perf_counter() - self._step_started, 1e-9)
-            self.log("train/tokens_per_s", count * self.trainer.world_size / elapsed)
         return loss
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        if (self.global_step + 1) % self.trainer.log_every_n_steps:
+            return  # Lightning writes step logs only at this cadence; skip the norms
         blocks = self.model.block_modules() if hasattr(self.model, "block_modules") else []
         for index, block in enumerate(blocks):
             grads = [p.grad.detach().norm() for p in block.parameters() if p.grad is not None]

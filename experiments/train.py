@@ -91,7 +91,7 @@ class CheckpointAverager(Callback):
 
 
 class ThroughputMeter(Callback):
-    """Training tokens per second over the whole run (this process's steps)."""
+    """Training tokens per second: logged per step and summed over the run (this process)."""
 
     def __init__(self) -> None:
         self.tokens, self.seconds, self._started = 0, 0.0, 0.0
@@ -101,8 +101,11 @@ class ThroughputMeter(Callback):
 
     def on_train_batch_end(self, trainer, task, outputs, batch, batch_idx) -> None:
         tokens = batch[0] if isinstance(batch, (tuple, list)) else batch
-        self.seconds += time.perf_counter() - self._started
-        self.tokens += tokens[:, 1:].numel() * trainer.world_size
+        seconds = time.perf_counter() - self._started
+        count = tokens[:, 1:].numel() * trainer.world_size
+        self.seconds += seconds
+        self.tokens += count
+        task.log("train/tokens_per_s", count / max(seconds, 1e-9))
 
     @property
     def tokens_per_second(self) -> float | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import math
 import os
@@ -61,6 +62,10 @@ def test_same_seed_same_validation_perplexity(tmp_path):
     second = train(parse_config(tiny_config(tmp_path, "b")))
     assert first["valid_ppl"] == pytest.approx(second["valid_ppl"], abs=1e-6)
     assert first["test_ppl"] == pytest.approx(second["test_ppl"], abs=1e-6)
+    with (tmp_path / "a" / "logs" / "metrics.csv").open() as handle:
+        logged = [row for row in csv.DictReader(handle) if row["grad_norm/block_0"]]
+    assert [int(row["step"]) for row in logged] == [9, 19]  # every log_every=10 steps
+    assert all(float(row["train/tokens_per_s"]) > 0 for row in logged)
     third = train(parse_config(tiny_config(tmp_path, "c", seed=4)))
     assert third["valid_ppl"] != pytest.approx(first["valid_ppl"], abs=1e-6)
 
