@@ -16,8 +16,10 @@ from typing import Any
 
 import yaml
 
+from odelm.errors import OdelmError
 
-class ConfigError(ValueError):
+
+class ConfigError(OdelmError, ValueError):
     """A config has an unknown key, a wrong type or an invalid value."""
 
 

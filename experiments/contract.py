@@ -16,6 +16,8 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
+from odelm.errors import OdelmError
+
 
 @runtime_checkable
 class LanguageModel(Protocol):
@@ -26,7 +28,7 @@ class LanguageModel(Protocol):
     def __call__(self, tokens: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]: ...
 
 
-class ContractError(TypeError):
+class ContractError(OdelmError, TypeError):
     """A model does not meet the model contract."""
 
 

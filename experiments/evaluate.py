@@ -17,11 +17,12 @@ from torch import nn
 from experiments.contract import call_model
 from experiments.data.batching import evaluation_windows, lm_nll, sentence_batch
 from experiments.data.tokenization import LMData
+from odelm.errors import OdelmError
 
 NONCAUSAL_LABEL = "non-causal (reconstruction) perplexity: not a valid language-model perplexity"
 
 
-class NonCausalModelError(ValueError):
+class NonCausalModelError(OdelmError, ValueError):
     """A plain perplexity was asked of a model that can see the tokens it predicts."""
 
 

@@ -24,9 +24,10 @@ from experiments.config import DataConfig, OptimConfig
 from experiments.contract import call_model
 from experiments.data.batching import lm_nll, sentence_batch, stream_windows
 from experiments.data.tokenization import LMData
+from odelm.errors import OdelmError
 
 
-class NonFiniteLossError(FloatingPointError):
+class NonFiniteLossError(OdelmError, FloatingPointError):
     """The training loss became NaN or infinite."""
 
 

@@ -37,12 +37,13 @@ from experiments.data.tokenization import (
 from experiments.evaluate import evaluate
 from experiments.models import build_model, count_parameters, depth_kind
 from experiments.task import LMDataModule, LMTask
+from odelm.errors import OdelmError
 
 RESULT_FILE = "result.json"
 WEIGHTS_FILE = "model.pt"
 
 
-class OutputDirError(OSError):
+class OutputDirError(OdelmError, OSError):
     """The run directory cannot be written."""
 
 

@@ -19,6 +19,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from odelm.errors import OdelmError
+
 __all__ = [
     "ADAPTIVE_METHODS",
     "BACKEND_METHODS",
@@ -66,7 +68,7 @@ _INSTALL_HINT = {
 }
 
 
-class SolverError(RuntimeError):
+class SolverError(OdelmError, RuntimeError):
     """A solve stopped early; carries the NFE, step count and last step size when it did."""
 
     def __init__(

@@ -15,6 +15,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from odelm.errors import OdelmError
+
 EOS = "<eos>"
 UNK = "<unk>"
 SPLITS = ("train", "valid", "test")
@@ -23,7 +25,7 @@ DATA_DIR_ENV = "ODELM_DATA_DIR"
 DEFAULT_CACHE_DIR = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "odelm"
 
 
-class CorpusError(ValueError):
+class CorpusError(OdelmError, ValueError):
     """A corpus cannot be read: unknown name, missing split, empty or undecodable file."""
 
 

@@ -34,16 +34,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+from odelm.errors import OdelmError
+
 MANIFEST = ".verified.json"
 _CHUNK = 1 << 20
 _USER_AGENT = "odelm-downloader/0.1 (+https://pypi.org/project/odelm)"
 
 
-class DownloadError(RuntimeError):
+class DownloadError(OdelmError, RuntimeError):
     """An archive could not be fetched (offline, HTTP error, truncated transfer)."""
 
 
-class ChecksumError(ValueError):
+class ChecksumError(OdelmError, ValueError):
     """A file's SHA-256 differs from the expected one."""
 
 

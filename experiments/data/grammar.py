@@ -19,6 +19,8 @@ from functools import cached_property
 
 import numpy as np
 
+from odelm.errors import OdelmError
+
 Rule = tuple[float, tuple[str, ...]]
 
 _NOUNS = [
@@ -98,7 +100,7 @@ def default_rules() -> dict[str, list[Rule]]:
     return rules
 
 
-class GrammarError(ValueError):
+class GrammarError(OdelmError, ValueError):
     """The grammar is malformed, ambiguous (not LL(1)) or generates infinite sentences."""
 
 

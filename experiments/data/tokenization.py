@@ -19,9 +19,10 @@ import torch
 
 from experiments.data.bpe import BPETokenizer
 from experiments.data.corpora import EOS, Corpus
+from odelm.errors import OdelmError
 
 
-class VocabularyMismatchError(ValueError):
+class VocabularyMismatchError(OdelmError, ValueError):
     """A checkpoint was built for another vocabulary or tokenizer."""
 
 

@@ -1,0 +1,11 @@
+"""``odelm``: the leaf package every other package may import (errors, version).
+
+It imports nothing from the library, so ``neuralode_lm``, ``ode_transformer`` and
+``experiments`` can all depend on it without creating a cycle.
+"""
+
+from odelm.errors import OdelmError
+
+__version__ = "0.2.0"
+
+__all__ = ["OdelmError", "__version__"]
