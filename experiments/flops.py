@@ -1,0 +1,52 @@
+"""Measured forward FLOPs per predicted token, the one cost column shared by all families.
+
+Counted with PyTorch's public ``torch.utils.flop_counter.FlopCounterMode`` while the model
+runs on real evaluation batches, so an adaptive solver reports the FLOPs of the steps it
+actually took (its average over the batches), and a discrete model reports what its
+tableau costs. Matrix products and attention are counted; elementwise work is not
+(PyTorch's counter ignores it), which is the usual convention for Transformer FLOPs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
+
+from experiments.contract import call_model
+
+
+@torch.no_grad()
+def forward_flops_per_token(
+    model: nn.Module,
+    batches: Iterable[torch.Tensor | tuple[torch.Tensor, torch.Tensor | None]],
+    *,
+    max_batches: int | None = None,
+) -> float:
+    """Forward FLOPs per predicted token over ``batches`` (``tokens`` or ``(tokens, mask)``).
+
+    A token counts as predicted when it has a successor in its window (and, with a mask,
+    when both it and its successor are real tokens), matching the perplexity's count.
+    """
+    was_training = model.training
+    model.eval()
+    flops, tokens = 0, 0
+    try:
+        for index, batch in enumerate(batches):
+            if max_batches is not None and index >= max_batches:
+                break
+            ids, mask = batch if isinstance(batch, (tuple, list)) else (batch, None)
+            with FlopCounterMode(display=False) as counter:
+                call_model(model, ids)
+            flops += counter.get_total_flops()
+            if mask is None:
+                tokens += ids[:, 1:].numel()
+            else:
+                tokens += int((mask[:, 1:] & mask[:, :-1]).sum())
+    finally:
+        model.train(was_training)
+    if tokens == 0:
+        raise ValueError("no predicted tokens in the batches given to forward_flops_per_token")
+    return flops / tokens
