@@ -1,9 +1,13 @@
 """Discrete-depth ODE Transformers: Runge-Kutta, multistep and Macaron blocks, a causal LM
 with a per-stage key/value cache, and a bidirectional encoder."""
 
+from .backbone import build_stack
 from .blocks import BLOCKS, RKBlock, make_block
+from .config import ODETransformerConfig, ODETransformerConfigError
 from .encoder import ODETransformerEncoder
 from .layers import (
+    NO_CONTEXT,
+    AttentionContext,
     FeedForward,
     KVCache,
     MultiHeadSelfAttention,
@@ -11,7 +15,7 @@ from .layers import (
     PreNormAttentionFFN,
     PreNormFFN,
 )
-from .lm import ODETransformerConfig, ODETransformerLM
+from .lm import ODETransformerLM
 from .presets import PRESETS, config_from_preset
 from .stacks import (
     STACKS,
@@ -23,16 +27,17 @@ from .stacks import (
     MultistepStack,
     PolyNetStack,
     RKLayer,
-    build_stack,
 )
 from .tableau import TABLEAUX, Tableau, get_tableau
 
 __all__ = [
     "BLOCKS",
+    "NO_CONTEXT",
     "PRESETS",
     "STACKS",
     "SUBLAYERS",
     "TABLEAUX",
+    "AttentionContext",
     "DLCLStack",
     "FeedForward",
     "KVCache",
@@ -42,6 +47,7 @@ __all__ = [
     "MultiHeadSelfAttention",
     "MultistepStack",
     "ODETransformerConfig",
+    "ODETransformerConfigError",
     "ODETransformerEncoder",
     "ODETransformerLM",
     "PolyNetStack",

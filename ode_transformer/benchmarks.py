@@ -2,8 +2,9 @@
 
 Each function returns a list of records (``bench``, ``metric``, ``value``, ``target``,
 ``unit``, ``better`` plus raw timings). Ratios are measured inside one process with the
-variants interleaved in every repeat, and medians taken, so machine noise hits all
-variants alike.
+variants interleaved in every repeat, in alternating order (forward on even repeats,
+reversed on odd ones, so no variant always runs first), and medians taken, so machine
+noise and warm caches hit all variants alike.
 """
 
 from __future__ import annotations
@@ -16,14 +17,20 @@ from typing import Any
 import torch
 
 from .blocks import RKBlock
+from .config import ODETransformerConfig
 from .layers import PreNormAttentionFFN
-from .lm import ODETransformerConfig, ODETransformerLM
+from .lm import ODETransformerLM
 
 
 def _seconds(fn: Callable[[], Any]) -> float:
     start = time.perf_counter()
     fn()
     return time.perf_counter() - start
+
+
+def _alternating(variants: list, repeat: int) -> list:
+    """The variants in order on even repeats and reversed on odd ones."""
+    return variants if repeat % 2 == 0 else variants[::-1]
 
 
 def rk_overhead(
@@ -66,8 +73,8 @@ def rk_overhead(
     for done in range(repeats):
         if done >= 3 and time.perf_counter() - start > budget_s:
             break
-        for name, block in blocks.items():
-            times[name].append(_seconds(lambda block=block: step(block)))
+        for name in _alternating(list(blocks), done):
+            times[name].append(_seconds(lambda block=blocks[name]: step(block)))
     residual = statistics.median(times["residual"])
     records = []
     for k, name in ((2, "rk2"), (3, "rk3"), (4, "rk4")):
@@ -128,7 +135,7 @@ def generate_cache(
         for done in range(repeats):
             if done >= 1 and time.perf_counter() - start > budget_s / len(widths):
                 break
-            for use_cache in (True, False):
+            for use_cache in _alternating([True, False], done):
                 began = time.perf_counter()
                 outputs[use_cache] = model.generate(prompt, new_tokens, use_cache=use_cache)
                 times[use_cache].append(time.perf_counter() - began)

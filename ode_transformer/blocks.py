@@ -7,8 +7,9 @@ the tableau's ``b`` ("fixed"), learnable scalars initialised to ``b`` ("learnabl
 two stages the sigmoid gate ``g = sigmoid([F_1, F_2] W + c)``, ``w = (g, 1 - g)`` ("gate").
 
 ``F`` is any callable ``F(y) -> increment``; for Transformer sub-layers it is one of
-:mod:`ode_transformer.layers`, called as ``F(y, cache=..., padding_mask=...)`` when a cache
-or mask is in play, so stage ``i`` attends with its own key/value cache ``cache.child(i)``.
+:mod:`ode_transformer.layers`, called as ``F(y, context.child(i))`` when a cache or mask is
+in play (:class:`~ode_transformer.layers.AttentionContext`), so stage ``i`` attends with
+its own key/value cache.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 
-from .layers import KVCache
+from .layers import NO_CONTEXT, AttentionContext
 from .tableau import Tableau, get_tableau
 
 COEFFICIENTS = ("fixed", "learnable", "gate")
@@ -75,28 +76,25 @@ class RKBlock(nn.Module):
     def stage_values(
         self,
         y: torch.Tensor,
-        cache: KVCache | None = None,
-        padding_mask: torch.Tensor | None = None,
+        context: AttentionContext = NO_CONTEXT,
     ) -> list[torch.Tensor]:
         """The stage derivatives ``[F_1, ..., F_s]`` at ``y``."""
         values: list[torch.Tensor] = []
         for i, row in enumerate(self.tableau.A):
             y_i = _weighted_sum(y, row[:i], values)
-            if cache is None and padding_mask is None:
+            if context.is_empty:  # a plain callable F(y) works too
                 values.append(self.f(y_i))
             else:
-                stage_cache = None if cache is None else cache.child(i)
-                values.append(self.f(y_i, cache=stage_cache, padding_mask=padding_mask))
+                values.append(self.f(y_i, context.child(i)))
         return values
 
     def increment(
         self,
         y: torch.Tensor,
-        cache: KVCache | None = None,
-        padding_mask: torch.Tensor | None = None,
+        context: AttentionContext = NO_CONTEXT,
     ) -> torch.Tensor:
         """``y_next - y = sum_i w_i F_i`` (the block's update without the residual)."""
-        values = self.stage_values(y, cache, padding_mask)
+        values = self.stage_values(y, context)
         if self.gate is not None:
             g = torch.sigmoid(self.gate(torch.cat(values, dim=-1)))
             return g * values[0] + (1.0 - g) * values[1]
@@ -111,12 +109,11 @@ class RKBlock(nn.Module):
     def forward(
         self,
         y: torch.Tensor,
-        cache: KVCache | None = None,
-        padding_mask: torch.Tensor | None = None,
+        context: AttentionContext = NO_CONTEXT,
     ) -> torch.Tensor:
         if self.coefficients == "fixed":  # accumulate onto y directly: one op per stage
-            return _weighted_sum(y, self.tableau.b, self.stage_values(y, cache, padding_mask))
-        return y + self.increment(y, cache, padding_mask)
+            return _weighted_sum(y, self.tableau.b, self.stage_values(y, context))
+        return y + self.increment(y, context)
 
     def extra_repr(self) -> str:
         return (
@@ -143,9 +140,7 @@ def make_block(
     block: str | Tableau | tuple, f: Callable[..., torch.Tensor], d_model: int | None = None
 ) -> RKBlock:
     """An :class:`RKBlock` from a name in :data:`BLOCKS` or a user tableau (fixed weights)."""
-    if isinstance(block, str):
-        if block not in BLOCKS:
-            raise ValueError(f"unknown block {block!r}; valid: {', '.join(BLOCKS)}")
+    if isinstance(block, str):  # names are validated once, by ODETransformerConfig
         tableau, coefficients = BLOCKS[block]
         return RKBlock(f, tableau, coefficients, d_model)
     return RKBlock(f, block, "fixed", d_model)

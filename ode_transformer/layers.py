@@ -1,12 +1,15 @@
-"""Transformer sub-layers as ODE right-hand sides ``F(y) = G(LN(y))``, and the key/value cache.
+"""Transformer sub-layers as ODE right-hand sides ``F(y) = G(LN(y))``, the key/value cache,
+and the attention context that carries both through blocks and stacks.
 
 Every ``F`` here returns the *increment* only (never ``y + ...``): the blocks in
 :mod:`ode_transformer.blocks` add it to the residual stream with their tableau's weights.
-All ``F`` share one signature, ``F(y, cache=None, padding_mask=None)``, so a block can pass
-the cache and the padding mask through without knowing which sub-layer it drives.
+All ``F`` share one signature, ``F(y, context=NO_CONTEXT)``, so a block can pass the cache
+and the padding mask through without knowing which sub-layer it drives.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -61,6 +64,35 @@ class KVCache:
             node.reorder(index)
 
 
+@dataclass(frozen=True)
+class AttentionContext:
+    """What attention needs besides the states: a key/value cache node and a padding mask.
+
+    ``cache`` (None: no incremental decoding) is the node of :class:`KVCache` this call
+    site owns; ``padding_mask`` ``[B, T]`` is True at padding keys. Layers, blocks and RK
+    stages hand ``context.child(name)`` down, so every attention call site gets its own
+    cache leaf while the mask travels unchanged.
+    """
+
+    cache: KVCache | None = None
+    padding_mask: torch.Tensor | None = None
+
+    @property
+    def is_empty(self) -> bool:
+        """True when there is neither a cache nor a mask (plain full-sequence attention)."""
+        return self.cache is None and self.padding_mask is None
+
+    def child(self, name: object) -> AttentionContext:
+        """The context of sub-call-site ``name``: the child cache, the same mask."""
+        if self.cache is None:
+            return self
+        return AttentionContext(self.cache.child(name), self.padding_mask)
+
+
+NO_CONTEXT = AttentionContext()
+"""The empty context: no cache, no padding mask."""
+
+
 class MultiHeadSelfAttention(nn.Module):
     """Multi-head scaled dot-product self-attention, causal or bidirectional."""
 
@@ -82,11 +114,11 @@ class MultiHeadSelfAttention(nn.Module):
     def forward(
         self,
         x: torch.Tensor,
-        cache: KVCache | None = None,
-        padding_mask: torch.Tensor | None = None,
+        context: AttentionContext = NO_CONTEXT,
     ) -> torch.Tensor:
-        """Attend over ``x`` [B, T, D] (plus cached positions); ``padding_mask`` [B, T] is
-        True at padding keys, which no query attends to."""
+        """Attend over ``x`` [B, T, D] (plus the context's cached positions); no query
+        attends to a key the context's padding mask marks True."""
+        cache, padding_mask = context.cache, context.padding_mask
         B, T, D = x.shape
         q, k, v = self.qkv(x).view(B, T, 3, self.n_heads, D // self.n_heads).unbind(2)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
@@ -145,10 +177,9 @@ class PreNormAttention(nn.Module):
     def forward(
         self,
         y: torch.Tensor,
-        cache: KVCache | None = None,
-        padding_mask: torch.Tensor | None = None,
+        context: AttentionContext = NO_CONTEXT,
     ) -> torch.Tensor:
-        return self.dropout(self.attention(self.norm(y), cache, padding_mask))
+        return self.dropout(self.attention(self.norm(y), context))
 
 
 class PreNormFFN(nn.Module):
@@ -170,10 +201,9 @@ class PreNormFFN(nn.Module):
     def forward(
         self,
         y: torch.Tensor,
-        cache: KVCache | None = None,
-        padding_mask: torch.Tensor | None = None,
+        context: AttentionContext = NO_CONTEXT,
     ) -> torch.Tensor:
-        """Position-wise, so ``cache`` and ``padding_mask`` are accepted and unused."""
+        """Position-wise, so ``context`` is accepted and unused."""
         return self.dropout(self.ffn(self.norm(y)))
 
 
@@ -202,10 +232,9 @@ class PreNormAttentionFFN(nn.Module):
     def forward(
         self,
         y: torch.Tensor,
-        cache: KVCache | None = None,
-        padding_mask: torch.Tensor | None = None,
+        context: AttentionContext = NO_CONTEXT,
     ) -> torch.Tensor:
-        a = self.attention(y, cache, padding_mask)
+        a = self.attention(y, context)
         return a + self.ffn(y + a)
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from .lm import ODETransformerConfig
+from .config import ODETransformerConfig
 
 _PAPER_DROPOUT = {"dropout": 0.1, "attention_dropout": 0.1, "relu_dropout": 0.1}
 

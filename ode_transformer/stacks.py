@@ -15,29 +15,26 @@ decides how increments and earlier states combine:
 With ``W`` and ``k`` at their initial value 1, multistep and DLCL equal the plain stack. A
 layer's ``F`` is itself an RK block, so every schema composes with every block. All updates
 are position-wise combinations of causal functions, so every stack stays causal and can be
-decoded incrementally: layer ``l`` uses ``cache.child(l)`` (PolyNet's two calls use its
-children 0 and 1).
+decoded incrementally: layer ``l`` uses ``context.child(l)`` (PolyNet's two calls use its
+children 0 and 1). Names are validated once, by :class:`ode_transformer.config.ODETransformerConfig`;
+:func:`ode_transformer.backbone.build_stack` turns a config into a stack.
 """
 
 from __future__ import annotations
-
-from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from .blocks import make_block
-from .layers import KVCache, PreNormAttention, PreNormAttentionFFN, PreNormFFN
+from .layers import (
+    NO_CONTEXT,
+    AttentionContext,
+    PreNormAttention,
+    PreNormAttentionFFN,
+    PreNormFFN,
+)
 
-if TYPE_CHECKING:
-    from .lm import ODETransformerConfig
-
-STACKS = ("plain", "leapfrog", "multistep", "dlcl", "polynet", "macaron")
 SUBLAYERS = ("attention", "ffn", "both")
-
-
-def _child(cache: KVCache | None, name: object) -> KVCache | None:
-    return None if cache is None else cache.child(name)
 
 
 class RKLayer(nn.Module):
@@ -62,8 +59,6 @@ class RKLayer(nn.Module):
         eps: float = 1e-5,
     ) -> None:
         super().__init__()
-        if sublayer not in SUBLAYERS:
-            raise ValueError(f"unknown sublayer {sublayer!r}; valid: {', '.join(SUBLAYERS)}")
         attention = PreNormAttention(d_model, n_heads, dropout, attention_dropout, causal, eps)
         ffn = PreNormFFN(d_model, d_ff, dropout, relu_dropout, eps)
         if sublayer == "both":
@@ -85,21 +80,19 @@ class RKLayer(nn.Module):
     def increment(
         self,
         y: torch.Tensor,
-        cache: KVCache | None = None,
-        padding_mask: torch.Tensor | None = None,
+        context: AttentionContext = NO_CONTEXT,
     ) -> torch.Tensor:
-        total = self.blocks[0].increment(y, _child(cache, 0), padding_mask)
+        total = self.blocks[0].increment(y, context.child(0))
         for i in range(1, len(self.blocks)):
-            total = total + self.blocks[i].increment(y + total, _child(cache, i), padding_mask)
+            total = total + self.blocks[i].increment(y + total, context.child(i))
         return total
 
     def forward(
         self,
         y: torch.Tensor,
-        cache: KVCache | None = None,
-        padding_mask: torch.Tensor | None = None,
+        context: AttentionContext = NO_CONTEXT,
     ) -> torch.Tensor:
-        return y + self.increment(y, cache, padding_mask)
+        return y + self.increment(y, context)
 
 
 class MacaronLayer(nn.Module):
@@ -130,20 +123,18 @@ class MacaronLayer(nn.Module):
     def increment(
         self,
         y: torch.Tensor,
-        cache: KVCache | None = None,
-        padding_mask: torch.Tensor | None = None,
+        context: AttentionContext = NO_CONTEXT,
     ) -> torch.Tensor:
         total = 0.5 * self.ffn_a(y)
-        total = total + self.attention(y + total, cache, padding_mask)
+        total = total + self.attention(y + total, context)
         return total + 0.5 * self.ffn_b(y + total)
 
     def forward(
         self,
         y: torch.Tensor,
-        cache: KVCache | None = None,
-        padding_mask: torch.Tensor | None = None,
+        context: AttentionContext = NO_CONTEXT,
     ) -> torch.Tensor:
-        return y + self.increment(y, cache, padding_mask)
+        return y + self.increment(y, context)
 
 
 class LayerStack(nn.Module):
@@ -163,11 +154,10 @@ class LayerStack(nn.Module):
     def forward(
         self,
         y: torch.Tensor,
-        cache: KVCache | None = None,
-        padding_mask: torch.Tensor | None = None,
+        context: AttentionContext = NO_CONTEXT,
     ) -> torch.Tensor:
         for i, layer in enumerate(self.layers):
-            y = y + layer.increment(y, _child(cache, i), padding_mask)
+            y = y + layer.increment(y, context.child(i))
         return y
 
 
@@ -177,12 +167,11 @@ class LeapfrogStack(LayerStack):
     def forward(
         self,
         y: torch.Tensor,
-        cache: KVCache | None = None,
-        padding_mask: torch.Tensor | None = None,
+        context: AttentionContext = NO_CONTEXT,
     ) -> torch.Tensor:
         previous = None
         for i, layer in enumerate(self.layers):
-            increment = layer.increment(y, _child(cache, i), padding_mask)
+            increment = layer.increment(y, context.child(i))
             if previous is None:
                 previous, y = y, y + increment
             else:
@@ -201,12 +190,11 @@ class MultistepStack(LayerStack):
     def forward(
         self,
         y: torch.Tensor,
-        cache: KVCache | None = None,
-        padding_mask: torch.Tensor | None = None,
+        context: AttentionContext = NO_CONTEXT,
     ) -> torch.Tensor:
         previous = None
         for i, layer in enumerate(self.layers):
-            increment = layer.increment(y, _child(cache, i), padding_mask)
+            increment = layer.increment(y, context.child(i))
             if previous is None:
                 previous, y = y, y + increment
             else:
@@ -227,13 +215,12 @@ class DLCLStack(LayerStack):
     def forward(
         self,
         y: torch.Tensor,
-        cache: KVCache | None = None,
-        padding_mask: torch.Tensor | None = None,
+        context: AttentionContext = NO_CONTEXT,
     ) -> torch.Tensor:
         y0 = y
         increments: list[torch.Tensor] = []
         for t, layer in enumerate(self.layers):
-            increments.append(layer.increment(y, _child(cache, t), padding_mask))
+            increments.append(layer.increment(y, context.child(t)))
             row = self.weights[t * (t + 1) // 2 : (t + 1) * (t + 2) // 2]
             y = y0
             for weight, increment in zip(row, increments):
@@ -252,46 +239,24 @@ class PolyNetStack(LayerStack):
     def forward(
         self,
         y: torch.Tensor,
-        cache: KVCache | None = None,
-        padding_mask: torch.Tensor | None = None,
+        context: AttentionContext = NO_CONTEXT,
     ) -> torch.Tensor:
         for i, layer in enumerate(self.layers):
-            layer_cache = _child(cache, i)
-            first = layer.increment(y, _child(layer_cache, 0), padding_mask)
-            second = layer.increment(first, _child(layer_cache, 1), padding_mask)
+            layer_context = context.child(i)
+            first = layer.increment(y, layer_context.child(0))
+            second = layer.increment(first, layer_context.child(1))
             y = y + first + second
         return y
 
 
-_STACK_CLASSES: dict[str, type[LayerStack]] = {
+STACK_CLASSES: dict[str, type[LayerStack]] = {
     "plain": LayerStack,
     "leapfrog": LeapfrogStack,
     "multistep": MultistepStack,
     "dlcl": DLCLStack,
     "polynet": PolyNetStack,
-    "macaron": LayerStack,
+    "macaron": LayerStack,  # a plain stack of Macaron layers
 }
+"""Stack name -> class; the one registry of stacks."""
 
-
-def build_stack(config: ODETransformerConfig, causal: bool) -> LayerStack:
-    """The stack of ``config.n_layers`` layers that ``config.stack`` names."""
-    if config.stack not in _STACK_CLASSES:
-        raise ValueError(f"unknown stack {config.stack!r}; valid: {', '.join(STACKS)}")
-    common = {
-        "d_model": config.d_model,
-        "n_heads": config.n_heads,
-        "d_ff": config.d_ff,
-        "dropout": config.dropout,
-        "attention_dropout": config.attention_dropout,
-        "relu_dropout": config.relu_dropout,
-        "causal": causal,
-        "eps": config.layer_norm_eps,
-    }
-    block = config.tableau if config.tableau is not None else config.block
-    layers: list[nn.Module] = []
-    for _ in range(config.n_layers):
-        if config.stack == "macaron":
-            layers.append(MacaronLayer(**common))
-        else:
-            layers.append(RKLayer(block, config.sublayer, **common))
-    return _STACK_CLASSES[config.stack](layers)
+STACKS = tuple(STACK_CLASSES)

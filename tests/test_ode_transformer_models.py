@@ -218,3 +218,39 @@ def test_bad_input_errors() -> None:
         model(torch.zeros(4, dtype=torch.long))
     with pytest.raises(ValueError, match="integer ids"):
         model(torch.zeros(1, 4))
+
+
+def test_ode_transformer_modules_import_without_a_circle() -> None:
+    """Relative imports inside ode_transformer (type-only ones included) form a DAG."""
+    import ast
+    from pathlib import Path
+
+    package = Path(__file__).resolve().parents[1] / "ode_transformer"
+    edges = {
+        path.stem: {
+            (node.module or "").split(".")[0]
+            for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, ast.ImportFrom) and node.level == 1 and node.module
+        }
+        | {
+            alias.name
+            for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, ast.ImportFrom) and node.level == 1 and not node.module
+            for alias in node.names
+        }
+        for path in package.glob("*.py")
+        if path.stem != "__init__"
+    }
+    assert edges["stacks"] and "config" not in edges["stacks"]
+    done: set[str] = set()
+
+    def visit(module: str, path: tuple[str, ...]) -> None:
+        assert module not in path, f"import circle: {' -> '.join((*path, module))}"
+        if module in done:
+            return
+        for target in edges.get(module, ()):
+            visit(target, (*path, module))
+        done.add(module)
+
+    for module in edges:
+        visit(module, ())

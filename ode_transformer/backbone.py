@@ -1,0 +1,105 @@
+"""What the causal LM and the bidirectional encoder share: embeddings, the stack, the final
+LayerNorm, GPT-style initialisation and the input checks.
+
+``Backbone(config, causal)`` maps token ids ``[B, T]`` to final-LayerNorm states
+``[B, T, d_model]``; :class:`~ode_transformer.lm.ODETransformerLM` adds a softmax head and
+:class:`~ode_transformer.encoder.ODETransformerEncoder` a padding mask.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from odelm.errors import OdelmError
+
+from .config import ODETransformerConfig
+from .layers import NO_CONTEXT, AttentionContext
+from .stacks import STACK_CLASSES, LayerStack, MacaronLayer, RKLayer
+
+
+class TokenInputError(OdelmError, ValueError):
+    """A token tensor the model cannot embed (wrong shape, dtype, range or length)."""
+
+
+def check_tokens(
+    tokens: torch.Tensor, vocab_size: int, max_positions: int, offset: int = 0
+) -> None:
+    """Raise a clear error for token tensors the model cannot embed."""
+    if not isinstance(tokens, torch.Tensor) or tokens.dim() != 2:
+        shape = tuple(tokens.shape) if isinstance(tokens, torch.Tensor) else type(tokens).__name__
+        raise TokenInputError(f"tokens must be a LongTensor of shape [batch, time], got {shape}")
+    if tokens.dtype not in (torch.int64, torch.int32):
+        raise TokenInputError(f"tokens must be integer ids (torch.long), got dtype {tokens.dtype}")
+    if offset + tokens.shape[1] > max_positions:
+        raise TokenInputError(
+            f"sequence of {offset + tokens.shape[1]} positions is longer than max_positions="
+            f"{max_positions}; truncate the input or build the model with a larger max_positions"
+        )
+    if tokens.numel() and (tokens.min() < 0 or tokens.max() >= vocab_size):
+        raise TokenInputError(
+            f"token ids must lie in [0, {vocab_size}), got range "
+            f"[{int(tokens.min())}, {int(tokens.max())}]"
+        )
+
+
+def init_weights(module: nn.Module) -> None:
+    """GPT-style initialisation: N(0, 0.02) weights, zero biases."""
+    if isinstance(module, (nn.Linear, nn.Embedding)):
+        nn.init.normal_(module.weight, mean=0.0, std=0.02)
+    if isinstance(module, nn.Linear) and module.bias is not None:
+        nn.init.zeros_(module.bias)
+
+
+def build_stack(config: ODETransformerConfig, causal: bool) -> LayerStack:
+    """The stack of ``config.n_layers`` layers that ``config.stack`` names."""
+    common = {
+        "d_model": config.d_model,
+        "n_heads": config.n_heads,
+        "d_ff": config.d_ff,
+        "dropout": config.dropout,
+        "attention_dropout": config.attention_dropout,
+        "relu_dropout": config.relu_dropout,
+        "causal": causal,
+        "eps": config.layer_norm_eps,
+    }
+    block = config.tableau if config.tableau is not None else config.block
+    layers: list[nn.Module] = []
+    for _ in range(config.n_layers):
+        if config.stack == "macaron":
+            layers.append(MacaronLayer(**common))
+        else:
+            layers.append(RKLayer(block, config.sublayer, **common))
+    return STACK_CLASSES[config.stack](layers)
+
+
+class Backbone(nn.Module):
+    """Token + position embeddings, an ODE Transformer stack, final LayerNorm.
+
+    Subclasses add their own modules after calling ``__init__`` and then apply
+    :func:`init_weights` (so parameters are created, and initialised, in one fixed order).
+    """
+
+    def __init__(self, config: ODETransformerConfig, causal: bool) -> None:
+        super().__init__()
+        self.config = config
+        self.vocab_size = config.vocab_size
+        self.max_positions = config.max_positions
+        self.token_embedding = nn.Embedding(config.vocab_size, config.d_model)
+        self.position_embedding = nn.Embedding(config.max_positions, config.d_model)
+        self.dropout = nn.Dropout(config.dropout)
+        self.stack = build_stack(config, causal=causal)
+        self.norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+
+    def block_modules(self) -> list[nn.Module]:
+        """The per-layer modules, in depth order (for per-block gradient-norm logging)."""
+        return list(self.stack.layers)
+
+    def states(
+        self, tokens: torch.Tensor, start: int = 0, context: AttentionContext = NO_CONTEXT
+    ) -> torch.Tensor:
+        """Final-LayerNorm states ``[B, T, d_model]`` of ``tokens`` at positions ``start...``."""
+        check_tokens(tokens, self.vocab_size, self.max_positions, offset=start)
+        positions = torch.arange(start, start + tokens.shape[1], device=tokens.device)
+        x = self.dropout(self.token_embedding(tokens) + self.position_embedding(positions))
+        return self.norm(self.stack(x, context))

@@ -1,0 +1,121 @@
+"""The configuration of an ODE Transformer LM or encoder (Hugging Face ``configuration_*`` style).
+
+A plain dataclass validated on construction: every name (block, sub-layer, stack) and size
+is checked here, once, so the layers that build from it trust their arguments. ``to_dict``
+/ ``from_dict`` round-trip through JSON (``config.json`` beside the weights).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from odelm.errors import OdelmError
+
+from .blocks import BLOCKS
+from .stacks import STACKS, SUBLAYERS
+from .tableau import Tableau
+
+
+class ODETransformerConfigError(OdelmError, ValueError):
+    """An ODE Transformer configuration names an unknown part or an impossible size."""
+
+
+@dataclass
+class ODETransformerConfig:
+    """Sizes and architecture of an ODE Transformer LM or encoder.
+
+    ``block`` names a block of :data:`ode_transformer.blocks.BLOCKS`; alternatively pass
+    ``tableau=(A, b)`` (explicit, fixed weights), which sets ``block="custom"``.
+    ``sublayer`` picks ``F`` (attention, FFN, or both as one function) and ``stack`` how
+    layers combine (:data:`ode_transformer.stacks.STACKS`).
+    """
+
+    vocab_size: int = 10000
+    d_model: int = 512
+    n_heads: int = 8
+    d_ff: int = 2048
+    n_layers: int = 6
+    max_positions: int = 512
+    dropout: float = 0.1
+    attention_dropout: float = 0.1
+    relu_dropout: float = 0.1
+    block: str = "residual"
+    tableau: tuple | None = None
+    sublayer: str = "both"
+    stack: str = "plain"
+    tie_embeddings: bool = True
+    layer_norm_eps: float = 1e-5
+
+    def __post_init__(self) -> None:
+        self._check_sizes()
+        self._check_names()
+
+    def _check_sizes(self) -> None:
+        for name in ("vocab_size", "d_model", "n_heads", "d_ff", "n_layers", "max_positions"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ODETransformerConfigError(f"{name} must be a positive integer, got {value!r}")
+        if self.d_model % self.n_heads != 0:
+            raise ODETransformerConfigError(
+                f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}; each head "
+                "gets d_model / n_heads dimensions, so pick a head count that divides d_model"
+            )
+        for name in ("dropout", "attention_dropout", "relu_dropout"):
+            value = getattr(self, name)
+            if not 0.0 <= value < 1.0:
+                raise ODETransformerConfigError(f"{name} must lie in [0, 1), got {value!r}")
+
+    def _check_names(self) -> None:
+        if self.tableau is not None:
+            if self.block not in ("residual", "custom"):
+                raise ODETransformerConfigError(
+                    f"pass either block={self.block!r} or tableau=(A, b), not both "
+                    "(a user tableau makes block='custom')"
+                )
+            tableau = (
+                Tableau(*self.tableau) if not isinstance(self.tableau, Tableau) else self.tableau
+            )
+            self.tableau = (tableau.A, tableau.b)
+            self.block = "custom"
+        elif self.block not in BLOCKS:
+            raise ODETransformerConfigError(
+                f"unknown block {self.block!r}; valid: {', '.join(BLOCKS)} "
+                "(or pass tableau=(A, b) for your own explicit Runge-Kutta method)"
+            )
+        if self.sublayer not in SUBLAYERS:
+            raise ODETransformerConfigError(
+                f"unknown sublayer {self.sublayer!r}; valid: {', '.join(SUBLAYERS)}"
+            )
+        if self.stack not in STACKS:
+            raise ODETransformerConfigError(
+                f"unknown stack {self.stack!r}; valid: {', '.join(STACKS)}"
+            )
+        if self.stack == "macaron":
+            if self.block != "residual" or self.sublayer != "both":
+                raise ODETransformerConfigError(
+                    "stack='macaron' builds its own FFN/attention/FFN layers; leave "
+                    f"block='residual' and sublayer='both' (got {self.block!r}, {self.sublayer!r})"
+                )
+            if self.d_ff % 2 != 0:
+                raise ODETransformerConfigError(
+                    f"stack='macaron' halves d_ff, which must be even; got {self.d_ff}"
+                )
+
+    def to_dict(self) -> dict:
+        """JSON-ready dict (the tableau as nested lists)."""
+        out = dataclasses.asdict(self)
+        if self.tableau is not None:
+            out["tableau"] = [[list(row) for row in self.tableau[0]], list(self.tableau[1])]
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict) -> ODETransformerConfig:
+        """Inverse of :meth:`to_dict`; unknown keys are an error that names the valid ones."""
+        fields = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - fields)
+        if unknown:
+            raise ODETransformerConfigError(
+                f"unknown config keys {unknown}; valid: {', '.join(sorted(fields))}"
+            )
+        return cls(**data)
