@@ -1,5 +1,28 @@
-"""Decoding for ODE Transformer LMs: greedy, sampling (temperature, top-k, top-p) and beam
-search with the per-stage key/value cache, and the logits filter used by sampling."""
+"""One decoding protocol for every language model of the library: greedy, sampling and beam
+search, all through one cache-aware step function.
+
+A model meets the contract ``logits, aux = model(tokens)``. It may also offer incremental
+decoding with two methods: ``init_cache()`` returns an empty cache with ``reorder(index)``
+(select batch rows), and ``next_token_logits(new_tokens, cache)`` returns the logits
+``[B, V]`` after the cached sequence extended by ``new_tokens``, extending the cache in place
+(the ODE Transformer LM does, with one key/value cache per RK stage). :class:`StepFunction`
+uses that when present and otherwise recomputes the whole context every step. The context
+is the last ``model.max_positions`` tokens when the model declares a limit: a cached model
+decodes incrementally while the sequence fits and recomputes the cropped window once it
+does not, so cached and recomputed decoding see the same tokens and pick the same ones.
+
+The one ranking rule of beam search: every step extends each live hypothesis by every
+token and keeps the ``num_beams`` best extensions by total log-probability (ties to the
+lower beam, then the lower token id); an extension ending in ``eos_id`` is finished and
+leaves the beam (it keeps its slot for that step). At the end the finished and the live
+hypotheses are ranked by ``sum log p / n ** length_penalty`` with ``n`` the number of new
+tokens (eos included): ``length_penalty=1`` (the default) ranks by mean log-probability per
+token, ``0`` by total log-probability. ``num_beams=1`` is exactly greedy decoding.
+
+This module is family-agnostic (it needs only the model contract, and imports nothing of
+``ode_transformer`` but this file), so ``experiments.decoding`` re-exports it and every model
+package (``neuralode_lm`` included) may use it.
+"""
 
 from __future__ import annotations
 
@@ -8,83 +31,127 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from .backbone import check_tokens
-from .layers import KVCache
+from odelm.errors import OdelmError
 
 STRATEGIES = ("greedy", "sample", "beam")
+
+
+class DecodingError(OdelmError, ValueError):
+    """Invalid decoding options or prompt."""
+
+
+class StepFunction:
+    """Next-token logits ``[B, V]`` for a growing batch of sequences, cached when possible.
+
+    Call it with the whole sequence so far (``[B, T]``, the prompt on the first call); it
+    feeds the model only what the cache has not seen. ``reorder(index)`` follows beam
+    search's row selection.
+    """
+
+    def __init__(self, model: Any, use_cache: bool = True) -> None:
+        self.model = model
+        self.limit: int | None = getattr(model, "max_positions", None)
+        self.cached = use_cache and all(
+            callable(getattr(model, name, None)) for name in ("init_cache", "next_token_logits")
+        )
+        self.cache: Any = None
+        self.fed = 0  # tokens of the sequence the cache holds (when it is not a cropped window)
+
+    def __call__(self, sequence: torch.Tensor) -> torch.Tensor:
+        window = sequence if self.limit is None else sequence[:, -self.limit :]
+        if not self.cached:
+            output = self.model(window)
+            logits = output[0] if isinstance(output, tuple) else output
+            return logits[:, -1]
+        if self.cache is None or window.shape[1] < sequence.shape[1]:
+            self.cache = self.model.init_cache()  # (re)start over the cropped window
+            new = window
+        else:
+            new = sequence[:, self.fed :]
+        self.fed = sequence.shape[1]
+        return self.model.next_token_logits(new, self.cache)
+
+    def reorder(self, index: torch.Tensor) -> None:
+        if self.cache is not None:
+            self.cache.reorder(index)
 
 
 @torch.no_grad()
 def generate(
     model: Any,
-    tokens: torch.Tensor,
+    prompt_ids: torch.Tensor,
     max_new_tokens: int,
     *,
     strategy: str = "greedy",
+    num_beams: int = 4,
+    length_penalty: float = 1.0,
     temperature: float = 1.0,
     top_k: int | None = None,
     top_p: float | None = None,
-    num_beams: int = 4,
-    use_cache: bool = True,
-    eos_token_id: int | None = None,
     generator: torch.Generator | None = None,
+    eos_id: int | None = None,
+    use_cache: bool = True,
 ) -> torch.Tensor:
-    """Continue ``tokens`` [B, T]; returns prompt + continuation as a LongTensor.
+    """Continue ``prompt_ids`` [B, P]; returns the prompt followed by the new tokens.
 
-    ``use_cache=False`` recomputes the whole prefix every step (the reference the cache
-    is checked against). With ``eos_token_id`` a finished sequence is padded with it and
-    generation stops early once every sequence (or every beam) has finished.
+    ``strategy``: ``"greedy"`` (argmax), ``"sample"`` (from ``softmax(logits / temperature)``
+    restricted to the ``top_k`` tokens and the ``top_p`` nucleus, drawn with ``generator``)
+    or ``"beam"`` (the ranking rule in the module docstring). With ``eos_id`` a finished row
+    is padded with it, and decoding stops once every row has finished. ``use_cache=False``
+    recomputes the context every step (the reference the cache is checked against). The
+    model runs in eval mode and gets its training mode back afterwards.
     """
+    _check_options(strategy, max_new_tokens, num_beams, temperature, top_k, top_p)
+    if not isinstance(prompt_ids, torch.Tensor) or prompt_ids.dim() != 2 or prompt_ids.shape[1] < 1:
+        shape = tuple(prompt_ids.shape) if isinstance(prompt_ids, torch.Tensor) else prompt_ids
+        raise DecodingError(f"prompt_ids must be a LongTensor [batch, P] with P >= 1, got {shape}")
+    was_training = getattr(model, "training", False)
+    if was_training:
+        model.eval()
+    try:
+        step = StepFunction(model, use_cache)
+        if strategy == "beam":
+            return _beam_search(step, prompt_ids, max_new_tokens, num_beams, length_penalty, eos_id)
+        sample = strategy == "sample"
+        return _one_by_one(
+            step, prompt_ids, max_new_tokens, eos_id, sample, temperature, top_k, top_p, generator
+        )
+    finally:
+        if was_training:
+            model.train(True)
+
+
+def _check_options(
+    strategy: str,
+    max_new_tokens: int,
+    num_beams: int,
+    temperature: float,
+    top_k: int | None,
+    top_p: float | None,
+) -> None:
     if strategy not in STRATEGIES:
-        raise ValueError(f"unknown strategy {strategy!r}; valid: {', '.join(STRATEGIES)}")
+        raise DecodingError(f"unknown strategy {strategy!r}; valid: {', '.join(STRATEGIES)}")
     if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens must be a non-negative integer, got {max_new_tokens!r}")
+        raise DecodingError(
+            f"max_new_tokens must be a non-negative integer, got {max_new_tokens!r}"
+        )
     if temperature <= 0:
-        raise ValueError(
+        raise DecodingError(
             f"temperature must be > 0 (use strategy='greedy' for argmax), got {temperature}"
         )
     if top_k is not None and (not isinstance(top_k, int) or top_k < 1):
-        raise ValueError(f"top_k must be a positive integer or None, got {top_k!r}")
+        raise DecodingError(f"top_k must be a positive integer or None, got {top_k!r}")
     if top_p is not None and not 0.0 < top_p <= 1.0:
-        raise ValueError(f"top_p must lie in (0, 1] or be None, got {top_p!r}")
-    if strategy == "beam" and (not isinstance(num_beams, int) or num_beams < 1):
-        raise ValueError(f"num_beams must be a positive integer, got {num_beams!r}")
-    check_tokens(tokens, model.vocab_size, model.max_positions)
-    if tokens.shape[1] == 0:
-        raise ValueError("generate() needs a prompt of at least one token")
-    if tokens.shape[1] + max_new_tokens > model.max_positions:
-        raise ValueError(
-            f"prompt length {tokens.shape[1]} + max_new_tokens {max_new_tokens} exceeds "
-            f"max_positions={model.max_positions}; shorten the prompt or generate fewer tokens"
-        )
-    was_training = model.training
-    model.eval()
-    try:
-        if strategy == "beam":
-            return _beam_search(model, tokens, max_new_tokens, num_beams, use_cache, eos_token_id)
-        return _decode(
-            model,
-            tokens,
-            max_new_tokens,
-            use_cache,
-            eos_token_id,
-            sample=strategy == "sample",
-            temperature=temperature,
-            top_k=top_k,
-            top_p=top_p,
-            generator=generator,
-        )
-    finally:
-        model.train(was_training)
+        raise DecodingError(f"top_p must lie in (0, 1] or be None, got {top_p!r}")
+    if not isinstance(num_beams, int) or num_beams < 1:
+        raise DecodingError(f"num_beams must be a positive integer, got {num_beams!r}")
 
 
-def _decode(
-    model: Any,
-    tokens: torch.Tensor,
+def _one_by_one(
+    step: StepFunction,
+    prompt: torch.Tensor,
     max_new_tokens: int,
-    use_cache: bool,
-    eos_token_id: int | None,
-    *,
+    eos_id: int | None,
     sample: bool,
     temperature: float,
     top_k: int | None,
@@ -92,61 +159,69 @@ def _decode(
     generator: torch.Generator | None,
 ) -> torch.Tensor:
     """Greedy or sampled decoding, one token per step."""
-    cache = KVCache() if use_cache else None
-    sequence, step_input = tokens, tokens
-    finished = torch.zeros(tokens.shape[0], dtype=torch.bool, device=tokens.device)
+    sequence = prompt
+    finished = torch.zeros(prompt.shape[0], dtype=torch.bool, device=prompt.device)
     for _ in range(max_new_tokens):
-        logits = model.next_token_logits(step_input, cache)
+        logits = step(sequence)
         if sample:
             probs = F.softmax(filter_logits(logits / temperature, top_k, top_p), dim=-1)
             next_token = torch.multinomial(probs, 1, generator=generator).squeeze(1)
         else:
             next_token = logits.argmax(dim=-1)
-        if eos_token_id is not None:
-            next_token = torch.where(finished, eos_token_id, next_token)
-            finished |= next_token == eos_token_id
-        sequence = torch.cat([sequence, next_token[:, None]], dim=1)
-        if eos_token_id is not None and bool(finished.all()):
+        if eos_id is not None:
+            next_token = torch.where(finished, eos_id, next_token)
+            finished |= next_token == eos_id
+        sequence = torch.cat([sequence, next_token[:, None].to(sequence.dtype)], dim=1)
+        if eos_id is not None and bool(finished.all()):
             break
-        step_input = next_token[:, None] if use_cache else sequence
     return sequence
 
 
 def _beam_search(
-    model: Any,
-    tokens: torch.Tensor,
+    step: StepFunction,
+    prompt: torch.Tensor,
     max_new_tokens: int,
     num_beams: int,
-    use_cache: bool,
-    eos_token_id: int | None,
+    length_penalty: float,
+    eos_id: int | None,
 ) -> torch.Tensor:
-    """Beam search on summed log-probabilities; returns the best beam per sequence."""
-    B, K, V = tokens.shape[0], num_beams, model.vocab_size
-    sequence = tokens.repeat_interleave(K, dim=0)  # [B*K, T]
-    scores = torch.full((B, K), float("-inf"), device=tokens.device)
+    """The library's one beam search (ranking rule: module docstring); best hypothesis per row."""
+    B, K, P = prompt.shape[0], num_beams, prompt.shape[1]
+    sequence = prompt.repeat_interleave(K, dim=0)  # [B*K, P + steps]; dead slots ride along
+    scores = torch.full((B, K), float("-inf"), dtype=torch.float64, device=prompt.device)
     scores[:, 0] = 0.0  # all beams start equal: keep one so the first step has no duplicates
-    finished = torch.zeros(B * K, dtype=torch.bool, device=tokens.device)
-    cache = KVCache() if use_cache else None
-    step_input = sequence
+    finished: list[list[tuple[list[int], float, int]]] = [[] for _ in range(B)]
+    offsets = torch.arange(B, device=prompt.device)[:, None] * K
     for _ in range(max_new_tokens):
-        log_probs = F.log_softmax(model.next_token_logits(step_input, cache).float(), dim=-1)
-        if eos_token_id is not None:  # a finished beam can only continue with eos, free
-            log_probs[finished] = float("-inf")
-            log_probs[finished, eos_token_id] = 0.0
+        log_probs = F.log_softmax(step(sequence).double(), dim=-1)  # [B*K, V]
+        V = log_probs.shape[1]
         candidates = (scores.reshape(B * K, 1) + log_probs).reshape(B, K * V)
-        scores, flat = candidates.topk(K, dim=1)
-        source = (torch.arange(B, device=tokens.device)[:, None] * K + flat // V).reshape(-1)
+        order = candidates.sort(dim=1, descending=True, stable=True)
+        scores, flat = order.values[:, :K].clone(), order.indices[:, :K]
+        source = (offsets + flat // V).reshape(-1)
         next_token = (flat % V).reshape(-1)
-        sequence = torch.cat([sequence[source], next_token[:, None]], dim=1)
-        if cache is not None:
-            cache.reorder(source)
-        if eos_token_id is not None:
-            finished = finished[source] | (next_token == eos_token_id)
-            if bool(finished.all()):
-                break
-        step_input = next_token[:, None] if use_cache else sequence
-    best = scores.argmax(dim=1)
-    return sequence.reshape(B, K, -1)[torch.arange(B, device=tokens.device), best]
+        sequence = torch.cat([sequence[source], next_token[:, None].to(sequence.dtype)], dim=1)
+        step.reorder(source)
+        if eos_id is not None:
+            ended = (flat % V == eos_id) & torch.isfinite(scores)
+            for b, k in ended.nonzero().tolist():
+                new = sequence[b * K + k, P:].tolist()
+                finished[b].append((new, float(scores[b, k]), len(new)))
+            scores[ended] = float("-inf")
+        if not bool(torch.isfinite(scores).any()):
+            break
+    rows = []
+    for b in range(B):
+        live = [
+            (sequence[b * K + k, P:].tolist(), float(scores[b, k]), sequence.shape[1] - P)
+            for k in range(K)
+            if torch.isfinite(scores[b, k])
+        ]
+        best = max(finished[b] + live, key=lambda c: c[1] / max(c[2], 1) ** length_penalty)
+        rows.append(prompt[b].tolist() + best[0])
+    width = max(len(row) for row in rows)
+    pad = eos_id if eos_id is not None else 0  # rows differ in length only when eos ended one
+    return prompt.new_tensor([row + [pad] * (width - len(row)) for row in rows])
 
 
 def filter_logits(logits: torch.Tensor, top_k: int | None, top_p: float | None) -> torch.Tensor:

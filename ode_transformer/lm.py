@@ -54,13 +54,19 @@ class ODETransformerLM(Backbone):
         see :meth:`hidden_states`); ``aux["nfe"]`` counts sub-layer evaluations per position."""
         return self.head(self.hidden_states(tokens, cache)), {"nfe": self.stack.nfe}
 
+    def init_cache(self) -> KVCache:
+        """An empty key/value cache for :meth:`next_token_logits` (incremental decoding)."""
+        return KVCache()
+
     def next_token_logits(self, tokens: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
-        """Logits ``[B, V]`` at the last position only (what generation needs)."""
+        """Logits ``[B, V]`` at the last position only (the step generation needs)."""
         return self.head(self.hidden_states(tokens, cache)[:, -1])
 
     @torch.no_grad()
     def generate(self, tokens: torch.Tensor, max_new_tokens: int, **options: Any) -> torch.Tensor:
-        """Continue ``tokens`` [B, T]: :func:`ode_transformer.generation.generate` on this model."""
+        """Continue ``tokens`` [B, T]: :func:`ode_transformer.generation.generate` on this model
+        (options: ``strategy``, ``num_beams``, ``temperature``, ``top_k``, ``top_p``,
+        ``generator``, ``eos_id``, ``use_cache``, ``length_penalty``)."""
         return generation.generate(self, tokens, max_new_tokens, **options)
 
     def save_pretrained(self, directory: str | Path) -> None:

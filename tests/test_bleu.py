@@ -17,7 +17,7 @@ from experiments.bleu import (
     teacher_forced_bleu,
     teacher_forced_predictions,
 )
-from experiments.decoding import beam_search, decode_continuation, greedy_decode
+from experiments.decoding import DecodingError, decode_continuation, generate
 
 EOS = 0
 WORDS = ["<eos>", "the", "cat", "sat", "on", "a", "mat", "dog", "ran", "far", "<zz>"]
@@ -239,6 +239,16 @@ def test_sentences_must_end_with_eos():
 # ---------------------------------------------------------------- decoders
 
 
+def greedy_decode(model, prompt, max_new_tokens, eos_id=None):
+    return decode_continuation(model, prompt, max_new_tokens, "greedy", eos_id=eos_id)
+
+
+def beam_search(model, prompt, max_new_tokens, num_beams=4, eos_id=None, length_penalty=1.0):
+    return decode_continuation(
+        model, prompt, max_new_tokens, "beam", num_beams, eos_id, length_penalty=length_penalty
+    )
+
+
 def _myopic() -> torch.Tensor:
     """From <eos>: A=1 (0.6) or B=2 (0.4); after A four tokens tie at 0.25, after B one has
     0.9; then <eos>. Greedy takes A (0.6 * 0.25 = 0.15); the best sequence is B C (0.36)."""
@@ -290,14 +300,75 @@ def test_decoders_crop_context_to_max_positions():
     assert beam_search(model, prompt, 8, num_beams=3) == expected
 
 
-def test_decode_continuation_uses_the_models_generate():
-    class WithGenerate(Bigram):
-        def generate(self, prompt, max_new_tokens, *, strategy, num_beams, eos_token_id):
-            self.call = (strategy, num_beams, eos_token_id)
-            return torch.cat([prompt, torch.tensor([[7, 8, EOS, 9]])], dim=1)
+class CachedBigram(Bigram):
+    """A bigram model that also offers the incremental step (a cache of nothing but a count)."""
 
-    model = WithGenerate(_myopic())
-    new = decode_continuation(model, torch.tensor([[EOS, 1]]), 10, "beam", 3, eos_id=EOS)
-    assert new == [7, 8] and model.call == ("beam", 3, EOS)
-    with pytest.raises(ValueError, match="valid: greedy, beam"):
-        decode_continuation(model, torch.tensor([[EOS]]), 3, strategy="sample")
+    class Cache:  # a bigram needs no past; the cache only has to follow the beams
+        def reorder(self, index: torch.Tensor) -> None:
+            assert index.dim() == 1
+
+    def init_cache(self) -> Cache:
+        return self.Cache()
+
+    def next_token_logits(self, tokens: torch.Tensor, cache: Cache) -> torch.Tensor:
+        self.steps.append(tuple(tokens.shape))
+        return self.log_p[tokens[:, -1]]
+
+
+def test_decode_continuation_uses_the_cached_step_and_matches_recomputation():
+    probs = torch.full((11, 11), 0.01)
+    probs[torch.arange(11), (torch.arange(11) % 9) + 1] = 1.0
+    model, prompt = CachedBigram(probs, max_positions=6), torch.tensor([[EOS, 1, 2]])
+    for strategy in ("greedy", "beam"):
+        model.steps = []
+        cached = decode_continuation(model, prompt, 6, strategy, 3)
+        # the prompt once, then one new token per step until the window (6) is full, then
+        # the cropped window is recomputed every step
+        rows = 3 if strategy == "beam" else 1
+        assert model.steps[:4] == [(rows, 3)] + [(rows, 1)] * 3
+        assert all(shape[1] == 6 for shape in model.steps[4:])
+        assert cached == decode_continuation(model, prompt, 6, strategy, 3, use_cache=False)
+        assert cached == [3, 4, 5, 6, 7, 8]
+    with pytest.raises(ValueError, match="valid: greedy, sample, beam"):
+        decode_continuation(model, torch.tensor([[EOS]]), 3, strategy="nucleus")
+    with pytest.raises(DecodingError, match=r"\[1, P\]"):
+        decode_continuation(model, torch.tensor([[EOS], [EOS]]), 3)
+
+
+def _length_trap() -> torch.Tensor:
+    """From <eos>: A=1 (0.55) then <eos>; or B=2 (0.45), C=3 (0.95), then <eos>. By total
+    log-probability A wins (0.55 > 0.4275); per token B C wins (log 0.4275 / 3 > log 0.55 / 2)."""
+    probs = torch.zeros(7, 7)
+    probs[EOS, 1], probs[EOS, 2] = 0.55, 0.45
+    probs[1, EOS] = 1.0
+    probs[2, 3], probs[2, 4] = 0.95, 0.05
+    probs[3:7, EOS] = 1.0
+    return probs
+
+
+def test_beam_ranking_rule_is_length_normalised_by_default():
+    model, prompt = Bigram(_length_trap()), torch.tensor([[EOS]])
+    assert math.log(0.55) > math.log(0.45 * 0.95)
+    assert math.log(0.45 * 0.95) / 3 > math.log(0.55) / 2
+    assert beam_search(model, prompt, 5, num_beams=2, eos_id=EOS) == [2, 3]
+    assert beam_search(model, prompt, 5, num_beams=2, eos_id=EOS, length_penalty=0) == [1]
+    out = generate(model, prompt.expand(2, 1), 5, strategy="beam", num_beams=2, eos_id=EOS)
+    assert out.tolist() == [[EOS, 2, 3, EOS]] * 2
+
+
+def test_continuation_bleu_crops_prompts_to_an_ode_transformers_context():
+    from ode_transformer import ODETransformerConfig, ODETransformerLM
+
+    config = ODETransformerConfig(
+        vocab_size=len(WORDS), d_model=16, n_heads=2, d_ff=32, n_layers=1, max_positions=6
+    )
+    model = ODETransformerLM(config).eval()
+    sentence = [1, 5, 3, 4, 5, 6, 8, 9, 2, 7, EOS]  # prompt [eos] + 7 words: past the context
+    prompt = torch.tensor([[EOS, *sentence[:7]]])
+    for strategy in ("greedy", "beam"):
+        new = decode_continuation(model, prompt, 5, strategy, 2)
+        assert len(new) == 5 and new == decode_continuation(
+            model, prompt, 5, strategy, 2, use_cache=False
+        )
+        args = (model, [sentence], WORDS.__getitem__, EOS, 7, strategy, 2)
+        assert 0.0 <= continuation_bleu(*args) <= 1.0

@@ -119,10 +119,10 @@ def test_eos_stops_and_pads() -> None:
     free = model.generate(prompt, 8)
     eos = int(free[0, 5])  # the third generated token
     first = int((free[0, 3:] == eos).nonzero()[0])
-    stopped = model.generate(prompt, 8, eos_token_id=eos)
+    stopped = model.generate(prompt, 8, eos_id=eos)
     assert torch.equal(stopped, free[:, : 3 + first + 1])
     two = torch.cat([prompt, torch.randint(0, model.vocab_size, (1, 3))])
-    out = model.generate(two, 8, eos_token_id=eos)
+    out = model.generate(two, 8, eos_id=eos)
     for row in out:
         hits = (row[3:] == eos).nonzero()
         if len(hits):
@@ -155,11 +155,40 @@ def test_sampling_filters_and_limits() -> None:
     assert abs(draws[:, 1].float().mean().item() - p1) < 4 * (p1 * (1 - p1) / 4000) ** 0.5
 
 
+@pytest.mark.parametrize("strategy", ["greedy", "beam"])
+def test_generation_past_max_positions_crops_the_context(strategy: str) -> None:
+    """A prompt longer than the context, and a continuation that runs past it: the cached
+    step recomputes the cropped window once the sequence no longer fits, exactly as the
+    uncached path does, so both give the same tokens."""
+    model = make_model(block="rk2", max_positions=10).eval()
+    prompt = torch.randint(0, model.vocab_size, (2, 13))
+    kwargs = {"strategy": strategy, "num_beams": 2}
+    cached = model.generate(prompt, 6, **kwargs)
+    assert cached.shape == (2, 19) and torch.equal(cached[:, :13], prompt)
+    assert torch.equal(cached, model.generate(prompt, 6, use_cache=False, **kwargs))
+    if strategy == "greedy":  # each token is the argmax after the last 10 tokens
+        with torch.no_grad():
+            for t in range(13, 19):
+                logits, _ = model(cached[:, t - 10 : t])
+                assert torch.equal(cached[:, t], logits[:, -1].argmax(-1))
+
+
+def test_sampling_is_reproducible_with_a_seeded_generator() -> None:
+    model = make_model(block="rk2")
+    prompt = torch.randint(0, model.vocab_size, (2, 3))
+
+    def draw(seed: int) -> torch.Tensor:
+        options = {"temperature": 1.5, "top_p": 0.95, "generator": torch.Generator()}
+        options["generator"].manual_seed(seed)
+        return model.generate(prompt, 10, strategy="sample", **options)
+
+    assert torch.equal(draw(3), draw(3))
+    assert not torch.equal(draw(3), draw(4))
+
+
 def test_generate_errors() -> None:
     model = make_model(block="rk2")
     prompt = torch.zeros(1, 30, dtype=torch.long)
-    with pytest.raises(ValueError, match="max_positions=40"):
-        model.generate(prompt, 11)
     with pytest.raises(ValueError, match="beam"):
         model.generate(prompt, 2, strategy="nucleus")
     with pytest.raises(ValueError, match="temperature"):
