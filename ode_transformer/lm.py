@@ -51,7 +51,7 @@ class ODETransformerLM(Backbone):
         self, tokens: torch.Tensor, cache: KVCache | None = None
     ) -> tuple[torch.Tensor, dict]:
         """Logits ``[B, T, V]`` where ``logits[:, t]`` predicts ``tokens[:, t + 1]`` (``cache``:
-        see :meth:`hidden_states`); ``aux["nfe"]`` counts sub-layer evaluations per position."""
+        see :meth:`hidden_states`); ``aux["nfe"]`` counts evaluations of ``F`` (DESIGN.md's definition)."""
         return self.head(self.hidden_states(tokens, cache)), {"nfe": self.stack.nfe}
 
     def init_cache(self) -> KVCache:

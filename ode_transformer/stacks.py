@@ -74,8 +74,9 @@ class RKLayer(nn.Module):
 
     @property
     def nfe(self) -> int:
-        """Sub-layer function evaluations per call."""
-        return sum(block.stages for block in self.blocks)
+        """Evaluations of ``F`` per call (the library's definition, in DESIGN.md): the stages of
+        the RK block; in the sub-layer ablations the other sub-layer runs once alongside."""
+        return max(block.stages for block in self.blocks)
 
     def increment(
         self,
@@ -100,7 +101,8 @@ class MacaronLayer(nn.Module):
     ``y_next = y2 + FFN_b(y2)/2``; each FFN has inner width ``d_ff / 2`` so the weight
     matrices match a standard layer's."""
 
-    nfe = 3
+    nfe = 1
+    """One sweep of attention and FFN (the two half-width FFNs make one): one evaluation."""
 
     def __init__(
         self,
@@ -148,7 +150,7 @@ class LayerStack(nn.Module):
 
     @property
     def nfe(self) -> int:
-        """Sub-layer function evaluations per forward pass."""
+        """Evaluations of ``F`` (one pre-norm attention + FFN layer function) per forward pass."""
         return sum(layer.nfe for layer in self.layers)
 
     def forward(

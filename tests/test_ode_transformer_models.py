@@ -150,6 +150,24 @@ def test_block_modules_and_aux() -> None:
     assert sum(p.numel() for p in untied_model.parameters()) == tied + VOCAB * D
 
 
+@pytest.mark.parametrize(
+    ("overrides", "per_layer"),
+    [
+        ({}, 1),  # residual: one evaluation of F = attention + FFN per layer
+        ({"block": "rk2"}, 2),
+        ({"block": "rk4"}, 4),
+        ({"block": "rk3", "stack": "dlcl"}, 3),
+        ({"stack": "macaron"}, 1),  # FFN/2, attention, FFN/2: one sweep, one evaluation
+        ({"block": "rk4", "sublayer": "attention"}, 4),  # RK stages of the integrated sub-layer
+        ({"block": "rk2", "sublayer": "ffn"}, 2),
+        ({"stack": "polynet"}, 2),  # F_t applied twice
+    ],
+)
+def test_nfe_counts_evaluations_of_the_layer_function(overrides: dict, per_layer: int) -> None:
+    model = ODETransformerLM(tiny_config(**overrides))
+    assert model(torch.zeros(1, 3, dtype=torch.long))[1]["nfe"] == 3 * per_layer
+
+
 def test_encoder_is_bidirectional_and_ignores_padding() -> None:
     torch.manual_seed(2)
     encoder = ODETransformerEncoder(tiny_config(block="rk2", max_positions=16)).eval()
