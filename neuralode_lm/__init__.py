@@ -6,8 +6,8 @@ ODE head and the NODE-LM report's reconstruction decoder, encoders, and the mode
 """
 
 from .encoders import GPT2Encoder, LSTMEncoder
-from .fields import AutonomousField, MLPField, TimeConcatField, as_field
-from .heads import CausalODEHead, ReconstructionODEDecoder, RegularizedField, make_field
+from .fields import FIELDS, AutonomousField, MLPField, TimeConcatField, as_field, make_field
+from .heads import CausalODEHead, ReconstructionODEDecoder, RegularizedField
 from .models import (
     GPT2LM,
     LSTMLM,
@@ -21,6 +21,7 @@ from .solvers import (
     MaxStepsExceeded,
     NonFiniteStateError,
     SolverConfig,
+    SolverConfigError,
     SolverError,
     SolverStats,
     StepSizeUnderflowError,
@@ -28,6 +29,7 @@ from .solvers import (
 )
 
 __all__ = [
+    "FIELDS",
     "GPT2LM",
     "LSTMLM",
     "MODELS",
@@ -44,6 +46,7 @@ __all__ = [
     "ReconstructionODEDecoder",
     "RegularizedField",
     "SolverConfig",
+    "SolverConfigError",
     "SolverError",
     "SolverStats",
     "StepSizeUnderflowError",

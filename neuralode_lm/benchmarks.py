@@ -6,13 +6,16 @@
   adjoint against direct backpropagation;
 * ``solver-overhead``: the facade against calling each backend directly.
 
-Each runs in about a minute on a 2-core CPU; repeats are interleaved and medians reported
-because the machine is shared. Iteration counts are in the records.
+Each is sized to run in about a minute on a small CPU; the callers compared are timed in
+alternating order and medians reported, so neither side gains from warm caches or from
+a busy machine. Iteration counts are in the records.
 """
 
 from __future__ import annotations
 
+import json
 import statistics
+import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
@@ -31,6 +34,17 @@ def _timed(fn: Callable[[], Any]) -> float:
     start = time.perf_counter()
     fn()
     return time.perf_counter() - start
+
+
+def _alternating(callers: dict[Any, Callable[[], Any]], repeats: int) -> dict[Any, list[float]]:
+    """Seconds of each caller per repeat, the callers' order reversed on every other repeat
+    so that none is always first (warm caches) or always last."""
+    times: dict[Any, list[float]] = {key: [] for key in callers}
+    order = list(callers)
+    for repeat in range(repeats):
+        for key in order if repeat % 2 == 0 else reversed(order):
+            times[key].append(_timed(callers[key]))
+    return times
 
 
 # ----------------------------------------------------------------------------- ode-batching
@@ -106,15 +120,16 @@ def ode_batching() -> list[dict[str, Any]]:
     for impl in (library, plain):  # warm-up
         for b in (32, 1):
             step(impl, batches[b])
-    rates: dict[tuple[str, int], list[float]] = {}
-    for _ in range(repeats):
-        for name, impl in (("library", library), ("plain", plain)):
-            for b in (32, 1):
-                elapsed = _timed(
-                    lambda impl=impl, b=b: [step(impl, batches[b]) for _ in range(steps[b])]
-                )
-                rates.setdefault((name, b), []).append(steps[b] * b * length / elapsed)
-    tps = {key: statistics.median(values) for key, values in rates.items()}
+    callers = {
+        (name, b): lambda impl=impl, b=b: [step(impl, batches[b]) for _ in range(steps[b])]
+        for name, impl in (("library", library), ("plain", plain))
+        for b in (32, 1)
+    }
+    times = _alternating(callers, repeats)
+    tps = {
+        (name, b): steps[b] * b * length / statistics.median(seconds)
+        for (name, b), seconds in times.items()
+    }
     lib_ratio = tps["library", 32] / tps["library", 1]
     plain_ratio = tps["plain", 32] / tps["plain", 1]
     print(
@@ -132,9 +147,7 @@ def ode_batching() -> list[dict[str, Any]]:
         "nfe_b32": statistics.median(nfe[32]),
         "nfe_b1": statistics.median(nfe[1]),
         "iterations": f"{repeats} interleaved repeats of {steps[32]} steps at batch 32 and "
-        f"{steps[1]} at batch 1, medians (scaled down to fit ~60 s on 2 cores)",
-        "issue_reference": "plain PyTorch + torchdiffeq on a 2-core CPU: 326 vs 1,447 "
-        "tokens/s (4.4x)",
+        f"{steps[1]} at batch 1, library and plain in alternating order, medians",
     }
     return [
         {
@@ -162,23 +175,30 @@ def ode_batching() -> list[dict[str, Any]]:
 
 
 def _peak_bytes(fn: Callable[[], Any]) -> int:
-    """Peak CPU bytes allocated by ``fn`` above what was live when it started.
+    """Peak CPU bytes allocated (all live tensors) while ``fn`` runs.
 
-    Uses the allocation events of the PyTorch profiler (``total_allocated`` after each
-    allocation and free), which see every tensor allocation, unlike the process RSS.
+    Reads the memory events of the PyTorch profiler from its Chrome trace export
+    (``Total Allocated`` after each allocation and free), which see every tensor
+    allocation, unlike the process RSS.
     """
-    from torch._C._profiler import _EventType
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         fn()
-    peak, stack = 0, list(prof.profiler.kineto_results.experimental_event_tree())
-    while stack:
-        node = stack.pop()
-        stack.extend(node.children)
-        if node.tag == _EventType.Allocation and node.extra_fields.device.type == "cpu":
-            peak = max(peak, node.extra_fields.total_allocated)
-    return peak
+    with tempfile.TemporaryDirectory() as folder:
+        path = f"{folder}/trace.json"
+        prof.export_chrome_trace(path)
+        with open(path, encoding="utf-8") as handle:
+            events = json.load(handle)["traceEvents"]
+    cpu = 0  # the trace's device type of the CPU
+    return max(
+        (
+            event["args"]["Total Allocated"]
+            for event in events
+            if event.get("name") == "[memory]" and event["args"].get("Device Type") == cpu
+        ),
+        default=0,
+    )
 
 
 def adjoint_memory() -> list[dict[str, Any]]:
@@ -259,7 +279,9 @@ def _direct_callers(
 
         term = torchode.ODETerm(field)
         solver = torchode.AutoDiffAdjoint(
-            torchode.Dopri5(term=term), torchode.IntegralController(atol=atol, rtol=rtol, term=term)
+            torchode.Dopri5(term=term),
+            torchode.IntegralController(atol=atol, rtol=rtol, term=term),
+            backprop_through_step_size_control=False,  # as the facade calls it
         )
         problem = torchode.InitialValueProblem(y0=y0, t_eval=t.expand(y0.shape[0], -1).contiguous())
         return solver.solve(problem).ys[:, -1]
@@ -275,10 +297,10 @@ def solver_overhead() -> list[dict[str, Any]]:
     """Facade time over direct backend time (forward + backward), per backend.
 
     2,048 states of width 256, the report's MLP field with 64 hidden units (kept narrow so
-    that three backends x two callers x three repeats fit a minute on 2 cores; a cheaper
-    field also makes any fixed per-call overhead of the facade weigh more), dopri5 at the
-    facade's default rtol 1e-3 / atol 1e-4, float32, direct backpropagation. Also lists
-    the backends side by side (time and forward/backward NFE) and the adjoint's cost.
+    that the run stays short; a cheaper field also makes any fixed per-call overhead of the
+    facade weigh more), dopri5 at the facade's default rtol 1e-3 / atol 1e-4, float32,
+    direct backpropagation; facade and direct calls alternate in order. Also lists the
+    backends side by side (time and forward/backward NFE) and the adjoint's cost.
     """
     torch.manual_seed(0)
     field = MLPField(256, 64)
@@ -305,16 +327,14 @@ def solver_overhead() -> list[dict[str, Any]]:
         call().square().mean().backward()
 
     repeats = 5
-    times: dict[tuple[str, str], list[float]] = {}
     for backend, call in _direct_callers(field, y0[:64], t, rtol, atol).items():
         fwd_bwd(through_facade(backend, states0=y0[:64]))  # warm-up: imports, first calls
         fwd_bwd(call)
-    for _ in range(repeats):
-        for backend, call in direct.items():
-            times.setdefault((backend, "facade"), []).append(
-                _timed(lambda b=backend: fwd_bwd(through_facade(b)))
-            )
-            times.setdefault((backend, "direct"), []).append(_timed(lambda c=call: fwd_bwd(c)))
+    callers: dict[tuple[str, str], Callable[[], None]] = {}
+    for backend, call in direct.items():
+        callers[backend, "facade"] = lambda b=backend: fwd_bwd(through_facade(b))
+        callers[backend, "direct"] = lambda c=call: fwd_bwd(c)
+    times = _alternating(callers, repeats)
     adjoint_time = {
         backend: _timed(lambda b=backend: fwd_bwd(through_facade(b, adjoint=True)))
         for backend in ("torchdiffeq", "torchdyn")
@@ -338,7 +358,8 @@ def solver_overhead() -> list[dict[str, Any]]:
             "direct_s": median[backend, "direct"],
             "nfe_forward": stats.nfe_forward,
             "nfe_backward": stats.nfe_backward,
-            "iterations": f"{repeats} interleaved forward+backward repeats, medians",
+            "iterations": f"{repeats} forward+backward repeats, facade and direct in "
+            "alternating order, medians",
         }
         line = (
             f"solver-overhead  {backend:11s}  {record['facade_s']:8.3f}  {record['direct_s']:8.3f}"

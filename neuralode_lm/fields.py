@@ -3,6 +3,8 @@
 Every field is an ``nn.Module`` called as ``field(s, z)`` with ``z`` of shape ``[..., D]``
 and ``s`` a scalar tensor (torchdiffeq, TorchDyn) or a tensor of shape ``z.shape[:-1]``
 (torchode, one time per row). :func:`as_field` turns any user module into such a field.
+The built-in fields are registered by name in :data:`FIELDS` (a new field: a class here and
+its entry there).
 """
 
 from __future__ import annotations
@@ -12,7 +14,14 @@ import inspect
 import torch
 from torch import nn
 
-__all__ = ["AutonomousField", "MLPField", "TimeConcatField", "as_field"]
+__all__ = [
+    "FIELDS",
+    "AutonomousField",
+    "MLPField",
+    "TimeConcatField",
+    "as_field",
+    "make_field",
+]
 
 
 class MLPField(nn.Module):
@@ -102,3 +111,14 @@ def as_field(module: nn.Module) -> nn.Module:
         f"{type(module).__name__}.forward takes {arity} required arguments; a vector field "
         "takes (s, z) or just (z)"
     )
+
+
+# The built-in fields by name: each class takes ``(dim, hidden)``.
+FIELDS: dict[str, type[nn.Module]] = {"mlp": MLPField, "time-concat": TimeConcatField}
+
+
+def make_field(kind: str, dim: int, hidden: int | None = None) -> nn.Module:
+    """A built-in field by name: ``"mlp"`` (the report's) or ``"time-concat"`` (NODE-t)."""
+    if kind not in FIELDS:
+        raise ValueError(f"unknown field type {kind!r}; valid: {', '.join(FIELDS)}")
+    return FIELDS[kind](dim, hidden)

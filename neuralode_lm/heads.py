@@ -22,22 +22,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from .fields import MLPField, TimeConcatField, as_field
-from .solvers import SolverConfig, SolverStats
+from .fields import as_field, make_field
+from .solvers import SolverConfig, SolverStats, solve
 
-__all__ = ["CausalODEHead", "ReconstructionODEDecoder", "RegularizedField", "make_field"]
+__all__ = ["CausalODEHead", "ReconstructionODEDecoder", "RegularizedField"]
 
-FIELD_TYPES = ("mlp", "time-concat")
 AUGMENT_INITS = ("zeros", "first")
-
-
-def make_field(kind: str, dim: int, hidden: int | None = None) -> nn.Module:
-    """A built-in field by name: ``"mlp"`` (the report's) or ``"time-concat"`` (NODE-t)."""
-    if kind == "mlp":
-        return MLPField(dim, hidden)
-    if kind == "time-concat":
-        return TimeConcatField(dim, hidden)
-    raise ValueError(f"unknown field type {kind!r}; valid: {', '.join(FIELD_TYPES)}")
 
 
 class RegularizedField(nn.Module):
@@ -158,13 +148,13 @@ class _ODEHead(nn.Module):
         """Solve from ``z0`` ``[N, width]``; states ``[len(times), N, width]`` and the reg."""
         kinetic, jacobian = self.kinetic_weight > 0, self.jacobian_weight > 0
         if not (self.training and (kinetic or jacobian)):
-            states, stats = self.solver.solve(self.field, z0, times)
+            states, stats = solve(self.field, z0, times, self.solver)
             self.last_stats = stats
             return states, None
         regularized = RegularizedField(self.field, self.width, kinetic=kinetic, jacobian=jacobian)
         regularized.noise = torch.randn_like(z0) if jacobian else None
         x0 = torch.cat([z0, z0.new_zeros(z0.shape[0], regularized.extra)], dim=-1)
-        states, stats = self.solver.solve(regularized, x0, times)
+        states, stats = solve(regularized, x0, times, self.solver)
         self.last_stats = stats
         totals = states[-1, :, self.width :].mean(0)
         weights = [w for w in (self.kinetic_weight, self.jacobian_weight) if w > 0]

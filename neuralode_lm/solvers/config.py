@@ -1,0 +1,206 @@
+"""The solver options, spelled once in :class:`SolverConfig` and validated on construction.
+
+Also the facade's two rules that hold for every backend: the default step cap
+(:data:`DEFAULT_MAX_NUM_STEPS`) and the fixed-grid readout rule (:func:`fixed_grid`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .errors import SolverConfigError, UnknownSolverOptionError
+
+__all__ = [
+    "ADAPTIVE_METHODS",
+    "ADJOINT_KINDS",
+    "BACKEND_METHODS",
+    "DEFAULT_MAX_NUM_STEPS",
+    "FIXED_METHODS",
+    "SolverConfig",
+    "fixed_grid",
+]
+
+FIXED_METHODS = frozenset({"euler", "midpoint", "rk4"})
+ADAPTIVE_METHODS = frozenset({"dopri5", "dopri8", "bosh3", "adaptive_heun", "fehlberg2", "tsit5"})
+
+# The facade's method names each backend offers (adapters translate the few that differ).
+BACKEND_METHODS: dict[str, frozenset[str]] = {
+    "torchdiffeq": frozenset(
+        {"dopri5", "dopri8", "bosh3", "adaptive_heun", "fehlberg2", "euler", "midpoint", "rk4"}
+    ),
+    "torchdyn": frozenset({"dopri5", "tsit5", "euler", "midpoint", "rk4"}),
+    "torchode": frozenset({"dopri5", "tsit5", "adaptive_heun", "euler"}),
+}
+
+ADJOINT_KINDS = ("direct", "backsolve", "interpolated")
+
+# A healthy solve of a trained NODE-LM head takes tens of steps; a stiff or diverging field
+# can take millions. The cap turns such a solve into a MaxStepsExceeded error in seconds.
+DEFAULT_MAX_NUM_STEPS = 1000
+
+
+@dataclass(frozen=True)
+class SolverConfig:
+    """How to solve: method, tolerances, gradients, backend and limits.
+
+    Attributes:
+        method: dopri5, dopri8, bosh3, adaptive_heun, fehlberg2, tsit5 (adaptive) or
+            euler, midpoint, rk4 (fixed grid, need ``step_size``); backends offer subsets
+            (:data:`BACKEND_METHODS`).
+        rtol, atol: tolerances of adaptive methods (positive).
+        adjoint: False for direct backpropagation, True (or "backsolve") for the adjoint
+            method, "interpolated" for TorchDyn's interpolated adjoint.
+        backend: "torchdiffeq" (default), "torchdyn" or "torchode". torchode controls the
+            step size of every row of ``y0.reshape(-1, D)`` separately and calls the field
+            with ``s`` of shape ``y0.shape[:-1]``; the others share one step size and a
+            scalar ``s``.
+        step_size: the longest step of fixed-grid methods; see :func:`fixed_grid`.
+        max_num_steps: the most steps (accepted and rejected) one solve may take, default
+            :data:`DEFAULT_MAX_NUM_STEPS`; beyond it :class:`MaxStepsExceeded` is raised with
+            the NFE and last step size. ``None`` removes the cap.
+        adjoint_method, adjoint_rtol, adjoint_atol: options of the backward solve
+            (default: those of the forward solve).
+    """
+
+    method: str = "dopri5"
+    rtol: float = 1e-3
+    atol: float = 1e-4
+    adjoint: bool | str = False
+    backend: str = "torchdiffeq"
+    step_size: float | None = None
+    max_num_steps: int | None = DEFAULT_MAX_NUM_STEPS
+    adjoint_method: str | None = None
+    adjoint_rtol: float | None = None
+    adjoint_atol: float | None = None
+
+    def __post_init__(self) -> None:
+        _validate(self)
+
+    @classmethod
+    def coerce(
+        cls, value: SolverConfig | dict[str, Any] | None = None, **options: Any
+    ) -> SolverConfig:
+        """A config from ``None`` (defaults), a dict of options or a config, with
+        ``options`` overriding single fields."""
+        if value is None:
+            value = {}
+        elif isinstance(value, cls):
+            value = {field.name: getattr(value, field.name) for field in dataclasses.fields(cls)}
+        elif not isinstance(value, dict):
+            raise TypeError(
+                f"solver must be a SolverConfig, a dict or None, got {type(value).__name__}"
+            )
+        merged = {**value, **options}
+        unknown = set(merged) - {field.name for field in dataclasses.fields(cls)}
+        if unknown:
+            raise UnknownSolverOptionError(
+                f"unknown solver option(s) {sorted(unknown)}; valid: "
+                f"{', '.join(field.name for field in dataclasses.fields(cls))}"
+            )
+        return cls(**merged)
+
+    @property
+    def adjoint_kind(self) -> str:
+        """``"direct"``, ``"backsolve"`` or ``"interpolated"``."""
+        return _adjoint_kind(self.adjoint)
+
+    @property
+    def fixed(self) -> bool:
+        """Whether the method steps on a fixed grid (``step_size``) rather than adaptively."""
+        return self.method in FIXED_METHODS
+
+
+def fixed_grid(t: torch.Tensor, step_size: float) -> torch.Tensor:
+    """The grid of fixed-grid methods, the same for every backend.
+
+    Each interval ``[t_i, t_{i+1}]`` between consecutive requested times is split into the
+    fewest equal steps no longer than ``step_size``, so every requested time is a grid point
+    and no backend interpolates a readout.
+    """
+    pieces = [t[:1]]
+    for start, end in itertools.pairwise(t):
+        steps = max(1, math.ceil(float(end - start) / step_size * (1 - 1e-12)))
+        piece = torch.linspace(float(start), float(end), steps + 1, dtype=t.dtype, device=t.device)
+        piece[-1] = end
+        pieces.append(piece[1:])
+    return torch.cat(pieces)
+
+
+def _adjoint_kind(adjoint: bool | str) -> str:
+    if adjoint is False:
+        return "direct"
+    if adjoint is True:
+        return "backsolve"
+    if isinstance(adjoint, str) and adjoint in ADJOINT_KINDS:
+        return adjoint
+    raise SolverConfigError(
+        f"adjoint must be False, True or one of {', '.join(map(repr, ADJOINT_KINDS))}, "
+        f"got {adjoint!r}"
+    )
+
+
+def _check_method(backend: str, method: str, what: str = "method") -> None:
+    known = FIXED_METHODS | ADAPTIVE_METHODS
+    if method not in known:
+        raise SolverConfigError(f"unknown {what} {method!r}; valid: {', '.join(sorted(known))}")
+    if method not in BACKEND_METHODS[backend]:
+        offering = [name for name, methods in BACKEND_METHODS.items() if method in methods]
+        raise SolverConfigError(
+            f"backend {backend!r} has no {what} {method!r}; it offers "
+            f"{', '.join(sorted(BACKEND_METHODS[backend]))}; backends with {method!r}: "
+            f"{', '.join(offering)}"
+        )
+
+
+def _validate(cfg: SolverConfig) -> None:
+    if cfg.backend not in BACKEND_METHODS:
+        raise SolverConfigError(
+            f"unknown backend {cfg.backend!r}; valid: {', '.join(sorted(BACKEND_METHODS))}"
+        )
+    _check_method(cfg.backend, cfg.method)
+    for name in ("rtol", "atol", "adjoint_rtol", "adjoint_atol"):
+        value = getattr(cfg, name)
+        if value is not None and not (isinstance(value, (int, float)) and value > 0):
+            raise SolverConfigError(f"{name} must be a positive number, got {value!r}")
+    if cfg.fixed:
+        if cfg.step_size is None:
+            raise SolverConfigError(
+                f"fixed-grid method {cfg.method!r} needs step_size (e.g. step_size=0.25); "
+                f"or pick an adaptive method: {', '.join(sorted(ADAPTIVE_METHODS))}"
+            )
+        if not cfg.step_size > 0:
+            raise SolverConfigError(f"step_size must be positive, got {cfg.step_size!r}")
+    elif cfg.step_size is not None:
+        raise SolverConfigError(
+            f"step_size applies to fixed-grid methods ({', '.join(sorted(FIXED_METHODS))}), "
+            f"not to the adaptive {cfg.method!r}; use rtol/atol"
+        )
+    steps = cfg.max_num_steps
+    if steps is not None and not (isinstance(steps, int) and not isinstance(steps, bool)):
+        raise SolverConfigError(f"max_num_steps must be a positive int or None, got {steps!r}")
+    if steps is not None and steps <= 0:
+        raise SolverConfigError(f"max_num_steps must be a positive int or None, got {steps!r}")
+    kind = _adjoint_kind(cfg.adjoint)
+    if cfg.adjoint_method is not None:
+        _check_method(cfg.backend, cfg.adjoint_method, "adjoint_method")
+        if cfg.backend != "torchdiffeq" and cfg.adjoint_method != cfg.method:
+            raise SolverConfigError(
+                f"backend {cfg.backend!r} solves the adjoint with the forward method; "
+                "adjoint_method may differ from method only with backend='torchdiffeq'"
+            )
+        if cfg.adjoint_method in FIXED_METHODS and not cfg.fixed:
+            raise SolverConfigError(
+                "a fixed-grid adjoint_method needs a fixed-grid method (step_size)"
+            )
+    if kind != "direct" and cfg.backend == "torchdyn" and cfg.fixed:
+        raise SolverConfigError("TorchDyn's adjoints need an adaptive method (e.g. dopri5) here")
+    if kind == "interpolated" and cfg.backend != "torchdyn":
+        raise SolverConfigError(
+            "the interpolated adjoint is TorchDyn's; use backend='torchdyn' or adjoint=True"
+        )

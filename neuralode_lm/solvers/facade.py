@@ -1,0 +1,111 @@
+"""``solve``: check the inputs, watch the solve, hand it to the chosen backend's adapter."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from .config import SolverConfig, fixed_grid
+from .errors import MaxStepsExceeded, NonFiniteStateError, SolverConfigError
+from .monitor import MonitoredField, SolverStats, StepMonitor
+
+__all__ = ["solve"]
+
+_INSTALL_HINT = {
+    "torchdiffeq": "pip install torchdiffeq",
+    "torchdyn": "pip install --no-deps torchdyn && pip install torchsde torchcde attrs "
+    "(or `pip install odelm[torchdyn]` plus `--no-deps torchdyn`)",
+    "torchode": "pip install torchode (or `pip install odelm[torchode]`)",
+}
+
+
+def solve(
+    field: Callable[..., torch.Tensor],
+    y0: torch.Tensor,
+    t: torch.Tensor | Sequence[float] | float,
+    config: SolverConfig | dict[str, Any] | None = None,
+    **options: Any,
+) -> tuple[torch.Tensor, SolverStats]:
+    """Integrate ``dz/ds = field(s, z)``, ``z(t[0]) = y0``; return ``(z(t), stats)``.
+
+    Args:
+        field: an ``nn.Module`` (or callable) ``field(s, z) -> dz/ds`` of ``z``'s shape; the
+            adjoint needs an ``nn.Module`` so that it can find the parameters.
+        y0: the initial state, any shape ``[..., D]``.
+        t: strictly increasing times ``[t0, ..., t1]`` (a number ``S`` means ``[0, S]``).
+        config: a :class:`SolverConfig` (or a dict of its options, or None for defaults).
+        options: single :class:`SolverConfig` options (``method``, ``rtol``, ``atol``,
+            ``adjoint``, ``backend``, ``step_size``, ``max_num_steps``, ...) overriding
+            ``config``'s; see :class:`SolverConfig` for their meaning.
+
+    Returns:
+        ``states`` of shape ``[len(t), *y0.shape]`` and the solve's :class:`SolverStats`
+        (``nfe_backward`` is filled in by the backward pass). Fixed-grid methods step onto
+        every time in ``t`` (:func:`~neuralode_lm.solvers.config.fixed_grid`); adaptive
+        methods read out at ``t`` as the backend does (to within the tolerances).
+
+    Raises:
+        SolverConfigError (a ValueError) on bad options, ImportError for a missing optional
+        backend, MaxStepsExceeded, NonFiniteStateError or StepSizeUnderflowError when the
+        solve fails.
+    """
+    cfg = SolverConfig.coerce(config, **options)
+    if not isinstance(y0, torch.Tensor) or not y0.is_floating_point():
+        raise TypeError("y0 must be a floating-point tensor")
+    if y0.dim() == 0 or y0.numel() == 0:
+        raise ValueError(f"y0 must have a feature dimension and elements, got shape {y0.shape}")
+    stats = SolverStats(backend=cfg.backend, method=cfg.method, adjoint=cfg.adjoint_kind)
+    monitor = StepMonitor(stats, cfg.max_num_steps)
+    if not bool(torch.isfinite(y0).all()):
+        raise monitor.fail(NonFiniteStateError, "the initial state y0 has non-finite values")
+    if cfg.adjoint_kind != "direct" and not isinstance(field, nn.Module):
+        raise TypeError("the adjoint needs the field to be an nn.Module (to find its parameters)")
+    times = _as_time(t, y0)
+    if cfg.fixed and cfg.max_num_steps is not None:
+        steps = fixed_grid(times, cfg.step_size).numel() - 1
+        if steps > cfg.max_num_steps:
+            raise monitor.fail(
+                MaxStepsExceeded,
+                f"step_size={cfg.step_size} needs {steps} steps, more than "
+                f"max_num_steps={cfg.max_num_steps}",
+            )
+    adapter = _adapter(cfg.backend)
+    states = adapter.run(MonitoredField(field, monitor, y0.shape), y0, times, cfg, monitor)
+    if not bool(torch.isfinite(states[-1]).all()):
+        raise monitor.fail(NonFiniteStateError, "the final state is non-finite")
+    monitor.enter_backward()
+    return states, stats
+
+
+def _adapter(backend: str) -> Any:
+    """The adapter module of ``backend`` (importing it imports the backend library)."""
+    try:
+        return importlib.import_module(f"{__package__}.{backend}_adapter")
+    except ImportError as error:
+        raise ImportError(
+            f"backend {backend!r} is not installed; install it with: {_INSTALL_HINT[backend]}"
+        ) from error
+
+
+def _as_time(t: torch.Tensor | Sequence[float] | float, y0: torch.Tensor) -> torch.Tensor:
+    if isinstance(t, (int, float)):
+        t = [0.0, float(t)]
+    t = torch.as_tensor(t, dtype=y0.dtype, device=y0.device)
+    if t.dim() != 1 or t.numel() < 2:
+        raise SolverConfigError(
+            f"t must be a 1-D tensor of at least two times [t0, ..., t1], got shape {tuple(t.shape)}"
+        )
+    if not bool(torch.isfinite(t).all()):
+        raise SolverConfigError(f"t must be finite, got {t.tolist()}")
+    if float(t[-1] - t[0]) == 0.0:
+        raise SolverConfigError(
+            f"the integration interval has zero length (t0 = t1 = {float(t[0])}); "
+            "integrate over s in [0, S] with S > 0"
+        )
+    if not bool((t[1:] > t[:-1]).all()):
+        raise SolverConfigError(f"t must be strictly increasing, got {t.tolist()}")
+    return t

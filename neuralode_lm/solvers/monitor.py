@@ -1,0 +1,164 @@
+"""What the facade watches during a solve: evaluations, steps, the step cap, bad values.
+
+Every backend adapter reports to one :class:`StepMonitor` through the same three calls:
+:meth:`~StepMonitor.on_step` before each step, :meth:`~StepMonitor.record_outcome` when
+a step is accepted or rejected (or :meth:`~StepMonitor.set_step_counts` once, where the
+backend counts them), and the :class:`MonitoredField` reports each evaluation.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from .errors import MaxStepsExceeded, NonFiniteStateError, SolverError, StepSizeUnderflowError
+
+__all__ = ["MonitoredField", "SolverStats", "StepMonitor"]
+
+
+@dataclass
+class SolverStats:
+    """Counts for one solve; ``nfe_backward`` keeps growing while the backward pass runs.
+
+    ``nfe_forward`` counts evaluations of the field (each on the whole batch of states)
+    during the solve. ``nfe_backward`` counts field evaluations in the adjoint's backward
+    solve, or, for direct backpropagation, the vector-Jacobian products autograd takes
+    through the field's recorded evaluations. Steps are forward steps (accepted and
+    rejected); with torchode, whose step control is per sample, they are the maximum over
+    samples.
+    """
+
+    backend: str
+    method: str
+    adjoint: str
+    nfe_forward: int = 0
+    nfe_backward: int = 0
+    accepted_steps: int | None = None
+    rejected_steps: int | None = None
+
+
+class StepMonitor:
+    """Counts evaluations and steps of one solve and stops it when it goes wrong."""
+
+    def __init__(self, stats: SolverStats, max_num_steps: int | None) -> None:
+        self.stats = stats
+        self.max_num_steps = max_num_steps
+        self.phase = "forward"
+        self.steps = 0
+        self.last_dt: torch.Tensor | float | None = None
+        self.last_running: torch.Tensor | None = None
+        self.last_output: torch.Tensor | None = None
+
+    def enter_backward(self) -> None:
+        """From now on evaluations and steps belong to the backward pass."""
+        self.phase = "backward"
+        self.steps = 0
+
+    @property
+    def nfe(self) -> int:
+        return self.stats.nfe_forward if self.phase == "forward" else self.stats.nfe_backward
+
+    def on_eval(self, out: torch.Tensor) -> None:
+        """One evaluation of the field (and, under autograd, one VJP later)."""
+        self.last_output = out
+        if self.phase == "forward":
+            self.stats.nfe_forward += 1
+            if torch.is_grad_enabled() and out.requires_grad:
+                out.register_hook(self._count_vjp)
+        else:
+            self.stats.nfe_backward += 1
+
+    def _count_vjp(self, grad: torch.Tensor) -> None:
+        self.stats.nfe_backward += 1
+
+    def note_step_size(self, dt: torch.Tensor, running: torch.Tensor | None = None) -> None:
+        """Remember the step size (per row where ``running`` marks live rows) for errors."""
+        self.last_dt, self.last_running = dt, running
+
+    def on_step(self, t: torch.Tensor, y: Any, dt: torch.Tensor) -> None:
+        """Called before each step (accepted or rejected) with its start time and size."""
+        self.steps += 1
+        self.note_step_size(dt)
+        if self.max_num_steps is not None and self.steps > self.max_num_steps:
+            raise self.fail(MaxStepsExceeded, f"more than max_num_steps={self.max_num_steps} steps")
+        states = y if isinstance(y, (tuple, list)) else (y,)
+        t, dt = t.detach(), dt.detach()
+        dt_ok = bool(torch.isfinite(dt)) and float(dt) != 0.0 and float(t + dt) != float(t)
+        if not dt_ok or not all(bool(torch.isfinite(s).all()) for s in states):
+            raise self.diagnose()
+
+    def record_outcome(self, accepted: bool) -> None:
+        """Count one forward step as accepted or rejected."""
+        if self.phase != "forward":
+            return
+        if self.stats.accepted_steps is None:
+            self.stats.accepted_steps, self.stats.rejected_steps = 0, 0
+        if accepted:
+            self.stats.accepted_steps += 1
+        else:
+            self.stats.rejected_steps += 1
+
+    def set_step_counts(self, accepted: int, rejected: int) -> None:
+        """Set the forward counts at once, where the backend (or the grid) knows them."""
+        self.stats.accepted_steps, self.stats.rejected_steps = accepted, rejected
+
+    def _last_dt(self) -> float | None:
+        dt = self.last_dt
+        if dt is None:
+            return None
+        if isinstance(dt, torch.Tensor):
+            dt = dt.detach().abs()
+            if self.last_running is not None and bool(self.last_running.any()):
+                dt = dt[self.last_running]
+            dt = float(dt.min()) if dt.numel() else None
+        return dt
+
+    def fail(self, kind: type[SolverError], reason: str) -> SolverError:
+        """The error ``kind`` naming the phase, step, NFE, last step size and a remedy."""
+        dt = self._last_dt()
+        return kind(
+            f"{reason} ({self.phase} solve, step {self.steps}, NFE {self.nfe}, "
+            f"last step size {dt if dt is None else f'{dt:.3g}'}); {kind.advice}",
+            nfe=self.nfe,
+            steps=self.steps,
+            last_step_size=dt,
+            phase=self.phase,
+        )
+
+    def diagnose(self) -> SolverError:
+        """The error that explains a bad step: non-finite values or a vanishing step."""
+        out = self.last_output
+        if out is not None and not bool(torch.isfinite(out).all()):
+            return self.fail(NonFiniteStateError, "the vector field returned non-finite values")
+        dt = self.last_dt
+        if dt is not None and not bool(torch.isfinite(torch.as_tensor(dt)).all()):
+            return self.fail(NonFiniteStateError, "the step size became non-finite")
+        return self.fail(StepSizeUnderflowError, "the step size underflowed to zero")
+
+
+class MonitoredField(nn.Module):
+    """Calls the user's field with the user's state shape and reports each evaluation."""
+
+    def __init__(
+        self, field: Callable[..., torch.Tensor], monitor: StepMonitor, shape: torch.Size
+    ) -> None:
+        super().__init__()
+        self.field = field
+        self.monitor = monitor
+        self.shape = shape
+
+    def forward(self, t: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        # torchode flattens the state to [rows, features] with one time per row; restore the
+        # caller's shape so the field sees what it would see with the other backends.
+        flat = x.shape != self.shape and x.dim() == 2 and x.numel() == math.prod(self.shape)
+        if flat:
+            out = self.field(t.reshape(self.shape[:-1]), x.reshape(self.shape)).reshape(x.shape)
+        else:
+            out = self.field(t, x)
+        self.monitor.on_eval(out)
+        return out

@@ -1,0 +1,90 @@
+"""TorchDyn behind the facade: ``odeint`` and ``ODEProblem`` with a step-reporting solver."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+from torchdyn.core import ODEProblem
+from torchdyn.numerics import odeint
+from torchdyn.numerics.solvers.ode import str_to_solver
+
+from .config import fixed_grid
+from .monitor import MonitoredField, StepMonitor
+
+if TYPE_CHECKING:
+    from .config import SolverConfig
+
+
+class _ReportingSolver:
+    """A TorchDyn solver whose ``step`` reports to the monitor first.
+
+    TorchDyn reports no step outcome: a step was accepted when the next one starts later.
+    """
+
+    def __init__(self, solver: nn.Module, monitor: StepMonitor) -> None:
+        self._solver = solver
+        self._monitor = monitor
+        self._previous_t: torch.Tensor | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._solver, name)
+
+    def step(self, f: Callable, x: torch.Tensor, t: torch.Tensor, dt: torch.Tensor, **kw: Any):
+        if self._monitor.phase != "forward":
+            self._previous_t = None
+        elif self._previous_t is not None:
+            self._monitor.record_outcome(bool(t != self._previous_t))
+        self._previous_t = t
+        self._monitor.on_step(t, x, dt)
+        return self._solver.step(f, x, t, dt, **kw)
+
+
+def run(
+    field: MonitoredField,
+    y0: torch.Tensor,
+    t: torch.Tensor,
+    cfg: SolverConfig,
+    monitor: StepMonitor,
+) -> torch.Tensor:
+    """States at ``t``; steps, outcomes and evaluations reported to ``monitor``."""
+    solver = _ReportingSolver(str_to_solver(cfg.method, y0.dtype), monitor)
+    if cfg.fixed:  # TorchDyn steps through every point of the span and saves at ``t``
+        _, states = odeint(field, y0, fixed_grid(t, cfg.step_size), solver, save_at=t)
+        monitor.set_step_counts(monitor.steps, 0)
+        return states
+    if cfg.adjoint_kind == "direct":
+        _, states = odeint(field, y0, t, solver, atol=cfg.atol, rtol=cfg.rtol)
+    else:
+        problem = ODEProblem(
+            field,
+            solver,
+            atol=cfg.atol,
+            rtol=cfg.rtol,
+            sensitivity="adjoint" if cfg.adjoint_kind == "backsolve" else "interpolated_adjoint",
+            atol_adjoint=cfg.adjoint_atol or cfg.atol,
+            rtol_adjoint=cfg.adjoint_rtol or cfg.rtol,
+        )
+        if cfg.adjoint_kind == "backsolve":
+            _, states = problem.odeint(y0, t)
+        else:
+            states = _interpolated_adjoint(problem, y0, t)
+    monitor.record_outcome(True)  # the last step of a finished solve was accepted
+    return states
+
+
+def _interpolated_adjoint(problem: Any, y0: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    """TorchDyn's interpolated adjoint, one interval of ``t`` at a time.
+
+    It returns every internal step of a solve, and its backward pass reads the gradient of
+    the state at ``t[i]`` from output row ``i``, so it is right only for a single interval
+    ``[t0, t1]``; chained over the intervals it gives exactly the requested times.
+    """
+    states = [y0]
+    for start, end in itertools.pairwise(t):
+        _, dense = problem.odeint(states[-1], torch.stack([start, end]))
+        states.append(dense[-1])
+    return torch.stack(states)
