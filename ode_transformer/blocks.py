@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 
+from .errors import ODETransformerConfigError
 from .layers import NO_CONTEXT, AttentionContext
 from .tableau import Tableau, get_tableau
 
@@ -48,7 +49,7 @@ class RKBlock(nn.Module):
     ) -> None:
         super().__init__()
         if coefficients not in COEFFICIENTS:
-            raise ValueError(
+            raise ODETransformerConfigError(
                 f"unknown coefficients {coefficients!r}; valid: {', '.join(COEFFICIENTS)}"
             )
         self.f = f
@@ -60,12 +61,14 @@ class RKBlock(nn.Module):
             self.gamma = nn.Parameter(torch.tensor(self.tableau.b))
         elif coefficients == "gate":
             if self.tableau.stages != 2:
-                raise ValueError(
+                raise ODETransformerConfigError(
                     f"the sigmoid gate weighs two stages (g, 1 - g) but tableau "
                     f"{self.tableau.name!r} has {self.tableau.stages}; use a 2-stage tableau"
                 )
             if d_model is None:
-                raise ValueError("coefficients='gate' needs d_model (the gate maps 2*d_model -> 1)")
+                raise ODETransformerConfigError(
+                    "coefficients='gate' needs d_model (the gate maps 2*d_model -> 1)"
+                )
             self.gate = nn.Linear(2 * d_model, 1)
 
     @property

@@ -10,15 +10,10 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from odelm.errors import OdelmError
-
 from .blocks import BLOCKS
+from .errors import ODETransformerConfigError
 from .stacks import STACKS, SUBLAYERS
 from .tableau import Tableau
-
-
-class ODETransformerConfigError(OdelmError, ValueError):
-    """An ODE Transformer configuration names an unknown part or an impossible size."""
 
 
 @dataclass

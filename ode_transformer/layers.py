@@ -15,6 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .errors import ODETransformerConfigError
+
 
 class KVCache:
     """A tree of key/value caches with one leaf per attention call site.
@@ -101,7 +103,7 @@ class MultiHeadSelfAttention(nn.Module):
     ) -> None:
         super().__init__()
         if d_model % n_heads != 0:
-            raise ValueError(
+            raise ODETransformerConfigError(
                 f"d_model={d_model} is not divisible by n_heads={n_heads}; choose a head count "
                 f"that divides the model width (e.g. {_divisors_hint(d_model)})"
             )

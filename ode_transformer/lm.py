@@ -17,6 +17,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from odelm.errors import OdelmError
+
 from . import generation
 from .backbone import Backbone, init_weights
 from .config import ODETransformerConfig
@@ -24,6 +26,10 @@ from .layers import AttentionContext, KVCache
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.pt"
+
+
+class PretrainedNotFoundError(OdelmError, FileNotFoundError):
+    """A directory given to ``from_pretrained`` lacks ``config.json`` or ``model.pt``."""
 
 
 class ODETransformerLM(Backbone):
@@ -82,7 +88,7 @@ class ODETransformerLM(Backbone):
         directory = Path(directory)
         for name in (CONFIG_FILE, WEIGHTS_FILE):
             if not (directory / name).is_file():
-                raise FileNotFoundError(
+                raise PretrainedNotFoundError(
                     f"{directory / name} not found; from_pretrained expects a directory written "
                     "by save_pretrained (config.json + model.pt)"
                 )

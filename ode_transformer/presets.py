@@ -15,6 +15,7 @@ import dataclasses
 from typing import Any
 
 from .config import ODETransformerConfig
+from .errors import ODETransformerConfigError
 
 _PAPER_DROPOUT = {"dropout": 0.1, "attention_dropout": 0.1, "relu_dropout": 0.1}
 
@@ -60,9 +61,11 @@ PRESETS: dict[str, dict[str, Any]] = {
 def config_from_preset(name: str, **overrides: Any) -> ODETransformerConfig:
     """The config of preset ``name`` with ``overrides`` applied (e.g. ``vocab_size``, ``block``)."""
     if name not in PRESETS:
-        raise ValueError(f"unknown preset {name!r}; valid: {', '.join(PRESETS)}")
+        raise ODETransformerConfigError(f"unknown preset {name!r}; valid: {', '.join(PRESETS)}")
     fields = {f.name for f in dataclasses.fields(ODETransformerConfig)}
     unknown = sorted(set(overrides) - fields)
     if unknown:
-        raise ValueError(f"unknown config fields {unknown}; valid: {', '.join(sorted(fields))}")
+        raise ODETransformerConfigError(
+            f"unknown config fields {unknown}; valid: {', '.join(sorted(fields))}"
+        )
     return ODETransformerConfig(**{**PRESETS[name], **overrides})

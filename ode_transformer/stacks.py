@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from .blocks import make_block
+from .errors import ODETransformerConfigError
 from .layers import (
     NO_CONTEXT,
     AttentionContext,
@@ -117,7 +118,9 @@ class MacaronLayer(nn.Module):
     ) -> None:
         super().__init__()
         if d_ff % 2 != 0:
-            raise ValueError(f"a Macaron layer splits d_ff into two halves; d_ff={d_ff} is odd")
+            raise ODETransformerConfigError(
+                f"a Macaron layer splits d_ff into two halves; d_ff={d_ff} is odd"
+            )
         self.ffn_a = PreNormFFN(d_model, d_ff // 2, dropout, relu_dropout, eps)
         self.attention = PreNormAttention(d_model, n_heads, dropout, attention_dropout, causal, eps)
         self.ffn_b = PreNormFFN(d_model, d_ff // 2, dropout, relu_dropout, eps)
@@ -145,7 +148,7 @@ class LayerStack(nn.Module):
     def __init__(self, layers: list[nn.Module]) -> None:
         super().__init__()
         if not layers:
-            raise ValueError("a stack needs at least one layer (n_layers >= 1)")
+            raise ODETransformerConfigError("a stack needs at least one layer (n_layers >= 1)")
         self.layers = nn.ModuleList(layers)
 
     @property

@@ -12,6 +12,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from .errors import ODETransformerConfigError
+
 
 @dataclass(frozen=True)
 class Tableau:
@@ -26,17 +28,19 @@ class Tableau:
         b = _as_vector(self.b, "b")
         s = len(b)
         if s == 0:
-            raise ValueError("a tableau needs at least one stage: b must not be empty")
+            raise ODETransformerConfigError(
+                "a tableau needs at least one stage: b must not be empty"
+            )
         if len(A) != s or any(len(row) != s for row in A):
             shape = f"{len(A)} x {[len(row) for row in A]}"
-            raise ValueError(
+            raise ODETransformerConfigError(
                 f"tableau shapes do not match: b has {s} entries so A must be {s} x {s}, "
                 f"got rows of lengths {shape}"
             )
         for i in range(s):
             for j in range(i, s):
                 if A[i][j] != 0.0:
-                    raise ValueError(
+                    raise ODETransformerConfigError(
                         f"tableau A must be strictly lower-triangular (explicit method), but "
                         f"A[{i}][{j}] = {A[i][j]}; stage {i} may only use stages 0..{i - 1}"
                     )
@@ -103,9 +107,11 @@ def _as_vector(values: Sequence[float], what: str) -> tuple[float, ...]:
     try:
         out = tuple(float(v) for v in values)
     except (TypeError, ValueError) as err:
-        raise ValueError(f"tableau {what} must be a sequence of numbers, got {values!r}") from err
+        raise ODETransformerConfigError(
+            f"tableau {what} must be a sequence of numbers, got {values!r}"
+        ) from err
     if not all(math.isfinite(v) for v in out):
-        raise ValueError(f"tableau {what} must be finite, got {out}")
+        raise ODETransformerConfigError(f"tableau {what} must be finite, got {out}")
     return out
 
 
@@ -113,7 +119,9 @@ def _as_matrix(rows: Sequence[Sequence[float]]) -> tuple[tuple[float, ...], ...]
     try:
         return tuple(_as_vector(row, "A row") for row in rows)
     except TypeError as err:
-        raise ValueError(f"tableau A must be a list of rows of numbers, got {rows!r}") from err
+        raise ODETransformerConfigError(
+            f"tableau A must be a list of rows of numbers, got {rows!r}"
+        ) from err
 
 
 TABLEAUX: dict[str, Tableau] = {
@@ -141,8 +149,12 @@ def get_tableau(spec: str | Tableau | tuple) -> Tableau:
         return spec
     if isinstance(spec, str):
         if spec not in TABLEAUX:
-            raise ValueError(f"unknown tableau {spec!r}; valid: {', '.join(sorted(TABLEAUX))}")
+            raise ODETransformerConfigError(
+                f"unknown tableau {spec!r}; valid: {', '.join(sorted(TABLEAUX))}"
+            )
         return TABLEAUX[spec]
     if isinstance(spec, (tuple, list)) and len(spec) == 2:
         return Tableau(A=spec[0], b=spec[1])
-    raise ValueError(f"a tableau is a name, a Tableau or a pair (A, b); got {spec!r}")
+    raise ODETransformerConfigError(
+        f"a tableau is a name, a Tableau or a pair (A, b); got {spec!r}"
+    )

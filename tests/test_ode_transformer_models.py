@@ -272,3 +272,22 @@ def test_ode_transformer_modules_import_without_a_circle() -> None:
 
     for module in edges:
         visit(module, ())
+
+
+def test_user_errors_are_odelm_errors() -> None:
+    """The command line prints OdelmError as one line; these are all things a user fixes."""
+    from ode_transformer.generation import generate
+    from odelm.errors import OdelmError
+
+    model = ODETransformerLM(tiny_config(max_positions=8))
+    for make in (
+        lambda: tiny_config(block="rk5"),
+        lambda: Tableau(A=[[0.5, 0], [1, 0]], b=[0.5, 0.5]),
+        lambda: RKBlock(torch.nn.Identity(), "rk3", "gate", D),
+        lambda: config_from_preset("tiny"),
+        lambda: model(torch.zeros(1, 9, dtype=torch.long)),
+        lambda: ODETransformerLM.from_pretrained("/nonexistent-odelm-run"),
+        lambda: generate(model, torch.zeros(1, 2, dtype=torch.long), 2, strategy="nucleus"),
+    ):
+        with pytest.raises(OdelmError):
+            make()

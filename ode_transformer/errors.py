@@ -1,0 +1,10 @@
+"""The error a user gets for an ODE Transformer they cannot build (a leaf module)."""
+
+from __future__ import annotations
+
+from odelm.errors import OdelmError
+
+
+class ODETransformerConfigError(OdelmError, ValueError):
+    """An ODE Transformer part is named wrongly or sized impossibly (tableau, block, layer,
+    stack, preset or config); the message names the valid choices."""
