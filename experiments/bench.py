@@ -15,6 +15,8 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from odelm.errors import OdelmError
+
 REQUIRED_FIELDS = ("bench", "metric", "value", "target", "unit", "better")
 
 BENCHMARKS: dict[str, str] = {
@@ -25,6 +27,10 @@ BENCHMARKS: dict[str, str] = {
     "adjoint-memory": "neuralode_lm.benchmarks:adjoint_memory",
     "solver-overhead": "neuralode_lm.benchmarks:solver_overhead",
 }
+
+
+class UnknownBenchmarkError(OdelmError, KeyError):
+    """No benchmark is registered under the name asked for."""
 
 
 def register(name: str, target: str) -> None:
@@ -39,7 +45,9 @@ def register(name: str, target: str) -> None:
 def resolve(name: str) -> Callable[[], list[dict[str, Any]]]:
     """Import the function registered as ``name``."""
     if name not in BENCHMARKS:
-        raise KeyError(f"unknown benchmark {name!r}; valid: {', '.join(sorted(BENCHMARKS))}")
+        raise UnknownBenchmarkError(
+            f"unknown benchmark {name!r}; valid: {', '.join(sorted(BENCHMARKS))}"
+        )
     module_name, function_name = BENCHMARKS[name].split(":")
     return getattr(importlib.import_module(module_name), function_name)
 

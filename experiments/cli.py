@@ -10,6 +10,7 @@ from typing import Any
 
 from experiments.commands import REGISTRARS
 from experiments.data.corpora import CORPUS_NAMES, DEFAULT_CACHE_DIR, PROTOCOLS, Corpus
+from odelm.errors import OdelmError
 
 
 def _print_json_or_table(rows: list[dict[str, Any]], as_json: bool) -> None:
@@ -121,6 +122,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="odelm", description=__doc__)
+    parser.add_argument(
+        "--debug", action="store_true", help="show the traceback of an error, not one line"
+    )
     commands = parser.add_subparsers(dest="command", required=True)
 
     data = commands.add_parser("data", help="corpora: inspect and download").add_subparsers(
@@ -154,12 +158,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one subcommand. A user error (:class:`OdelmError`) prints one line and returns 2;
+    ``--debug`` shows its traceback. Anything else is a bug and keeps its traceback."""
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
         return args.func(args)
-    except (KeyError, ValueError, OSError, ArithmeticError) as error:
+    except OdelmError as error:
+        if args.debug:
+            raise
         message = error.args[0] if isinstance(error, KeyError) and error.args else error
+        if isinstance(error, OSError) and error.strerror:
+            message = error.strerror
         print(f"odelm: error: {message}", file=sys.stderr)
         return 2
 

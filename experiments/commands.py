@@ -31,9 +31,10 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
     return values
 
 
-def _quiet() -> None:
+def quiet_lightning() -> None:
+    """Hide Lightning's hardware lines, tips and advertisements (shown with ``--verbose``)."""
     for name in ("pytorch_lightning", "lightning", "lightning.pytorch", "lightning_fabric"):
-        logging.getLogger(name).setLevel(logging.ERROR)
+        logging.getLogger(name).setLevel(logging.WARNING)
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -41,33 +42,31 @@ def cmd_train(args: argparse.Namespace) -> int:
     from experiments.train import train
 
     config = load_config(args.config, _overrides(args))
+    if not args.verbose:
+        quiet_lightning()
     if args.quiet:
-        _quiet()
+        logging.getLogger("pytorch_lightning").setLevel(logging.ERROR)
         config.trainer.progress_bar = False
-    result = train(config)
+    result = train(config, overwrite=args.overwrite)
     if result:
         print(json.dumps(result))
+        print(f"wrote {config.run_dir}")
     return 0
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from experiments.evaluate import evaluate
+    import dataclasses
+
+    from experiments.evaluate import evaluate_run
     from experiments.train import load_run
 
+    if args.num_threads:
+        torch.set_num_threads(args.num_threads)
     model, data, config = load_run(args.run)
-    result = evaluate(
-        model,
-        data,
-        args.split,
-        mode="sentences" if config.data.batching == "sentences" else "stream",
-        window=config.data.eval_window,
-        padding_side=config.data.padding_side,
-        bleu_sentences=args.bleu_sentences,
-        continuation_sentences=config.eval.continuation_sentences,
-        prompt_len=config.eval.prompt_len,
-        decode=args.decode or config.eval.decode,
-        allow_noncausal=args.allow_noncausal,
-    )
+    settings = ("bleu_sentences", "continuation_sentences", "prompt_len", "decode")
+    given = {key: getattr(args, key) for key in settings if getattr(args, key) is not None}
+    config.eval = dataclasses.replace(config.eval, **given)
+    result = evaluate_run(model, data, config, args.split, allow_noncausal=args.allow_noncausal)
     if args.json:
         print(json.dumps(result))
     else:
@@ -102,9 +101,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 def cmd_compare(args: argparse.Namespace) -> int:
     from experiments.compare import grid_path, run_grid
+    from experiments.config import ConfigError
 
     if bool(args.grid) == bool(args.preset):
-        raise ValueError("give exactly one of --grid FILE or --preset NAME")
+        raise ConfigError("give exactly one of --grid FILE or --preset NAME")
     grid = args.grid or grid_path(args.preset)
     shared = _overrides(args)
     shared.pop("out_dir", None)
@@ -140,6 +140,14 @@ def register_train(commands: Any) -> None:
     parser.add_argument("--config", required=True)
     parser.add_argument("--out-dir", help="override out_dir (runs go to OUT_DIR/NAME)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar or Lightning chatter")
+    parser.add_argument(
+        "--verbose", action="store_true", help="show Lightning's hardware lines and tips"
+    )
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="discard an existing run of this name (made with another config) and train afresh",
+    )
     _add_training_overrides(parser)
     parser.set_defaults(func=cmd_train)
 
@@ -148,8 +156,15 @@ def register_eval(commands: Any) -> None:
     parser = commands.add_parser("eval", help="perplexity, per-word perplexity, BLEU, NFE of a run")
     parser.add_argument("run", help="a run directory written by odelm train")
     parser.add_argument("--split", default="test")
-    parser.add_argument("--bleu-sentences", type=int, default=200)
-    parser.add_argument("--decode", choices=["greedy", "beam"])
+    parser.add_argument("--bleu-sentences", type=int, help="default: the run's eval setting")
+    parser.add_argument(
+        "--continuation-sentences", type=int, help="default: the run's eval setting"
+    )
+    parser.add_argument("--prompt-len", type=int, help="default: the run's eval setting")
+    parser.add_argument(
+        "--decode", choices=["greedy", "beam"], help="default: the run's eval setting"
+    )
+    parser.add_argument("--num-threads", type=int, help="torch CPU threads")
     parser.add_argument("--allow-noncausal", action="store_true")
     parser.add_argument("--json", action="store_true")
     parser.set_defaults(func=cmd_eval)

@@ -169,10 +169,53 @@ def _check_values(config: RunConfig) -> None:
     for key, (value, valid) in choices.items():
         if value not in valid:
             raise ConfigError(f"{key} = {value!r} is not one of {', '.join(valid)}")
+    for key, (value, low) in _lower_bounds(config).items():
+        if value is not None and value < low:
+            unset = " or null" if key in _NULLABLE else ""
+            raise ConfigError(f"{key} = {value!r} is out of range; it must be >= {low}{unset}")
+    if config.trainer.max_time_s is not None and config.trainer.max_time_s <= 0:
+        raise ConfigError(
+            f"trainer.max_time_s = {config.trainer.max_time_s!r} is out of range; it must be "
+            "> 0 or null"
+        )
     if len(config.optim.betas) != 2:
         raise ConfigError(f"optim.betas must hold two numbers, got {config.optim.betas}")
     if not config.model:
         raise ConfigError("the config has no model section; e.g. model: {family: ode_transformer}")
+
+
+_NULLABLE = {
+    "trainer.val_batches",
+    "trainer.early_stopping_patience",
+    "trainer.num_threads",
+}
+
+
+def _lower_bounds(config: RunConfig) -> dict[str, tuple[float | None, float]]:
+    """Budgets and sizes with the smallest value that means something (None: unset)."""
+    data, trainer = config.data, config.trainer
+    return {
+        "data.batch_size": (data.batch_size, 1),
+        "data.bptt": (data.bptt, 1),
+        "data.eval_window": (data.eval_window, 2),  # one token of context, one predicted
+        "data.bpe_vocab_size": (data.bpe_vocab_size, 1),
+        "optim.lr": (config.optim.lr, 0),
+        "optim.weight_decay": (config.optim.weight_decay, 0),
+        "optim.warmup_steps": (config.optim.warmup_steps, 0),
+        "optim.label_smoothing": (config.optim.label_smoothing, 0),
+        "trainer.max_steps": (trainer.max_steps, 1),
+        "trainer.val_every": (trainer.val_every, 1),
+        "trainer.val_batches": (trainer.val_batches, 1),
+        "trainer.checkpoint_every": (trainer.checkpoint_every, 1),
+        "trainer.early_stopping_patience": (trainer.early_stopping_patience, 1),
+        "trainer.average_last": (trainer.average_last, 0),
+        "trainer.log_every": (trainer.log_every, 1),
+        "trainer.num_nodes": (trainer.num_nodes, 1),
+        "trainer.num_threads": (trainer.num_threads, 1),
+        "eval.bleu_sentences": (config.eval.bleu_sentences, 0),
+        "eval.continuation_sentences": (config.eval.continuation_sentences, 0),
+        "eval.prompt_len": (config.eval.prompt_len, 1),
+    }
 
 
 def merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
@@ -197,7 +240,13 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config file {path} does not exist")
-    values = yaml.safe_load(path.read_text()) or {}
+    try:
+        values = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f"{path}, line {mark.line + 1} column {mark.column + 1}" if mark else str(path)
+        problem = getattr(error, "problem", None) or str(error).splitlines()[0]
+        raise ConfigError(f"YAML syntax error in {where}: {problem}") from None
     if not isinstance(values, dict):
         raise ConfigError(f"{path} must hold a YAML mapping at the top level")
     base = values.pop("base", None)

@@ -12,20 +12,11 @@ Optional attributes the harness uses when present: ``vocab_size`` (int) and
 
 from __future__ import annotations
 
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 import torch
 
 from odelm.errors import OdelmError
-
-
-@runtime_checkable
-class LanguageModel(Protocol):
-    """Structural type of a model the harness can train, evaluate and compare."""
-
-    is_causal: bool
-
-    def __call__(self, tokens: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]: ...
 
 
 class ContractError(OdelmError, TypeError):

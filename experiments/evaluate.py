@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from experiments.config import RunConfig
 from experiments.contract import call_model
 from experiments.data.batching import evaluation_windows, lm_nll, sentence_batch
 from experiments.data.tokenization import LMData
@@ -183,3 +184,31 @@ def evaluate(
     if not is_causal:
         result["ppl_label"] = NONCAUSAL_LABEL
     return result
+
+
+def evaluate_run(
+    model: nn.Module,
+    data: LMData,
+    config: RunConfig,
+    split: str = "test",
+    *,
+    allow_noncausal: bool = True,
+) -> dict[str, Any]:
+    """Evaluate as a run's config says: its batching, window, padding and ``eval.*`` settings.
+
+    ``odelm train`` reports the test split through this; ``odelm eval`` too, after applying
+    its command-line overrides to ``config.eval``.
+    """
+    return evaluate(
+        model,
+        data,
+        split,
+        mode=config.data.batching,
+        window=config.data.eval_window,
+        padding_side=config.data.padding_side,
+        bleu_sentences=config.eval.bleu_sentences,
+        continuation_sentences=config.eval.continuation_sentences,
+        prompt_len=config.eval.prompt_len,
+        decode=config.eval.decode,
+        allow_noncausal=allow_noncausal,
+    )

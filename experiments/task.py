@@ -110,7 +110,7 @@ class LMDataModule(pl.LightningDataModule):
         batches = evaluation_batches(
             self.data,
             "valid",
-            mode="sentences" if self.config.batching == "sentences" else "stream",
+            mode=self.config.batching,
             window=self.config.eval_window,
             padding_side=self.config.padding_side,
         )

@@ -1,31 +1,47 @@
 """``train(config)``: one run from config to a tested model, resumable, with results on disk.
 
-A run directory holds ``config.yaml``, the tokenizer, Lightning checkpoints (written
-atomically), CSV and TensorBoard logs, the final weights (``model.pt``) and
-``result.json`` (test perplexity, per-word perplexity, both BLEUs, NFE, throughput, peak
-memory, parameters, protocol). A run whose ``result.json`` exists is finished; one with a
-``last.ckpt`` resumes from it.
+A run directory holds ``config.yaml``, the tokenizer, the checkpoints of one crash-consistent
+validate/checkpoint cycle (``experiments.checkpoints``), CSV and TensorBoard logs kept
+across resumptions, the final weights (``model.pt``) and ``result.json`` (test perplexity,
+per-word perplexity, both BLEUs, NFE, throughput, peak memory, parameters, protocol, the
+config's hash). A run whose ``result.json`` exists is finished; one with a ``last.ckpt``
+resumes from it; either is reused only under the config it was made with
+(``experiments.runs``).
+
+``train`` is in parts: :func:`build_trainer` (the Lightning trainer and the callbacks the
+result reads), :func:`fit`, :func:`select_weights` (best, averaged or last weights), then
+:func:`experiments.evaluate.evaluate_run` and the result written atomically.
 """
 
 from __future__ import annotations
 
 import json
-import os
+import math
 import resource
 import time
 import warnings
-from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytorch_lightning as pl
 import torch
 import yaml
-from lightning_fabric.plugins.io.torch_io import TorchCheckpointIO
-from pytorch_lightning.callbacks import Callback, EarlyStopping, ModelCheckpoint
-from pytorch_lightning.loggers import CSVLogger, TensorBoardLogger
+from lightning_fabric.utilities.exceptions import MisconfigurationException
+from pytorch_lightning.callbacks import Callback, EarlyStopping
+from pytorch_lightning.loggers import TensorBoardLogger
 from torch import nn
 
+from experiments.checkpoints import (
+    LAST_FILE,
+    AtomicCheckpointIO,
+    CheckpointAverager,
+    RunCheckpoint,
+    atomic_save,
+    read_checkpoint,
+)
 from experiments.config import RunConfig
 from experiments.data.corpora import load_corpus
 from experiments.data.tokenization import (
@@ -34,9 +50,18 @@ from experiments.data.tokenization import (
     check_tokenizer,
     encode_corpus,
 )
-from experiments.evaluate import evaluate
+from experiments.evaluate import evaluate_run
 from experiments.models import build_model, count_parameters, depth_kind
+from experiments.runs import (
+    CONFIG_FILE,
+    HistoryCSVLogger,
+    check_same_config,
+    config_sha256,
+    discard_run,
+    write_json,
+)
 from experiments.task import LMDataModule, LMTask
+from neuralode_lm.solvers import SolverError
 from odelm.errors import OdelmError
 
 RESULT_FILE = "result.json"
@@ -47,52 +72,25 @@ class OutputDirError(OdelmError, OSError):
     """The run directory cannot be written."""
 
 
-class AtomicCheckpointIO(TorchCheckpointIO):
-    """Checkpoints go to a temporary file first and are renamed into place, so a crash
-    mid-write never leaves a truncated checkpoint under the final name."""
-
-    def save_checkpoint(
-        self, checkpoint: dict[str, Any], path: Any, storage_options: Any = None
-    ) -> None:
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_name(path.name + ".partial")
-        torch.save(checkpoint, partial)
-        os.replace(partial, path)
+class RunNotFoundError(OdelmError, FileNotFoundError):
+    """A run directory holds no trained model."""
 
 
-class CheckpointAverager(Callback):
-    """Keeps the weights of the last ``n`` validations; the run ends with their average
-    (the ODE Transformer paper averages its last checkpoints)."""
+class TrainerSettingsError(OdelmError, ValueError):
+    """Lightning rejected the trainer settings (accelerator, devices, strategy, ...)."""
 
-    def __init__(self, n: int) -> None:
-        self.n = n
-        self.snapshots: deque[dict[str, torch.Tensor]] = deque(maxlen=n)
 
-    def on_validation_end(self, trainer: pl.Trainer, task: pl.LightningModule) -> None:
-        if not trainer.sanity_checking:
-            self.snapshots.append(
-                {k: v.detach().cpu().clone() for k, v in task.model.state_dict().items()}
-            )
+class TrainingStoppedError(OdelmError, RuntimeError):
+    """The ODE solver stopped training (non-finite state, step cap)."""
 
-    def average(self) -> dict[str, torch.Tensor]:
-        keys = self.snapshots[0].keys()
-        return {
-            k: torch.stack([s[k].double() for s in self.snapshots])
-            .mean(0)
-            .to(self.snapshots[0][k].dtype)
-            for k in keys
-        }
 
-    def state_dict(self) -> dict[str, Any]:
-        return {"snapshots": list(self.snapshots)}
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.snapshots = deque(state_dict["snapshots"], maxlen=self.n)
+class DivergedError(OdelmError, FloatingPointError):
+    """The run ended with a non-finite perplexity."""
 
 
 class ThroughputMeter(Callback):
-    """Training tokens per second: logged per step and summed over the run (this process)."""
+    """Training tokens per second: logged per step and summed over the run (all processes
+    of a resumed run: the sums travel in the checkpoints)."""
 
     def __init__(self) -> None:
         self.tokens, self.seconds, self._started = 0, 0.0, 0.0
@@ -107,6 +105,12 @@ class ThroughputMeter(Callback):
         self.seconds += seconds
         self.tokens += count
         task.log("train/tokens_per_s", count / max(seconds, 1e-9))
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"tokens": self.tokens, "seconds": self.seconds}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.tokens, self.seconds = state_dict["tokens"], state_dict["seconds"]
 
     @property
     def tokens_per_second(self) -> float | None:
@@ -149,16 +153,23 @@ def train(
     config: RunConfig,
     *,
     callbacks: list[Callback] | None = None,
-    resume: bool = True,
+    overwrite: bool = False,
     data: LMData | None = None,
 ) -> dict[str, Any]:
-    """Train, select, evaluate on test, and write the run directory; returns the result."""
+    """Train, select, evaluate on test, and write the run directory; returns the result.
+
+    A finished run with the same config returns its stored result; a half-finished one
+    resumes; a run directory made by another config is refused unless ``overwrite``.
+    """
     run_dir = config.run_dir
+    if overwrite:
+        discard_run(run_dir)
     check_writable(run_dir)
+    check_same_config(run_dir, config)
     result_path = run_dir / RESULT_FILE
-    if resume and result_path.is_file():
+    if result_path.is_file():
         return json.loads(result_path.read_text())
-    (run_dir / "config.yaml").write_text(yaml.safe_dump(config.to_dict(), sort_keys=False))
+    (run_dir / CONFIG_FILE).write_text(yaml.safe_dump(config.to_dict(), sort_keys=False))
     pl.seed_everything(config.seed, workers=True, verbose=False)
     if config.trainer.num_threads:
         torch.set_num_threads(config.trainer.num_threads)
@@ -166,98 +177,16 @@ def train(
     data.tokenizer.save(run_dir / "tokenizer")
     model = build_model(config.model, data.tokenizer.vocab_size)
     task = LMTask(model, config.optim)
-
-    trainer_cfg = config.trainer
-    checkpoint_dir = run_dir / "checkpoints"
-    meter = ThroughputMeter()
-    best = ModelCheckpoint(
-        dirpath=checkpoint_dir, filename="best", monitor="val/ppl", mode="min", save_top_k=1
-    )
-    periodic = ModelCheckpoint(
-        dirpath=checkpoint_dir,
-        filename="step{step}",
-        every_n_train_steps=trainer_cfg.checkpoint_every,
-        save_top_k=0,
-        save_last=True,
-    )
-    all_callbacks: list[Callback] = [best, periodic, meter, *(callbacks or [])]
-    averager = CheckpointAverager(trainer_cfg.average_last) if trainer_cfg.average_last else None
-    if averager:
-        all_callbacks.append(averager)
-    if trainer_cfg.early_stopping_patience:
-        all_callbacks.append(
-            EarlyStopping(
-                monitor="val/ppl", mode="min", patience=trainer_cfg.early_stopping_patience
-            )
-        )
-    trainer = pl.Trainer(
-        max_steps=trainer_cfg.max_steps,
-        max_time={"seconds": trainer_cfg.max_time_s} if trainer_cfg.max_time_s else None,
-        val_check_interval=trainer_cfg.val_every,
-        check_val_every_n_epoch=None,
-        num_sanity_val_steps=0,
-        log_every_n_steps=trainer_cfg.log_every,
-        gradient_clip_val=config.optim.grad_clip,
-        accelerator=trainer_cfg.accelerator,
-        devices=trainer_cfg.devices,
-        num_nodes=trainer_cfg.num_nodes,
-        strategy=trainer_cfg.strategy,
-        precision=trainer_cfg.precision,
-        deterministic=trainer_cfg.deterministic,
-        enable_progress_bar=trainer_cfg.progress_bar,
-        enable_model_summary=False,
-        use_distributed_sampler=False,
-        logger=[
-            CSVLogger(run_dir, name="logs", version=""),
-            TensorBoardLogger(run_dir, name="tensorboard", version=""),
-        ],
-        callbacks=all_callbacks,
-        plugins=[AtomicCheckpointIO()],
-        default_root_dir=run_dir,
-    )
-    datamodule = LMDataModule(data, config.data, config.seed, trainer_cfg.val_batches)
-    last = checkpoint_dir / "last.ckpt"
-    started = time.perf_counter()
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*does not have many workers.*")
-        warnings.filterwarnings("ignore", message=".*resuming from a checkpoint that ended.*")
-        trainer.fit(
-            task, datamodule=datamodule, ckpt_path=last if resume and last.is_file() else None
-        )
-    train_seconds = time.perf_counter() - started
-    if trainer.global_rank != 0:
+    resume_from, resume_step = resume_point(run_dir)
+    parts = build_trainer(config, callbacks or [], keep_logs_before=resume_step)
+    datamodule = LMDataModule(data, config.data, config.seed, config.trainer.val_batches)
+    fit(parts.trainer, task, datamodule, resume_from)
+    if parts.trainer.global_rank != 0:
         return {}
-
-    selected = "last"
-    if averager and averager.snapshots:
-        model.load_state_dict(averager.average())
-        selected = f"average of last {len(averager.snapshots)} validations"
-    elif best.best_model_path:
-        model.load_state_dict(
-            {
-                k.removeprefix("model."): v
-                for k, v in torch.load(best.best_model_path, weights_only=False)[
-                    "state_dict"
-                ].items()
-            }
-        )
-        selected = "best validation"
-    save_weights(model, run_dir, data)
-    device = next(model.parameters()).device
-    metrics = evaluate(
-        model,
-        data,
-        "test",
-        mode="sentences" if config.data.batching == "sentences" else "stream",
-        window=config.data.eval_window,
-        padding_side=config.data.padding_side,
-        bleu_sentences=config.eval.bleu_sentences,
-        continuation_sentences=config.eval.continuation_sentences,
-        prompt_len=config.eval.prompt_len,
-        decode=config.eval.decode,
-        allow_noncausal=True,
-    )
-    valid_ppl = float(best.best_model_score) if best.best_model_score is not None else None
+    if parts.checkpoint.best_score is None:
+        parts.checkpoint.reload_state()
+    selected = select_weights(model, parts.checkpoint, parts.averager)
+    metrics = evaluate_run(model, data, config)
     result = {
         "name": config.name,
         "family": depth_kind(config.model, model),
@@ -268,20 +197,145 @@ def train(
             for k, v in metrics.items()
             if k not in ("protocol", "is_causal", "split")
         },
-        "valid_ppl": valid_ppl,
+        "valid_ppl": parts.checkpoint.best_score,
         "is_causal": metrics["is_causal"],
         "protocol": metrics["protocol"],
         "selected": selected,
-        "steps": trainer.global_step,
-        "train_seconds": train_seconds,
-        "train_tokens_per_s": meter.tokens_per_second,
-        "peak_memory_mb": peak_memory_mb(device),
+        "steps": parts.trainer.global_step,
+        "train_seconds": task.elapsed(),
+        "train_tokens_per_s": parts.meter.tokens_per_second,
+        "peak_memory_mb": peak_memory_mb(next(model.parameters()).device),
         "seed": config.seed,
+        "config_sha256": config_sha256(config),
     }
-    tmp = result_path.with_suffix(".partial")
-    tmp.write_text(json.dumps(result, indent=2))
-    os.replace(tmp, result_path)
+    check_finite(result, parts.trainer.global_step)
+    save_weights(model, run_dir, data)
+    write_json(result_path, result)
     return result
+
+
+@dataclass
+class TrainerParts:
+    """A Lightning trainer and the callbacks whose state the result reads."""
+
+    trainer: pl.Trainer
+    checkpoint: RunCheckpoint
+    meter: ThroughputMeter
+    averager: CheckpointAverager | None
+
+
+def build_trainer(
+    config: RunConfig, callbacks: list[Callback], keep_logs_before: int | None = None
+) -> TrainerParts:
+    """The Lightning trainer of a run: its budget, devices, loggers and checkpoint cycle."""
+    cfg, run_dir = config.trainer, config.run_dir
+    checkpoint = RunCheckpoint(run_dir / "checkpoints", cfg.checkpoint_every, cfg.val_every)
+    meter = ThroughputMeter()
+    averager = CheckpointAverager(cfg.average_last) if cfg.average_last else None
+    extra: list[Callback] = [averager] if averager else []
+    if cfg.early_stopping_patience:
+        extra.append(
+            EarlyStopping(monitor="val/ppl", mode="min", patience=cfg.early_stopping_patience)
+        )
+    with lightning_settings():
+        trainer = pl.Trainer(
+            max_steps=cfg.max_steps,
+            max_time={"seconds": cfg.max_time_s} if cfg.max_time_s else None,
+            val_check_interval=cfg.val_every,
+            check_val_every_n_epoch=None,
+            num_sanity_val_steps=0,
+            log_every_n_steps=cfg.log_every,
+            gradient_clip_val=config.optim.grad_clip,
+            accelerator=cfg.accelerator,
+            devices=cfg.devices,
+            num_nodes=cfg.num_nodes,
+            strategy=cfg.strategy,
+            precision=cfg.precision,
+            deterministic=cfg.deterministic,
+            enable_progress_bar=cfg.progress_bar,
+            enable_model_summary=False,
+            enable_checkpointing=True,
+            use_distributed_sampler=False,
+            logger=[
+                HistoryCSVLogger(run_dir, name="logs", version="", keep_before=keep_logs_before),
+                TensorBoardLogger(run_dir, name="tensorboard", version=""),
+            ],
+            callbacks=[checkpoint, meter, *extra, *callbacks],
+            plugins=[AtomicCheckpointIO()],
+            default_root_dir=run_dir,
+        )
+    return TrainerParts(trainer, checkpoint, meter, averager)
+
+
+def resume_point(run_dir: Path) -> tuple[Path | None, int | None]:
+    """``last.ckpt`` and its step when the run has one (checked readable), else (None, None).
+
+    Partial files left by a process killed mid-write are removed.
+    """
+    folder = run_dir / "checkpoints"
+    for partial in folder.glob("*.partial"):
+        partial.unlink()
+    last = folder / LAST_FILE
+    if not last.is_file():
+        return None, None
+    return last, int(read_checkpoint(last)["global_step"])
+
+
+def fit(
+    trainer: pl.Trainer, task: LMTask, datamodule: LMDataModule, ckpt_path: Path | None
+) -> None:
+    """``trainer.fit``, with Lightning's configuration and solver errors as one-line errors."""
+    try:
+        with lightning_settings():
+            trainer.fit(task, datamodule=datamodule, ckpt_path=ckpt_path)
+    except SolverError as error:
+        raise TrainingStoppedError(
+            f"training stopped at step {trainer.global_step}: {error}"
+        ) from error
+
+
+@contextmanager
+def lightning_settings() -> Iterator[None]:
+    """Lightning's own configuration errors as :class:`TrainerSettingsError`; its warnings
+    that say nothing about the run silenced."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*does not have many workers.*")
+        warnings.filterwarnings("ignore", message=".*resuming from a checkpoint that ended.*")
+        warnings.filterwarnings("ignore", message=".*treespec, LeafSpec.*")
+        try:
+            yield
+        except MisconfigurationException as error:
+            raise TrainerSettingsError(
+                f"Lightning rejected the trainer settings: {error}"
+            ) from None
+
+
+def select_weights(
+    model: nn.Module, checkpoint: RunCheckpoint, averager: CheckpointAverager | None
+) -> str:
+    """Load the weights the run reports into ``model``; returns how they were chosen."""
+    if averager and averager.snapshots:
+        model.load_state_dict(averager.average())
+        return f"average of last {len(averager.snapshots)} validations"
+    if checkpoint.best_model_path is not None:
+        state = read_checkpoint(checkpoint.best_model_path)["state_dict"]
+        model.load_state_dict({k.removeprefix("model."): v for k, v in state.items()})
+        return "best validation"
+    return "last"
+
+
+def check_finite(result: dict[str, Any], step: int) -> None:
+    """A diverged run ends with an error, never with NaN results written as results."""
+    bad = [key for key in ("test_ppl", "valid_ppl") if not _finite_or_none(result.get(key))]
+    if bad:
+        raise DivergedError(
+            f"the run diverged by step {step} ({', '.join(f'{k} = {result[k]}' for k in bad)}); "
+            "no result was written. Lower optim.lr or set optim.grad_clip"
+        )
+
+
+def _finite_or_none(value: Any) -> bool:
+    return value is None or math.isfinite(value)
 
 
 def describe_model(spec: dict[str, Any]) -> str:
@@ -293,9 +347,7 @@ def describe_model(spec: dict[str, Any]) -> str:
 def save_weights(model: nn.Module, run_dir: Path, data: LMData) -> None:
     """Final weights with the tokenizer fingerprint they belong to."""
     payload = {"state_dict": model.state_dict(), "tokenizer": data.tokenizer.fingerprint()}
-    tmp = run_dir / (WEIGHTS_FILE + ".partial")
-    torch.save(payload, tmp)
-    os.replace(tmp, run_dir / WEIGHTS_FILE)
+    atomic_save(payload, run_dir / WEIGHTS_FILE)
 
 
 def load_run(run_dir: str | Path) -> tuple[nn.Module, LMData, RunConfig]:
@@ -304,10 +356,10 @@ def load_run(run_dir: str | Path) -> tuple[nn.Module, LMData, RunConfig]:
 
     run_dir = Path(run_dir)
     if not (run_dir / WEIGHTS_FILE).is_file():
-        raise FileNotFoundError(f"{run_dir} has no {WEIGHTS_FILE}; train it first (odelm train)")
-    config = load_config(run_dir / "config.yaml")
+        raise RunNotFoundError(f"{run_dir} has no {WEIGHTS_FILE}; train it first (odelm train)")
+    config = load_config(run_dir / CONFIG_FILE)
     data = prepare_data(config)
-    payload = torch.load(run_dir / WEIGHTS_FILE, weights_only=False)
+    payload = read_checkpoint(run_dir / WEIGHTS_FILE)
     check_tokenizer(payload["tokenizer"], data.tokenizer)
     model = build_model(config.model, data.tokenizer.vocab_size)
     model.load_state_dict(payload["state_dict"])

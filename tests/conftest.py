@@ -1,10 +1,12 @@
-"""Shared fixtures: the real data dir (../shared/data when present) and tiny corpora."""
+"""Shared fixtures: the real data dir (``$ODELM_DATA_DIR``, or a ``shared/data`` folder beside
+the repository), tiny corpora, and the tiny run config the training tests share."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -20,12 +22,60 @@ def shared_data_dir() -> Path | None:
     return None
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def data_dir() -> Path:
     found = shared_data_dir()
     if found is None:
         pytest.skip("real PTB / WikiText-2 files not found (set ODELM_DATA_DIR)")
     return found
+
+
+TINY_MODEL = {
+    "family": "ode_transformer",
+    "preset": "small",
+    "n_layers": 1,
+    "d_model": 32,
+    "d_ff": 64,
+    "n_heads": 2,
+    "block": "rk2",
+}
+"""A one-layer ODE Transformer small enough to train for a few steps in a test."""
+
+
+def make_tiny_config(out_dir: Path, name: str = "run", **sections: Any) -> dict[str, Any]:
+    """A run config (plain dict) of :data:`TINY_MODEL` on the grammar corpus; each keyword
+    updates a section (or sets a top-level value)."""
+    values: dict[str, Any] = {
+        "name": name,
+        "out_dir": str(out_dir),
+        "seed": 3,
+        "model": dict(TINY_MODEL),
+        "data": {"corpus": "grammar", "batch_size": 8, "bptt": 16, "eval_window": 64},
+        "trainer": {
+            "max_steps": 24,
+            "val_every": 8,
+            "checkpoint_every": 4,
+            "val_batches": 2,
+            "progress_bar": False,
+            "num_threads": 1,  # bitwise reproducibility needs one thread count everywhere
+        },
+        "eval": {"bleu_sentences": 5},
+    }
+    for key, value in sections.items():
+        values[key] = {**values.get(key, {}), **value} if isinstance(value, dict) else value
+    return values
+
+
+@pytest.fixture
+def tiny_config() -> Callable[..., dict[str, Any]]:
+    """The factory :func:`make_tiny_config`."""
+    return make_tiny_config
+
+
+@pytest.fixture
+def tiny_model() -> dict[str, Any]:
+    """A fresh copy of :data:`TINY_MODEL`."""
+    return dict(TINY_MODEL)
 
 
 @pytest.fixture(autouse=True)

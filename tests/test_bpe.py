@@ -10,15 +10,12 @@ from tokenizers import pre_tokenizers
 
 from experiments.data.bpe import BPETokenizer
 
-PTB_VALID = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "ptb" / "ptb.valid.txt"
 TOY = [" the cat sat on the mat ", " the dog sat on the <unk> ", " a cat and a dog "] * 20
 
 
 @pytest.fixture(scope="module")
-def ptb_lines() -> list[str]:
-    if not PTB_VALID.is_file():
-        pytest.skip(f"{PTB_VALID} not present")
-    return PTB_VALID.read_text(encoding="utf-8").splitlines()
+def ptb_lines(data_dir: Path) -> list[str]:
+    return (data_dir / "ptb" / "ptb.valid.txt").read_text(encoding="utf-8").splitlines()
 
 
 @pytest.fixture(scope="module")

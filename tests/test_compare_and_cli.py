@@ -18,26 +18,30 @@ SHARED = {
     "trainer": {"max_steps": 6, "val_every": 3, "checkpoint_every": 3, "val_batches": 2},
     "eval": {"bleu_sentences": 5, "continuation_sentences": 3},
 }
-TINY = {"family": "ode_transformer", "preset": "small", "n_layers": 1, "d_model": 16, "d_ff": 32}
 
 
-def test_grid_runs_share_data_seed_and_budget(tmp_path):
-    grid = {"shared": SHARED, "runs": [{"name": "a", "model": TINY, "seed": 5}]}
+@pytest.fixture
+def tiny(tiny_model):
+    return {**tiny_model, "d_model": 16, "d_ff": 32}
+
+
+def test_grid_runs_share_data_seed_and_budget(tmp_path, tiny):
+    grid = {"shared": SHARED, "runs": [{"name": "a", "model": tiny, "seed": 5}]}
     with pytest.raises(ConfigError, match=r"runs\[0\] sets seed"):
         expand_grid(grid, tmp_path, {})
-    grid = {"shared": SHARED, "runs": [{"name": "a", "model": TINY}, {"name": "a", "model": TINY}]}
+    grid = {"shared": SHARED, "runs": [{"name": "a", "model": tiny}, {"name": "a", "model": tiny}]}
     with pytest.raises(ConfigError, match="unique name"):
         expand_grid(grid, tmp_path, {})
-    grid = {"shared": SHARED, "runs": [{"name": "a", "model": TINY, "optim": {"lr": "x"}}]}
+    grid = {"shared": SHARED, "runs": [{"name": "a", "model": tiny, "optim": {"lr": "x"}}]}
     with pytest.raises(ConfigError, match=r"optim.lr must be float"):
         expand_grid(grid, tmp_path, {})
 
 
 @pytest.mark.slow
-def test_compare_writes_tables_plots_and_resumes_without_redoing(tmp_path):
+def test_compare_writes_tables_plots_and_resumes_without_redoing(tmp_path, tiny):
     grid_file = tmp_path / "grid.yaml"
     runs = [
-        {"name": "rk2", "model": {**TINY, "block": "rk2"}},
+        {"name": "rk2", "model": {**tiny, "block": "rk2"}},
         {"name": "bigram", "model": {"family": "reference"}},
     ]
     grid_file.write_text(yaml.safe_dump({"shared": SHARED, "runs": runs}))

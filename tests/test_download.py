@@ -23,7 +23,6 @@ from experiments.data.download import (
     verify_file,
 )
 
-SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 TEXTS = {
     "train": b" the cat sat on the mat \n a <unk> sat too \n",
     "valid": b" the dog ran \n",
@@ -195,11 +194,10 @@ def test_verify_file_names_file_and_hashes(tmp_path):
     )
 
 
-@pytest.mark.skipif(not SHARED.is_dir(), reason="../shared/data not present")
-def test_known_hashes_match_the_shared_real_files():
+def test_known_hashes_match_the_shared_real_files(data_dir):
     checked = 0
     for sub in ("ptb", "wikitext-2"):
-        for path in sorted((SHARED / sub).iterdir()):
+        for path in sorted((data_dir / sub).iterdir()):
             assert sha256_file(path) == dl.KNOWN_FILE_SHA256[path.name]
             checked += 1
     assert checked == 4

@@ -24,40 +24,8 @@ from experiments.models import build_model
 from experiments.task import NonFiniteLossError
 from experiments.train import OutputDirError, load_run, train
 
-TINY_MODEL = {
-    "family": "ode_transformer",
-    "preset": "small",
-    "n_layers": 1,
-    "d_model": 32,
-    "d_ff": 64,
-    "n_heads": 2,
-    "block": "rk2",
-}
 
-
-def tiny_config(out_dir: Path, name: str = "run", **sections) -> dict:
-    values = {
-        "name": name,
-        "out_dir": str(out_dir),
-        "seed": 3,
-        "model": dict(TINY_MODEL),
-        "data": {"corpus": "grammar", "batch_size": 8, "bptt": 16, "eval_window": 64},
-        "trainer": {
-            "max_steps": 24,
-            "val_every": 8,
-            "checkpoint_every": 4,
-            "val_batches": 2,
-            "progress_bar": False,
-            "num_threads": 1,  # bitwise reproducibility needs one thread count everywhere
-        },
-        "eval": {"bleu_sentences": 5},
-    }
-    for key, value in sections.items():
-        values[key] = {**values.get(key, {}), **value} if isinstance(value, dict) else value
-    return values
-
-
-def test_same_seed_same_validation_perplexity(tmp_path):
+def test_same_seed_same_validation_perplexity(tmp_path, tiny_config):
     first = train(parse_config(tiny_config(tmp_path, "a")))
     second = train(parse_config(tiny_config(tmp_path, "b")))
     assert first["valid_ppl"] == pytest.approx(second["valid_ppl"], abs=1e-6)
@@ -71,7 +39,7 @@ def test_same_seed_same_validation_perplexity(tmp_path):
 
 
 @pytest.mark.slow
-def test_sigkill_mid_run_then_resume_matches_uninterrupted(tmp_path):
+def test_sigkill_mid_run_then_resume_matches_uninterrupted(tmp_path, tiny_config):
     reference = train(parse_config(tiny_config(tmp_path, "reference", trainer={"max_steps": 40})))
     config_file = tmp_path / "killed.yaml"
     config_file.write_text(
@@ -111,7 +79,7 @@ class _SaveWeights(pl.Callback):
 
 
 @pytest.mark.slow
-def test_two_process_ddp_ends_with_identical_weights(tmp_path):
+def test_two_process_ddp_ends_with_identical_weights(tmp_path, tiny_config):
     config = parse_config(
         tiny_config(
             tmp_path, "ddp", trainer={"devices": 2, "strategy": "ddp_spawn", "max_steps": 6}
@@ -131,8 +99,8 @@ def test_two_process_ddp_ends_with_identical_weights(tmp_path):
     assert any(not torch.equal(initial[key], rank0[key]) for key in rank0)
 
 
-def test_checkpoint_averaging_averages_the_last_validations(tmp_path):
-    from experiments.train import CheckpointAverager
+def test_checkpoint_averaging_averages_the_last_validations(tmp_path, tiny_config):
+    from experiments.checkpoints import CheckpointAverager
 
     averager = CheckpointAverager(2)
     for value in (1.0, 2.0, 4.0):
@@ -142,7 +110,7 @@ def test_checkpoint_averaging_averages_the_last_validations(tmp_path):
     assert result["selected"] == "average of last 2 validations"
 
 
-def test_unknown_key_and_wrong_type_are_named(tmp_path):
+def test_unknown_key_and_wrong_type_are_named(tmp_path, tiny_config):
     with pytest.raises(ConfigError, match=r"unknown key config.trainer.max_step\b"):
         parse_config(tiny_config(tmp_path, trainer={"max_step": 3}))
     with pytest.raises(ConfigError, match=r"config.optim.lr must be float, got 'fast'"):
@@ -151,32 +119,39 @@ def test_unknown_key_and_wrong_type_are_named(tmp_path):
         train(parse_config(tiny_config(tmp_path, model={"family": "rnn"})))
 
 
-def test_unwritable_output_dir_fails_before_training(tmp_path):
+def test_unwritable_output_dir_fails_before_training(tmp_path, tiny_config):
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")
     with pytest.raises(OutputDirError, match="cannot write to run directory"):
         train(parse_config(tiny_config(blocker)))
 
 
-def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
+def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, tiny_config):
     values = tiny_config(tmp_path, "nan", optim={"lr": 1e6, "grad_clip": None})
-    values["trainer"]["max_steps"] = 200
+    values["trainer"].update(max_steps=200, checkpoint_every=1)
     with pytest.raises(NonFiniteLossError, match="last good checkpoint is kept"):
         train(parse_config(values))
     last = tmp_path / "nan" / "checkpoints" / "last.ckpt"
-    if last.exists():
-        state = torch.load(last, weights_only=False)["state_dict"]
-        assert all(torch.isfinite(v).all() for v in state.values())
+    assert last.is_file(), "the run diverged before its first checkpoint: nothing was checked"
+    state = torch.load(last, weights_only=False)["state_dict"]
+    assert all(torch.isfinite(v).all() for v in state.values())
+    assert not (tmp_path / "nan" / "result.json").exists()
 
 
-def test_eval_and_generate_commands_and_vocabulary_check(tmp_path, capsys):
+def test_eval_and_generate_commands_and_vocabulary_check(tmp_path, capsys, tiny_config):
     config_file = tmp_path / "run.yaml"
     config_file.write_text(yaml.safe_dump(tiny_config(tmp_path, "cli")))
     assert main(["train", "--config", str(config_file), "--quiet"]) == 0
-    trained = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert main(["eval", str(tmp_path / "cli"), "--json", "--bleu-sentences", "5"]) == 0
+    *_, result_line, last_line = capsys.readouterr().out.strip().splitlines()
+    trained = json.loads(result_line)
+    assert last_line == f"wrote {tmp_path / 'cli'}"
+    assert main(["eval", str(tmp_path / "cli"), "--json", "--num-threads", "1"]) == 0
     evaluated = json.loads(capsys.readouterr().out)
     assert evaluated["ppl"] == pytest.approx(trained["test_ppl"], rel=1e-6)
+    # eval uses the run's eval.* settings (bleu_sentences 5) unless told otherwise
+    assert evaluated["bleu_tf"] == pytest.approx(trained["test_bleu_tf"], abs=1e-12)
+    assert main(["eval", str(tmp_path / "cli"), "--json", "--bleu-sentences", "0"]) == 0
+    assert json.loads(capsys.readouterr().out)["bleu_tf"] is None
     assert (
         main(["generate", str(tmp_path / "cli"), "--prompt", "a dog", "--max-new-tokens", "4"]) == 0
     )
@@ -195,7 +170,7 @@ def test_eval_and_generate_commands_and_vocabulary_check(tmp_path, capsys):
     assert "does not exist" in capsys.readouterr().err
 
 
-def test_bpe_run_reports_per_word_and_per_token_perplexity_consistently(tmp_path):
+def test_bpe_run_reports_per_word_and_per_token_perplexity_consistently(tmp_path, tiny_config):
     values = tiny_config(tmp_path, "bpe", data={"tokenizer": "bpe", "bpe_vocab_size": 300})
     values["trainer"]["max_steps"] = 4
     result = train(parse_config(values))

@@ -14,6 +14,13 @@ from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
+from odelm.errors import OdelmError
+
+
+class TokenizerDirError(OdelmError, FileNotFoundError):
+    """A tokenizer directory holds no GPT-2 tokenizer."""
+
+
 GPT2_EOS = "<|endoftext|>"
 
 
@@ -83,7 +90,7 @@ class BPETokenizer:
         else:
             present = sorted(p.name for p in path.iterdir()) if path.is_dir() else "not a directory"
             missing = [n for n in ("vocab.json", "merges.txt") if not (path / n).is_file()]
-            raise FileNotFoundError(
+            raise TokenizerDirError(
                 f"{path} holds no GPT-2 tokenizer: expected tokenizer.json, or vocab.json and "
                 f"merges.txt (missing tokenizer.json and {', '.join(missing)}; found: {present})"
             )

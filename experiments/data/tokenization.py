@@ -22,6 +22,10 @@ from experiments.data.corpora import EOS, Corpus
 from odelm.errors import OdelmError
 
 
+class SplitNotFoundError(OdelmError, KeyError):
+    """The data has no split of the name asked for."""
+
+
 class VocabularyMismatchError(OdelmError, ValueError):
     """A checkpoint was built for another vocabulary or tokenizer."""
 
@@ -105,7 +109,7 @@ class LMData:
 
     def split(self, name: str) -> EncodedSplit:
         if name not in self.splits:
-            raise KeyError(f"no split {name!r}; have {', '.join(self.splits)}")
+            raise SplitNotFoundError(f"no split {name!r}; have {', '.join(self.splits)}")
         return self.splits[name]
 
 
