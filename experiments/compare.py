@@ -19,7 +19,9 @@ from typing import Any
 import yaml
 
 from experiments.config import ConfigError, load_yaml, merge, parse_config
+from experiments.runs import config_changes
 from experiments.train import RESULT_FILE
+from odelm.errors import OdelmError
 
 GRIDS_DIR = Path(__file__).parent / "configs" / "grids"
 RUN_KEYS = {"name", "model", "optim"}
@@ -41,6 +43,10 @@ COLUMNS = [
     ("train_seconds", "train seconds"),
     ("model", "configuration"),
 ]
+
+
+class GridRunError(OdelmError, RuntimeError):
+    """Some runs of a grid failed (the others finished and are kept)."""
 
 
 def grid_path(preset: str) -> Path:
@@ -86,25 +92,53 @@ def run_grid(
     out_dir = Path(out_dir)
     configs = expand_grid(load_yaml(grid_file), out_dir, shared_override or {})
     (out_dir / "configs").mkdir(parents=True, exist_ok=True)
-    results = []
+    results, failed = [], []
     for values in configs:
-        path = out_dir / "configs" / f"{values['name']}.yaml"
-        path.write_text(yaml.safe_dump(values, sort_keys=False))
-        result_file = out_dir / "runs" / values["name"] / RESULT_FILE
-        if not result_file.is_file():
-            print(f"[compare] training {values['name']}", flush=True)
-            subprocess.run(
-                [sys.executable, "-m", "experiments", "train", "--config", str(path), "--quiet"],
-                check=True,
-            )
+        result = _train_run(values, out_dir)
+        if result is None:
+            failed.append(values["name"])
         else:
-            print(f"[compare] {values['name']}: finished earlier, kept", flush=True)
-        results.append(json.loads(result_file.read_text()))
-    write_tables(results, out_dir)
-    from experiments.plots import plot_comparison
+            results.append(result)
+    if results:
+        write_tables(results, out_dir)
+        from experiments.plots import plot_comparison
 
-    plot_comparison(out_dir, [values["name"] for values in configs], results)
+        plot_comparison(out_dir, [r["name"] for r in results], results)
+    if failed:
+        logs = ", ".join(f"{name} (log: {out_dir / 'logs' / (name + '.log')})" for name in failed)
+        raise GridRunError(
+            f"{len(failed)} of {len(configs)} runs failed: {logs}; the other runs are kept"
+        )
     return results
+
+
+def _train_run(values: dict[str, Any], out_dir: Path) -> dict[str, Any] | None:
+    """Train one run in its own process (kept if finished under the same config; re-trained
+    if its config changed); its output goes to ``logs/NAME.log``. None if it failed."""
+    name = values["name"]
+    path = out_dir / "configs" / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(values, sort_keys=False))
+    run_dir = out_dir / "runs" / name
+    changes = config_changes(run_dir, parse_config(values))
+    command = [sys.executable, "-m", "experiments", "train", "--config", str(path), "--quiet"]
+    if changes:
+        print(f"[compare] {name}: config changed ({'; '.join(changes)}), re-training", flush=True)
+        command.append("--overwrite")
+    elif (run_dir / RESULT_FILE).is_file():
+        print(f"[compare] {name}: finished earlier, kept", flush=True)
+        return json.loads((run_dir / RESULT_FILE).read_text())
+    else:
+        print(f"[compare] training {name}", flush=True)
+    log = out_dir / "logs" / f"{name}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("w") as handle:
+        status = subprocess.run(
+            command, check=False, stdout=handle, stderr=subprocess.STDOUT
+        ).returncode
+    if status != 0:
+        print(f"[compare] {name}: FAILED (exit {status}); see {log}", flush=True)
+        return None
+    return json.loads((run_dir / RESULT_FILE).read_text())
 
 
 def write_tables(results: list[dict[str, Any]], out_dir: Path) -> None:
