@@ -9,7 +9,14 @@ from pathlib import Path
 from typing import Any
 
 from experiments.commands import REGISTRARS
-from experiments.data.corpora import CORPUS_NAMES, DEFAULT_CACHE_DIR, PROTOCOLS, Corpus
+from experiments.data.corpora import (
+    CORPUS_NAMES,
+    DEFAULT_CACHE_DIR,
+    PROTOCOLS,
+    SPECS,
+    SPLITS,
+    Corpus,
+)
 from odelm.errors import OdelmError
 
 
@@ -39,11 +46,13 @@ def corpus_info(
     Without a protocol it describes the files as they are (missing splits listed); with
     one it describes the splits a run under that protocol would use.
     """
-    from experiments.data.corpora import SPLITS, load_corpus, read_lines, sha256_of, split_files
-    from experiments.data.download import KNOWN_FILE_SHA256
+    from experiments.data.checksums import checksum_status, sha256_file
+    from experiments.data.corpora import load_corpus, read_lines, split_files
 
     if protocol is not None or name == "grammar":
-        corpus: Corpus = load_corpus(name, data_dir, protocol=protocol or "full", seed=seed)
+        corpus: Corpus = load_corpus(
+            name, data_dir, protocol=protocol or "full", seed=seed, verify_checksums=False
+        )
         lines, label, paths = corpus.lines, corpus.protocol, corpus.files
     else:
         paths = {split: str(path) for split, path in split_files(name, data_dir).items()}
@@ -61,8 +70,10 @@ def corpus_info(
         }
     files = {}
     for split, path in paths.items():
-        actual, expected = sha256_of(Path(path)), KNOWN_FILE_SHA256.get(Path(path).name)
-        status = "unknown" if expected is None else ("ok" if actual == expected else "MISMATCH")
+        if name in SPECS:
+            actual, status = checksum_status(SPECS[name], Path(path))
+        else:
+            actual, status = sha256_file(path), "unknown"
         files[split] = {"path": path, "sha256": actual, "checksum": status}
     info: dict[str, Any] = {
         "corpus": name,
@@ -73,16 +84,22 @@ def corpus_info(
         "files": files,
     }
     if name == "grammar":
-        from experiments.data.grammar import ProbabilisticGrammar, default_rules
+        from experiments.data.grammar import (
+            ProbabilisticGrammar,
+            default_rules,
+            true_split_perplexity,
+        )
 
         grammar = ProbabilisticGrammar(default_rules())
         info["entropy_nats_per_token"] = grammar.entropy_per_token
-        info["perplexity_lower_bound"] = grammar.perplexity_lower_bound
+        info["expected_perplexity"] = grammar.expected_perplexity
+        info["true_test_perplexity"] = true_split_perplexity(seed, "test")
     return info
 
 
 def cmd_data_info(args: argparse.Namespace) -> int:
-    info = corpus_info(args.corpus, args.data_dir, args.protocol, args.seed)
+    seed = args.seed
+    info = corpus_info(args.corpus, args.data_dir, args.protocol, seed)
     if args.json:
         print(json.dumps(info))
         return 0
@@ -92,10 +109,12 @@ def cmd_data_info(args: argparse.Namespace) -> int:
     _print_json_or_table([{"split": k, **v} for k, v in info["splits"].items()], False)
     for split, entry in info["files"].items():
         print(f"{split} file {entry['path']}: checksum {entry['checksum']}")
-    if "perplexity_lower_bound" in info:
+    if "expected_perplexity" in info:
         print(
-            f"true entropy {info['entropy_nats_per_token']:.4f} nats/token: "
-            f"no model can reach a perplexity below {info['perplexity_lower_bound']:.3f}"
+            f"true entropy rate {info['entropy_nats_per_token']:.4f} nats/token: the true "
+            f"grammar's perplexity is {info['expected_perplexity']:.3f} in expectation and "
+            f"{info['true_test_perplexity']:.3f} on this test split (seed {seed}); compare a "
+            "model's test perplexity with the latter"
         )
     return 0
 
@@ -103,7 +122,9 @@ def cmd_data_info(args: argparse.Namespace) -> int:
 def cmd_data_download(args: argparse.Namespace) -> int:
     from experiments.data.download import download_corpus
 
-    folder = download_corpus(args.corpus, args.cache_dir, url=args.url, sha256=args.sha256)
+    folder = download_corpus(
+        args.corpus, args.cache_dir, url=args.url, sha256=args.sha256, splits=args.splits
+    )
     print(f"{args.corpus}: verified files in {folder}")
     return 0
 
@@ -140,10 +161,17 @@ def build_parser() -> argparse.ArgumentParser:
     info.add_argument("--json", action="store_true")
     info.set_defaults(func=cmd_data_info)
     download = data.add_parser("download", help="fetch and verify a corpus archive")
-    download.add_argument("--corpus", required=True, choices=["ptb", "wikitext2", "wikitext2-raw"])
+    download.add_argument("--corpus", required=True, choices=list(SPECS))
     download.add_argument("--cache-dir", default=str(DEFAULT_CACHE_DIR))
     download.add_argument("--url", help="override the archive URL (a mirror)")
     download.add_argument("--sha256", help="expected SHA-256 of the archive at --url")
+    download.add_argument(
+        "--splits",
+        nargs="+",
+        choices=SPLITS,
+        default=list(SPLITS),
+        help="split files to extract (valid test: what --protocol mini needs)",
+    )
     download.set_defaults(func=cmd_data_download)
 
     bench = commands.add_parser("bench", help="run a registered benchmark ('all' for every one)")

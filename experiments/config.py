@@ -29,6 +29,7 @@ class DataConfig:
     data_dir: str | None = None
     protocol: str = "full"
     download: bool = False  # fetch missing PTB / WikiText-2 files into the cache
+    verify_checksums: bool = True  # refuse a split file whose known checksum differs
     tokenizer: str = "word"  # "word" or "bpe"
     bpe_vocab_size: int = 4000
     tokenizer_dir: str | None = None  # a local GPT-2 tokenizer directory for "bpe"

@@ -121,7 +121,12 @@ def prepare_data(config: RunConfig) -> LMData:
     """Load, tokenize and encode the run's corpus."""
     cfg = config.data
     corpus = load_corpus(
-        cfg.corpus, cfg.data_dir, protocol=cfg.protocol, seed=cfg.seed, download=cfg.download
+        cfg.corpus,
+        cfg.data_dir,
+        protocol=cfg.protocol,
+        seed=cfg.seed,
+        download=cfg.download,
+        verify_checksums=cfg.verify_checksums,
     )
     tokenizer = build_tokenizer(
         corpus, cfg.tokenizer, bpe_vocab_size=cfg.bpe_vocab_size, tokenizer_dir=cfg.tokenizer_dir

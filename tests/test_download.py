@@ -1,104 +1,26 @@
-"""The downloader against a loopback HTTP server serving fixture archives built on the spot."""
+"""The downloader (pooch underneath) against a loopback server serving fixture archives."""
 
 from __future__ import annotations
 
-import hashlib
-import http.server
-import io
-import tarfile
-import threading
-import zipfile
+import dataclasses
 from pathlib import Path
 
 import pytest
+from loopback import TEXTS, LoopbackServer, ptb_tgz, sha256, wikitext_raw_zip
 
-from experiments.data import download as dl
-from experiments.data.download import (
-    ARCHIVES,
-    MANIFEST,
-    ChecksumError,
-    DownloadError,
-    download_corpus,
-    sha256_file,
-    verify_file,
-)
+from experiments.data.checksums import MANIFEST, ChecksumError, sha256_file, verify_file
+from experiments.data.corpora import SPECS, CorpusError
+from experiments.data.download import DownloadError, StallGuardDownloader, download_corpus
 
-TEXTS = {
-    "train": b" the cat sat on the mat \n a <unk> sat too \n",
-    "valid": b" the dog ran \n",
-    "test": b" a bird flew over the <unk> \n",
-}
-
-
-def _tgz() -> bytes:
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
-        for split, text in TEXTS.items():
-            info = tarfile.TarInfo(f"./simple-examples/data/ptb.{split}.txt")
-            info.size = len(text)
-            tar.addfile(info, io.BytesIO(text))
-    return buffer.getvalue()
-
-
-def _zip() -> bytes:
-    buffer = io.BytesIO()
-    with zipfile.ZipFile(buffer, "w") as zf:
-        zf.writestr("wikitext-2-raw/README.txt", "not a split")
-        for split, text in TEXTS.items():
-            zf.writestr(f"wikitext-2-raw/wiki.{split}.raw", text)
-    return buffer.getvalue()
-
-
-class _Server:
-    """Serves ``routes`` (path -> body); ``/short/...`` promises more bytes than it sends."""
-
-    def __init__(self) -> None:
-        self.routes: dict[str, bytes] = {}
-        self.requests: list[str] = []
-        server = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                server.requests.append(self.path)
-                truncated = self.path.startswith("/short/")
-                body = server.routes.get(self.path.removeprefix("/short"))
-                if body is None:
-                    self.send_error(404)
-                    return
-                self.send_response(200)
-                self.send_header("Content-Length", str(len(body) + 1000 * truncated))
-                self.end_headers()
-                self.wfile.write(body[: len(body) // 2] if truncated else body)
-                self.wfile.flush()
-                self.close_connection = True
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.timeout = 5
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-        self.thread.start()
-
-    def url(self, path: str) -> str:
-        return f"http://127.0.0.1:{self.httpd.server_address[1]}{path}"
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
-        self.thread.join(timeout=5)
+FAST = StallGuardDownloader(timeout=5, progressbar=False)
 
 
 @pytest.fixture
 def server():
-    srv = _Server()
-    srv.routes = {"/simple-examples.tgz": _tgz(), "/wikitext-2-raw-v1.zip": _zip()}
+    srv = LoopbackServer()
+    srv.routes = {"/simple-examples.tgz": ptb_tgz(), "/wikitext-2-raw-v1.zip": wikitext_raw_zip()}
     yield srv
     srv.close()
-
-
-def _sha(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
 
 
 def _finals(directory: Path) -> list[str]:
@@ -109,25 +31,31 @@ def _finals(directory: Path) -> list[str]:
     "name,path", [("ptb", "/simple-examples.tgz"), ("wikitext2-raw", "/wikitext-2-raw-v1.zip")]
 )
 def test_good_archive_is_extracted_verified_and_cached(server, tmp_path, name, path):
-    body = server.routes[path]
-    out = download_corpus(name, tmp_path, url=server.url(path), sha256=_sha(body), timeout=5)
-    spec = ARCHIVES[name]
-    assert out == tmp_path / spec.directory
-    assert _finals(out) == sorted([*spec.members.values(), MANIFEST])  # no .part left over
-    for split, text in TEXTS.items():
-        (file_name,) = [n for n in spec.members.values() if f".{split}." in n]
-        assert (out / file_name).read_bytes() == text
-    # Present and verified: no second request.
-    assert (
-        download_corpus(name, tmp_path, url=server.url(path), sha256=_sha(body), timeout=5) == out
+    body, spec = server.routes[path], SPECS[name]
+    out = download_corpus(
+        name, tmp_path, url=server.url(path), sha256=sha256(body), downloader=FAST
     )
+    assert out == tmp_path / spec.cache_subdir
+    # Only the split files and the manifest: no archive, no temporary file left over.
+    assert _finals(out) == sorted([*spec.files.values(), MANIFEST])
+    for split, text in TEXTS.items():
+        assert (out / spec.files[split]).read_bytes() == text
+    # Present and verified: no second request.
+    again = download_corpus(
+        name, tmp_path, url=server.url(path), sha256=sha256(body), downloader=FAST
+    )
+    assert again == out
     assert server.requests == [path]
 
 
 def test_wrong_archive_checksum_raises_and_leaves_no_files(server, tmp_path):
     with pytest.raises(ChecksumError, match="expected sha256 " + "0" * 64):
         download_corpus(
-            "ptb", tmp_path, url=server.url("/simple-examples.tgz"), sha256="0" * 64, timeout=5
+            "ptb",
+            tmp_path,
+            url=server.url("/simple-examples.tgz"),
+            sha256="0" * 64,
+            downloader=FAST,
         )
     assert _finals(tmp_path / "ptb") == []
 
@@ -136,9 +64,10 @@ def test_truncated_transfer_raises_and_leaves_no_files(server, tmp_path):
     body = server.routes["/simple-examples.tgz"]
     url = server.url("/short/simple-examples.tgz")
     with pytest.raises(DownloadError) as info:
-        download_corpus("ptb", tmp_path, url=url, sha256=_sha(body), timeout=5)
+        download_corpus("ptb", tmp_path, url=url, sha256=sha256(body), downloader=FAST)
     message = str(info.value)
     assert url in message and str(tmp_path / "ptb") in message and "ptb.train.txt" in message
+    assert "IncompleteRead" in message
     assert _finals(tmp_path / "ptb") == []
 
 
@@ -146,63 +75,55 @@ def test_canonical_file_hashes_reject_made_up_ptb(server, tmp_path):
     # Without a sha256 override the published per-file hashes apply: made-up text fails them
     # before anything is renamed into place.
     with pytest.raises(ChecksumError, match="ptb"):
-        download_corpus("ptb", tmp_path, url=server.url("/simple-examples.tgz"), timeout=5)
+        download_corpus("ptb", tmp_path, url=server.url("/simple-examples.tgz"), downloader=FAST)
     assert _finals(tmp_path / "ptb") == []
 
 
 def test_corrupted_cached_file_is_detected_and_fetched_again(server, tmp_path):
     url, body = server.url("/wikitext-2-raw-v1.zip"), server.routes["/wikitext-2-raw-v1.zip"]
-    out = download_corpus("wikitext2-raw", tmp_path, url=url, sha256=_sha(body), timeout=5)
+    out = download_corpus("wikitext2-raw", tmp_path, url=url, sha256=sha256(body), downloader=FAST)
     (out / "wiki.valid.raw").write_bytes(b" the dog ran \n tampered \n")
     dead = server.url("/missing.zip")  # 404: the corrupted copy must not be served instead
     with pytest.raises(DownloadError, match="checksum mismatch for .*wiki.valid.raw"):
-        download_corpus("wikitext2-raw", tmp_path, url=dead, sha256=_sha(body), timeout=5)
-    download_corpus("wikitext2-raw", tmp_path, url=url, sha256=_sha(body), timeout=5)
+        download_corpus("wikitext2-raw", tmp_path, url=dead, sha256=sha256(body), downloader=FAST)
+    download_corpus("wikitext2-raw", tmp_path, url=url, sha256=sha256(body), downloader=FAST)
     assert (out / "wiki.valid.raw").read_bytes() == TEXTS["valid"]
     assert server.requests == ["/wikitext-2-raw-v1.zip", "/missing.zip", "/wikitext-2-raw-v1.zip"]
 
 
 def test_offline_error_names_url_directory_and_files(tmp_path):
+    url = "http://127.0.0.1:9/wikitext-2-v1.zip"
     with pytest.raises(DownloadError) as info:
-        download_corpus(
-            "wikitext2", tmp_path, url="http://127.0.0.1:9/wikitext-2-v1.zip", timeout=2
-        )
+        download_corpus("wikitext2", tmp_path, url=url, downloader=FAST)
     message = str(info.value)
-    for part in (
-        "http://127.0.0.1:9/wikitext-2-v1.zip",
-        str(tmp_path / "wikitext-2"),
-        "wiki.train.tokens",
-    ):
+    for part in (url, str(tmp_path / "wikitext-2"), "wiki.train.tokens"):
         assert part in message
 
 
 def test_unknown_corpus_lists_valid_names(tmp_path):
-    with pytest.raises(KeyError, match="ptb, wikitext2, wikitext2-raw"):
+    with pytest.raises(CorpusError, match="valid: ptb, wikitext2, wikitext2-raw"):
         download_corpus("ptb2", tmp_path)
 
 
 def test_verify_file_names_file_and_hashes(tmp_path):
     path = tmp_path / "f.txt"
     path.write_bytes(b"abc")
-    verify_file(path, _sha(b"abc"))
+    verify_file(path, sha256(b"abc"))
     with pytest.raises(ChecksumError) as info:
         verify_file(path, "1" * 64)
-    assert (
-        str(path) in str(info.value)
-        and "1" * 64 in str(info.value)
-        and _sha(b"abc") in str(info.value)
-    )
+    message = str(info.value)
+    assert str(path) in message and "1" * 64 in message and sha256(b"abc") in message
 
 
 def test_known_hashes_match_the_shared_real_files(data_dir):
     checked = 0
-    for sub in ("ptb", "wikitext-2"):
+    for name, sub in (("ptb", "ptb"), ("wikitext2", "wikitext-2")):
         for path in sorted((data_dir / sub).iterdir()):
-            assert sha256_file(path) == dl.KNOWN_FILE_SHA256[path.name]
+            assert sha256_file(path) == SPECS[name].file_sha256[path.name]
             checked += 1
     assert checked == 4
     # A user who copied the real PTB files by hand is served from them with no network.
-    assert set(ARCHIVES["ptb"].file_sha256) == {"ptb.train.txt", "ptb.valid.txt", "ptb.test.txt"}
+    assert set(SPECS["ptb"].file_sha256) == {"ptb.train.txt", "ptb.valid.txt", "ptb.test.txt"}
 
 
 def test_corrupt_archive_raises_download_error_and_leaves_no_files(server, tmp_path):
@@ -210,7 +131,7 @@ def test_corrupt_archive_raises_download_error_and_leaves_no_files(server, tmp_p
     server.routes["/bad.tgz"] = garbage
     with pytest.raises(DownloadError, match="corrupt"):
         download_corpus(
-            "ptb", tmp_path, url=server.url("/bad.tgz"), sha256=_sha(garbage), timeout=5
+            "ptb", tmp_path, url=server.url("/bad.tgz"), sha256=sha256(garbage), downloader=FAST
         )
     assert _finals(tmp_path / "ptb") == []
 
@@ -218,15 +139,14 @@ def test_corrupt_archive_raises_download_error_and_leaves_no_files(server, tmp_p
 def test_load_corpus_with_download_fetches_missing_files_into_the_cache(
     server, tmp_path, monkeypatch
 ):
-    import dataclasses
-
     from experiments.data import corpora
 
     body = server.routes["/wikitext-2-raw-v1.zip"]
-    mirror = dataclasses.replace(
-        ARCHIVES["wikitext2-raw"], url=server.url("/wikitext-2-raw-v1.zip"), sha256=_sha(body)
+    spec = SPECS["wikitext2-raw"]
+    archive = dataclasses.replace(
+        spec.archive, url=server.url("/wikitext-2-raw-v1.zip"), sha256=sha256(body)
     )
-    monkeypatch.setitem(ARCHIVES, "wikitext2-raw", mirror)
+    monkeypatch.setitem(SPECS, "wikitext2-raw", dataclasses.replace(spec, archive=archive))
     monkeypatch.setattr(corpora, "DEFAULT_CACHE_DIR", tmp_path)
     monkeypatch.delenv("ODELM_DATA_DIR", raising=False)
     with pytest.raises(corpora.CorpusError, match="wiki.train.raw"):

@@ -1,5 +1,6 @@
 """The embedded corpus: its closed-form entropy against sampling, and its unambiguity."""
 
+import json
 import math
 import random
 import statistics
@@ -55,3 +56,31 @@ def test_corpus_is_deterministic_and_agrees_in_number():
     for words in first["train"][:200]:
         singular = words[0] in {"a", "this", "every", "one"}
         assert singular == (words[0] not in {"some", "these", "many", "two", "several"})
+
+
+def test_true_grammar_perplexity_of_the_test_split_beside_the_expectation(capsys):
+    from experiments.cli import main
+    from experiments.data.grammar import reference_perplexities, true_split_perplexity
+
+    grammar = ProbabilisticGrammar(default_rules())
+    # The entropy rate is an expectation; one 800-sentence split scores the true grammar
+    # at its own value (the issue's audit measured 10.614 on seed 0's test split).
+    assert grammar.expected_perplexity == pytest.approx(10.5554, abs=1e-4)
+    assert true_split_perplexity(0, "test") == pytest.approx(10.6140, abs=1e-4)
+    assert reference_perplexities(0) == {
+        "expected": grammar.expected_perplexity,
+        "test_split": true_split_perplexity(0, "test"),
+    }
+    # Sentence by sentence: the split's perplexity is exp(total surprisal / tokens).
+    rng = random.Random(0)
+    sizes = {"train": 8000, "valid": 800, "test": 800}
+    draws = [grammar.sample(rng) for _ in range(sum(sizes.values()))][-800:]
+    tokens = sum(len(words) + 1 for words, _ in draws)
+    assert true_split_perplexity(0) == pytest.approx(
+        math.exp(-sum(lp for _, lp in draws) / tokens), rel=1e-12
+    )
+    assert generate_splits(0)["test"] == [words for words, _ in draws]
+    assert main(["data", "info", "--corpus", "grammar", "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["true_test_perplexity"] == true_split_perplexity(0, "test")
+    assert info["expected_perplexity"] == grammar.expected_perplexity

@@ -10,15 +10,14 @@ the corpus into every result it affects.
 
 from __future__ import annotations
 
-import hashlib
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from experiments.data.checksums import ChecksumError, checksum_status
 from odelm.errors import OdelmError
 
 EOS = "<eos>"
-UNK = "<unk>"
 SPLITS = ("train", "valid", "test")
 PROTOCOLS = ("full", "mini")
 DATA_DIR_ENV = "ODELM_DATA_DIR"
@@ -30,29 +29,78 @@ class CorpusError(OdelmError, ValueError):
 
 
 @dataclass(frozen=True)
+class Archive:
+    """Where a named corpus is published: one archive and the folder of its split files."""
+
+    url: str
+    sha256: str | None  # the archive's published SHA-256, when one exists
+    member_dir: str  # folder of the split files inside the archive
+
+
+@dataclass(frozen=True)
 class CorpusSpec:
-    """Where a corpus's split files live: file names and subdirectories to search."""
+    """Everything about one named corpus: its files, where to look, and where it is published.
+
+    ``file_sha256`` holds published checksums of the split files (by file name); a file
+    with one is verified before use. ``subdirs[1]`` is the corpus's folder in the cache.
+    """
 
     files: dict[str, str]
     subdirs: tuple[str, ...]
     label: str
+    archive: Archive
+    file_sha256: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def cache_subdir(self) -> str:
+        return self.subdirs[1]
 
 
+# The one registry of named corpora: the CLI, the loader and the downloader read it.
+# Checksums are published ones, none computed here and trusted: PTB's split files as Hugging
+# Face ``datasets`` publishes them for Zaremba et al.'s copies (Mikolov's archive has no
+# published checksum); WikiText-2's archives and tokenized valid/test files as published by
+# Hugging Face ``datasets``. wikitext.smerity.com is the WikiText author's mirror of the
+# zips (the original S3 bucket is gone).
 SPECS: dict[str, CorpusSpec] = {
     "ptb": CorpusSpec(
         {split: f"ptb.{split}.txt" for split in SPLITS},
         ("", "ptb", "penn", "simple-examples/data"),
         "PTB",
+        Archive(
+            "http://www.fit.vutbr.cz/~imikolov/rnnlm/simple-examples.tgz",
+            None,
+            "./simple-examples/data/",
+        ),
+        {
+            "ptb.train.txt": "fcea919f6cf83f35d4d00c6cbf08040d13d4155226340912e2fef9c9c4102cbf",
+            "ptb.valid.txt": "c9fe6985fe0d4ccb578183407d7668fc6066c20700cb4cf87d8ff1cc34df1bf2",
+            "ptb.test.txt": "dd65dff31e70846b2a6030a87482edcd5d199130cdcfa1f3dccbb033728deee0",
+        },
     ),
     "wikitext2": CorpusSpec(
         {split: f"wiki.{split}.tokens" for split in SPLITS},
         ("", "wikitext-2", "wikitext2"),
         "WT2",
+        Archive(
+            "https://wikitext.smerity.com/wikitext-2-v1.zip",
+            "92675f1d63015c1c8b51f1656a52d5bdbc33aafa60cc47a218a66e7ee817488c",
+            "wikitext-2/",
+        ),
+        {
+            "wiki.valid.tokens": "f0737ed31fc1329026e95cb8b98e19c2a182c39c240ab909dc31abf2f8af58e8",
+            "wiki.test.tokens": "d790b833ef8cf03a90db7bf1271b7520b83c45ce07ba3c1a9699df81e239eca0",
+        },
     ),
     "wikitext2-raw": CorpusSpec(
         {split: f"wiki.{split}.raw" for split in SPLITS},
         ("", "wikitext-2-raw", "wikitext2-raw"),
         "WT2-raw",
+        Archive(
+            "https://wikitext.smerity.com/wikitext-2-raw-v1.zip",
+            "ef7edb566e3e2b2d31b29c1fdb0c89a4cc683597484c3dc2517919c615435a11",
+            "wikitext-2-raw/",
+        ),
     ),
 }
 TEXT_SPLIT_NAMES = {
@@ -71,11 +119,6 @@ class Corpus:
     protocol: str
     lines: dict[str, list[list[str]]]
     files: dict[str, str] = field(default_factory=dict)
-    note: str = ""
-
-    def num_tokens(self, split: str) -> int:
-        """Words plus one ``<eos>`` per line: the word-level token count of a split."""
-        return sum(len(line) for line in self.split(split))
 
     def split(self, split: str) -> list[list[str]]:
         if split not in self.lines:
@@ -85,9 +128,12 @@ class Corpus:
             )
         return self.lines[split]
 
-    def words(self) -> list[str]:
-        """Every distinct token in every split, for a closed vocabulary."""
-        return sorted({word for lines in self.lines.values() for line in lines for word in line})
+
+def corpus_spec(name: str) -> CorpusSpec:
+    """The registry entry of a named (file-based, downloadable) corpus."""
+    if name not in SPECS:
+        raise CorpusError(f"unknown corpus {name!r}; valid: {', '.join(SPECS)}")
+    return SPECS[name]
 
 
 def read_lines(path: Path) -> list[list[str]]:
@@ -103,14 +149,6 @@ def read_lines(path: Path) -> list[list[str]]:
             "cannot be decoded; re-encode the file as UTF-8"
         ) from None
     return [line.split() + [EOS] for line in text.splitlines()]
-
-
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def default_data_dirs(data_dir: str | Path | None) -> list[Path]:
@@ -168,7 +206,7 @@ def missing_files_error(name: str, data_dir: str | Path | None, missing: list[st
 
 
 def apply_protocol(
-    name: str, label: str, lines: dict[str, list[list[str]]], protocol: str
+    label: str, lines: dict[str, list[list[str]]], protocol: str
 ) -> tuple[dict[str, list[list[str]]], str]:
     """Arrange splits by protocol; returns the splits and the protocol's label."""
     if protocol == "full":
@@ -177,6 +215,11 @@ def apply_protocol(
     cut = int(len(valid) * 0.9)
     mini = {"train": valid[:cut], "valid": valid[cut:], "test": lines["test"]}
     return mini, f"{label}-mini (train=valid[:90%], valid=valid[90%:], test=test)"
+
+
+def protocol_splits(protocol: str) -> tuple[str, ...]:
+    """The split files a protocol reads: all three, or valid and test for ``mini``."""
+    return ("valid", "test") if protocol == "mini" else SPLITS
 
 
 def split_files(name: str, data_dir: str | Path | None) -> dict[str, Path]:
@@ -194,6 +237,17 @@ def split_files(name: str, data_dir: str | Path | None) -> dict[str, Path]:
     return find_split_files(name, data_dir)
 
 
+def check_split_file(name: str, path: Path) -> None:
+    """Refuse a split file whose known checksum does not match (truncated or corrupt)."""
+    actual, status = checksum_status(SPECS[name], path)
+    if status == "MISMATCH":
+        raise ChecksumError(
+            f"{path} does not match its known checksum (sha256 {actual}): the file is truncated "
+            f"or corrupt. Delete it and fetch it again (`odelm data download --corpus {name}`, "
+            "or train with --download), or set data.verify_checksums: false to use it anyway"
+        )
+
+
 def load_corpus(
     name: str,
     data_dir: str | Path | None = None,
@@ -201,12 +255,15 @@ def load_corpus(
     protocol: str = "full",
     seed: int = 0,
     download: bool = False,
+    verify_checksums: bool = True,
 ) -> Corpus:
     """Load a corpus by name: ``ptb``, ``wikitext2``, ``wikitext2-raw``, ``text`` or ``grammar``.
 
     ``text`` reads the folder ``data_dir``; ``grammar`` generates the embedded corpus from
     ``seed`` and needs no files. ``protocol="mini"`` trains on the valid split. With
-    ``download=True`` a named corpus whose files are missing is fetched into the cache.
+    ``download=True`` a named corpus whose files for the protocol are missing is fetched
+    into the cache (only those files). A named corpus's file whose known checksum does not
+    match raises ``ChecksumError`` unless ``verify_checksums=False``.
     """
     if name not in CORPUS_NAMES:
         raise CorpusError(f"unknown corpus {name!r}; valid: {', '.join(CORPUS_NAMES)}")
@@ -216,18 +273,17 @@ def load_corpus(
         from experiments.data.grammar import generate_splits
 
         lines = {s: [words + [EOS] for words in ws] for s, ws in generate_splits(seed).items()}
-        label = f"grammar (embedded, seed {seed})"
-        lines, label = apply_protocol(name, label, lines, protocol)
-        return Corpus(name, label, lines, note="generated")
+        lines, label = apply_protocol(f"grammar (embedded, seed {seed})", lines, protocol)
+        return Corpus(name, label, lines)
     paths = split_files(name, data_dir)
-    if download and name in SPECS and len(paths) < len(SPLITS):
+    needed = protocol_splits(protocol)
+    missing = [split for split in needed if split not in paths]
+    if download and name in SPECS and missing:
         from experiments.data.download import download_corpus
 
-        download_corpus(name, DEFAULT_CACHE_DIR)
+        download_corpus(name, DEFAULT_CACHE_DIR, splits=needed)
         paths = find_split_files(name, DEFAULT_CACHE_DIR)
-    label = f"text:{Path(data_dir).name}" if name == "text" else SPECS[name].label
-    needed = ("valid", "test") if protocol == "mini" else SPLITS
-    missing = [split for split in needed if split not in paths]
+        missing = [split for split in needed if split not in paths]
     if missing:
         if name == "text":
             raise CorpusError(
@@ -236,6 +292,11 @@ def load_corpus(
                 + (" or use --protocol mini" if missing == ["train"] else "")
             )
         raise missing_files_error(name, data_dir, missing)
-    lines = {split: read_lines(paths[split]) for split in needed}
-    lines, label = apply_protocol(name, label, lines, protocol)
+    if verify_checksums and name in SPECS:
+        for split in needed:
+            check_split_file(name, paths[split])
+    label = f"text:{Path(data_dir).name}" if name == "text" else SPECS[name].label
+    lines, label = apply_protocol(
+        label, {split: read_lines(paths[split]) for split in needed}, protocol
+    )
     return Corpus(name, label, lines, files={s: str(p) for s, p in paths.items()})

@@ -6,8 +6,12 @@ dependency an n-gram model cannot capture but a model with memory can). LL(1) me
 sentence has exactly one derivation, so the entropy of a sentence equals the entropy of its
 derivation, which follows in closed form from the expected number of times each
 nonterminal is expanded (a linear system). Sentences are i.i.d., each followed by
-``<eos>``, so the entropy rate of the token stream is ``H(sentence) / E[tokens + 1]`` and
-``exp`` of it is the lowest perplexity any model can reach on this corpus.
+``<eos>``, so the entropy rate of the token stream is ``H(sentence) / E[tokens + 1]``.
+
+``exp`` of the entropy rate is the perplexity the true grammar reaches *in expectation*
+(on an infinitely long text); no model beats it in expectation. It is not a floor for one
+finite split: the true grammar's own perplexity on a sampled test split scatters around
+it (``true_split_perplexity``), and that is the number to set beside a model's score.
 """
 
 from __future__ import annotations
@@ -183,8 +187,8 @@ class ProbabilisticGrammar:
         return self.sentence_entropy / (self.expected_words + 1.0)
 
     @property
-    def perplexity_lower_bound(self) -> float:
-        """The lowest per-token perplexity any model can reach on this corpus."""
+    def expected_perplexity(self) -> float:
+        """``exp(entropy rate)``: the true grammar's perplexity on an infinitely long text."""
         return math.exp(self.entropy_per_token)
 
     def check_ll1(self) -> None:
@@ -284,6 +288,16 @@ class ProbabilisticGrammar:
         return words, log_probability
 
 
+def _sample_splits(
+    seed: int, sizes: dict[str, int] | None
+) -> dict[str, list[tuple[list[str], float]]]:
+    """``(words, log-probability)`` per sentence per split, from one seeded stream."""
+    sizes = sizes or {"train": 8000, "valid": 800, "test": 800}
+    grammar = ProbabilisticGrammar(default_rules())
+    rng = random.Random(seed)
+    return {split: [grammar.sample(rng) for _ in range(count)] for split, count in sizes.items()}
+
+
 def generate_splits(
     seed: int = 0, sizes: dict[str, int] | None = None
 ) -> dict[str, list[list[str]]]:
@@ -292,7 +306,28 @@ def generate_splits(
     ``sizes`` gives the number of sentences per split; the three splits are disjoint draws
     from one seeded stream, so the corpus is the same on every machine.
     """
-    sizes = sizes or {"train": 8000, "valid": 800, "test": 800}
+    return {
+        split: [words for words, _ in sentences]
+        for split, sentences in _sample_splits(seed, sizes).items()
+    }
+
+
+def true_split_perplexity(seed: int = 0, split: str = "test") -> float:
+    """The true grammar's per-token perplexity on one generated split (``<eos>`` counted).
+
+    The score a perfect model gets on exactly the sentences a run is tested on; it differs
+    from ``expected_perplexity`` by the sampling noise of a finite split.
+    """
+    sentences = _sample_splits(seed, None)[split]
+    tokens = sum(len(words) + 1 for words, _ in sentences)
+    return math.exp(-sum(log_p for _, log_p in sentences) / tokens)
+
+
+def reference_perplexities(seed: int = 0) -> dict[str, float]:
+    """What plots and tables draw beside grammar-corpus results: the true grammar's
+    perplexity in expectation (``expected``) and on the seed's test split (``test_split``)."""
     grammar = ProbabilisticGrammar(default_rules())
-    rng = random.Random(seed)
-    return {split: [grammar.sample(rng)[0] for _ in range(count)] for split, count in sizes.items()}
+    return {
+        "expected": grammar.expected_perplexity,
+        "test_split": true_split_perplexity(seed, "test"),
+    }
