@@ -2,7 +2,9 @@
 
 * :class:`CausalODEHead` (the default, a valid language model): every position's encoder
   state is an initial value ``z(0) = h_t``, ``dz/ds = f(s, z)`` on ``s in [0, S]`` and
-  ``logits_t = W z(S)``. All ``B * T`` positions are one batch in one solve.
+  ``logits_t = W z(S)``. All ``B * T`` positions are one batch in one solve; with a shared
+  adaptive step size it is causal within the solver tolerance (exactly causal settings
+  in its docstring).
 * :class:`ReconstructionODEDecoder` (the NODE-LM report's protocol, kept for reproduction):
   ``z(0)`` is the encoder state of the *last* token, the ODE is read out at ``T`` time points
   ``linspace(0, S, T)``, one per token. The encoder has read the whole sentence, so the
@@ -23,7 +25,14 @@ import torch
 from torch import nn
 
 from .fields import as_field, make_field
-from .solvers import SolverConfig, SolverStats, solve
+from .solvers import (
+    ADAPTIVE_METHODS,
+    BACKEND_METHODS,
+    SolverConfig,
+    SolverConfigError,
+    SolverStats,
+    solve,
+)
 
 __all__ = ["CausalODEHead", "ReconstructionODEDecoder", "RegularizedField"]
 
@@ -143,12 +152,12 @@ class _ODEHead(nn.Module):
         return torch.cat([z, a], dim=-1)
 
     def _integrate(
-        self, z0: torch.Tensor, times: torch.Tensor
+        self, z0: torch.Tensor, times: torch.Tensor, solver: SolverConfig | None = None
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Solve from ``z0`` ``[N, width]``; states ``[len(times), N, width]`` and the reg."""
         kinetic, jacobian = self.kinetic_weight > 0, self.jacobian_weight > 0
         if not (self.training and (kinetic or jacobian)):
-            states, stats = solve(self.field, z0, times, self.solver)
+            states, stats = solve(self.field, z0, times, solver or self.solver)
             self.last_stats = stats
             return states, None
         regularized = RegularizedField(self.field, self.width, kinetic=kinetic, jacobian=jacobian)
@@ -182,21 +191,50 @@ class _ODEHead(nn.Module):
 class CausalODEHead(_ODEHead):
     """``z(0) = h_t``, integrate ``s in [0, S]``, ``logits_t = W z(S)``; one solve per batch.
 
-    Causal because each position evolves from its own encoder state (with ``"first"``
-    augmentation, also from the first token's, which precedes every position). With a
-    shared adaptive step size (torchdiffeq, TorchDyn) the positions of a batch influence
-    each other's step sizes, so outputs agree across batchings within the solver
-    tolerance; with ``backend="torchode"`` every position has its own step control.
+    Each position evolves from its own encoder state (with ``"first"`` augmentation, also
+    from the first token's, which precedes every position). With an adaptive method on
+    torchdiffeq or TorchDyn all ``B * T`` positions share one step size, chosen from the
+    error of every position: a later token can change the steps, and so the logits of an
+    earlier one (and of other sentences in the batch), by up to about the solver
+    tolerance. The head is causal within that tolerance, not exactly. Exactly causal
+    settings: a fixed-grid method, ``backend="torchode"`` (step control per position), or
+    ``exact_causal_eval=True``, which evaluates (``model.eval()``) with torchode's
+    per-position step control at the same method and tolerances while training keeps the
+    configured solver.
     """
 
     is_causal = True
+
+    def __init__(
+        self, dim: int, vocab_size: int, *, exact_causal_eval: bool = False, **options: Any
+    ) -> None:
+        super().__init__(dim, vocab_size, **options)
+        self.exact_causal_eval = bool(exact_causal_eval)
+        self.eval_solver = self.solver
+        if self.exact_causal_eval and not self.solver.fixed:
+            if self.solver.method not in BACKEND_METHODS["torchode"]:
+                raise SolverConfigError(
+                    f"exact_causal_eval solves each position with its own step control "
+                    f"(torchode), which has no {self.solver.method!r}; use one of "
+                    f"{', '.join(sorted(BACKEND_METHODS['torchode'] & ADAPTIVE_METHODS))} "
+                    "or a fixed-grid method"
+                )
+            self.eval_solver = SolverConfig.coerce(
+                self.solver,
+                backend="torchode",
+                adjoint=False,
+                adjoint_method=None,
+                adjoint_rtol=None,
+                adjoint_atol=None,
+            )
 
     def forward(self, hidden: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:
         self._check(hidden)
         batch, length, _ = hidden.shape
         z0 = self._augment(hidden, hidden).reshape(batch * length, self.width)
         times = torch.tensor([0.0, self.integration_time], dtype=z0.dtype, device=z0.device)
-        states, reg = self._integrate(z0, times)
+        solver = self.solver if self.training else self.eval_solver
+        states, reg = self._integrate(z0, times, solver)
         logits = self.proj(states[-1]).view(batch, length, self.vocab_size)
         return logits, self._aux(reg)
 
