@@ -6,8 +6,12 @@ dict of extras (for example ``{"nfe": 38}``). ``model.is_causal`` is True when
 ``logits[:, t]`` depends only on ``tokens[:, : t + 1]``; the harness refuses to call the
 perplexity of a non-causal model a language-model perplexity unless asked.
 
-Optional attributes the harness uses when present: ``vocab_size`` (int) and
-``max_positions`` (the longest sequence the model accepts).
+Optional attributes the harness uses when present: ``vocab_size`` (int),
+``max_positions`` (the longest sequence the model accepts) and ``accepts_attention_mask``:
+True when ``model(tokens, attention_mask=mask)`` (``mask [B, T]``, True on real tokens)
+gives every real token the logits it would have unpadded. Padded sentence batches reach
+such a model with their mask; any other model gets no mask, so it may see padding only
+after a sentence (right padding), where a causal model cannot read it.
 """
 
 from __future__ import annotations
@@ -23,14 +27,30 @@ class ContractError(OdelmError, TypeError):
     """A model does not meet the model contract."""
 
 
-def call_model(model: Any, tokens: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:
-    """Run ``model(tokens)`` and check the result against the contract."""
+class PaddingSideError(OdelmError, ValueError):
+    """Padding before a sentence reached a model that cannot mask it out."""
+
+
+def call_model(
+    model: Any, tokens: torch.Tensor, mask: torch.Tensor | None = None
+) -> tuple[torch.Tensor, dict[str, Any]]:
+    """Run ``model(tokens)`` (with ``attention_mask=mask`` where the model accepts one) and
+    check the result against the contract."""
     if not hasattr(model, "is_causal"):
         raise ContractError(
             f"{type(model).__name__} has no `is_causal` attribute; every model must say "
             "whether logits[:, t] depends only on tokens[:, :t+1]"
         )
-    out = model(tokens)
+    if mask is not None and getattr(model, "accepts_attention_mask", False):
+        out = model(tokens, attention_mask=mask)
+    else:
+        if mask is not None and bool((mask[:, 1:] & ~mask[:, :-1]).any()):
+            raise PaddingSideError(
+                f"left padding reached {type(model).__name__}, which takes no attention mask: "
+                "the padding would tell it each sentence's length. Set data.padding_side: "
+                "right (left padding needs a model with accepts_attention_mask, e.g. GPT-2)"
+            )
+        out = model(tokens)
     if not (isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], dict)):
         raise ContractError(
             f"{type(model).__name__}(tokens) must return (logits, aux_dict), got {type(out).__name__}"

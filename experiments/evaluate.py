@@ -16,7 +16,7 @@ from torch import nn
 
 from experiments.config import RunConfig
 from experiments.contract import call_model
-from experiments.data.batching import evaluation_windows, lm_nll, sentence_batch
+from experiments.data.batching import evaluation_windows, lm_nll, sentence_batches
 from experiments.data.tokenization import LMData
 from odelm.errors import OdelmError
 
@@ -44,15 +44,12 @@ def evaluation_batches(
     """Batches in which every token of ``split`` is predicted exactly once.
 
     ``stream``: non-overlapping windows of the token stream (an ``<eos>`` before the first
-    token gives it a context). ``sentences``: each line alone, after an ``<eos>``, padded.
+    token gives it a context). ``sentences``: each line alone, after an ``<eos>``, padded
+    (right by default; left only for models that take the attention mask).
     """
     eos = data.tokenizer.eos_id
     if mode == "sentences":
-        sentences = data.split(split).sentences
-        return [
-            sentence_batch(sentences[i : i + batch_size], eos, eos, side=padding_side)
-            for i in range(0, len(sentences), batch_size)
-        ]
+        return sentence_batches(data.split(split).sentences, batch_size, eos, side=padding_side)
     if mode != "stream":
         raise ValueError(f"unknown evaluation mode {mode!r}; valid: stream, sentences")
     windows = evaluation_windows(data.split(split).ids, eos, window)
@@ -90,8 +87,9 @@ def perplexity(
     )
     for tokens, mask in batches:
         tokens = tokens.to(device)
-        logits, aux = call_model(model, tokens)
-        nll, count = lm_nll(logits, tokens, None if mask is None else mask.to(device))
+        mask = None if mask is None else mask.to(device)
+        logits, aux = call_model(model, tokens, mask)
+        nll, count = lm_nll(logits, tokens, mask)
         total_nll += float(nll)
         total_tokens += count
         if "nfe" in aux:

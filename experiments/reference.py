@@ -24,7 +24,13 @@ class BigramLM(nn.Module):
         self.table = nn.Embedding(vocab_size, vocab_size)
         nn.init.zeros_(self.table.weight)
 
-    def forward(self, tokens: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:
+    # A bigram reads only the previous token, so no real token's prediction ever sees
+    # padding: it honours any attention mask without using it.
+    accepts_attention_mask = True
+
+    def forward(
+        self, tokens: torch.Tensor, attention_mask: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, dict[str, Any]]:
         return self.table(tokens), {}
 
     @classmethod

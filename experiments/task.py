@@ -22,7 +22,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from experiments.config import DataConfig, OptimConfig
 from experiments.contract import call_model
-from experiments.data.batching import lm_nll, sentence_batch, stream_windows
+from experiments.data.batching import lm_nll, sentence_batches, stream_windows
 from experiments.data.tokenization import LMData
 from odelm.errors import OdelmError
 
@@ -89,11 +89,7 @@ class LMDataModule(pl.LightningDataModule):
         if cfg.batching == "stream":
             return list(stream_windows(split.ids, cfg.batch_size, cfg.bptt))
         eos = self.data.tokenizer.eos_id
-        sentences = split.sentences
-        return [
-            sentence_batch(sentences[i : i + cfg.batch_size], eos, eos, side=cfg.padding_side)
-            for i in range(0, len(sentences), cfg.batch_size)
-        ]
+        return sentence_batches(split.sentences, cfg.batch_size, eos, side=cfg.padding_side)
 
     def train_dataloader(self) -> DataLoader:
         trainer = self.trainer
@@ -152,12 +148,14 @@ class LMTask(pl.LightningModule):
         """Wall-clock seconds of training so far, across resumptions."""
         return self.elapsed_before + time.perf_counter() - self._fit_started
 
-    def forward(self, tokens: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:
-        return call_model(self.model, tokens)
+    def forward(
+        self, tokens: torch.Tensor, mask: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, dict[str, Any]]:
+        return call_model(self.model, tokens, mask)
 
     def _loss(self, batch: Any) -> tuple[torch.Tensor, dict[str, Any]]:
         tokens, mask = batch if isinstance(batch, (tuple, list)) else (batch, None)
-        logits, aux = self(tokens)
+        logits, aux = self(tokens, mask)
         targets = tokens[:, 1:].reshape(-1)
         flat = logits[:, :-1].reshape(-1, logits.shape[-1]).float()
         if mask is not None:
@@ -202,7 +200,7 @@ class LMTask(pl.LightningModule):
         self, batch: tuple[torch.Tensor, torch.Tensor | None], batch_idx: int
     ) -> None:
         tokens, mask = batch
-        logits, aux = self(tokens)
+        logits, aux = self(tokens, mask)
         nll, count = lm_nll(logits, tokens, mask)
         self.val_nll += float(nll)
         self.val_tokens += count

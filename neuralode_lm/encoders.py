@@ -223,14 +223,23 @@ class GPT2Encoder(nn.Module):
         """Save the GPT-2 weights and config where :meth:`from_pretrained` can read them."""
         self.model.save_pretrained(os.fspath(directory))
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, tokens: torch.Tensor, attention_mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Hidden states ``[B, T, n_embd]``; ``attention_mask [B, T]`` (True on real tokens)
+        hides padding from attention and numbers positions from each row's first real
+        token, so a left-padded row gives its real tokens the states of the unpadded one."""
         if tokens.shape[1] > self.max_positions:
             raise ValueError(
                 f"sequence length {tokens.shape[1]} exceeds GPT-2's n_positions "
                 f"{self.max_positions}"
             )
+        masking: dict[str, torch.Tensor] = {}
+        if attention_mask is not None:
+            mask = attention_mask.long()
+            masking = {"attention_mask": mask, "position_ids": (mask.cumsum(-1) - 1).clamp(min=0)}
         with torch.set_grad_enabled(torch.is_grad_enabled() and not self.freeze):
             if self.layer == self.model.config.n_layer:
-                return self.model(tokens, use_cache=False).last_hidden_state
-            out = self.model(tokens, use_cache=False, output_hidden_states=True)
+                return self.model(tokens, use_cache=False, **masking).last_hidden_state
+            out = self.model(tokens, use_cache=False, output_hidden_states=True, **masking)
             return out.hidden_states[self.layer]

@@ -138,14 +138,17 @@ class _ODEHead(nn.Module):
         self.proj = nn.Linear(self.width, vocab_size)
         self.last_stats: SolverStats | None = None
 
-    def _augment(self, z: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
-        """Append ``a(0)`` to states ``z`` (``[B, ..., D]``) of the sequences in ``hidden``."""
+    def _augment(
+        self, z: torch.Tensor, hidden: torch.Tensor, mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Append ``a(0)`` to states ``z`` (``[B, ..., D]``) of the sequences in ``hidden``;
+        ``"first"`` reads each row's first real token (the first True of ``mask``)."""
         if self.augment_dim == 0:
             return z
         if self.augment_init == "zeros":
             a = z.new_zeros(*z.shape[:-1], self.augment_dim)
         else:
-            first = self.augment_proj(hidden[:, 0])
+            first = self.augment_proj(_row_states(hidden, mask, last=False))
             a = first.view(first.shape[0], *([1] * (z.dim() - 2)), -1).expand(
                 *z.shape[:-1], self.augment_dim
             )
@@ -180,12 +183,27 @@ class _ODEHead(nn.Module):
             aux["reg"] = reg
         return aux
 
-    def _check(self, hidden: torch.Tensor) -> None:
+    def _check(self, hidden: torch.Tensor, mask: torch.Tensor | None) -> None:
         if hidden.dim() != 3 or hidden.shape[-1] != self.dim:
             raise ValueError(
                 f"{type(self).__name__} expects encoder states [B, T, {self.dim}], "
                 f"got {tuple(hidden.shape)}"
             )
+        if mask is not None and mask.shape != hidden.shape[:2]:
+            raise ValueError(
+                f"mask must be [B, T] = {tuple(hidden.shape[:2])}, got {tuple(mask.shape)}"
+            )
+
+
+def _row_states(hidden: torch.Tensor, mask: torch.Tensor | None, *, last: bool) -> torch.Tensor:
+    """Each row's state ``[B, D]`` at its first (or last) real token; without a mask, at
+    position 0 (or ``T - 1``)."""
+    length = hidden.shape[1]
+    if mask is None:
+        return hidden[:, length - 1 if last else 0]
+    real = mask.bool()
+    index = length - 1 - real.flip(-1).int().argmax(-1) if last else real.int().argmax(-1)
+    return hidden[torch.arange(hidden.shape[0], device=hidden.device), index]
 
 
 class CausalODEHead(_ODEHead):
@@ -228,10 +246,14 @@ class CausalODEHead(_ODEHead):
                 adjoint_atol=None,
             )
 
-    def forward(self, hidden: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:
-        self._check(hidden)
+    def forward(
+        self, hidden: torch.Tensor, mask: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, dict[str, Any]]:
+        """Logits ``[B, T, V]``; ``mask`` (True on real tokens) only tells ``"first"``
+        augmentation where each row's first real token is."""
+        self._check(hidden, mask)
         batch, length, _ = hidden.shape
-        z0 = self._augment(hidden, hidden).reshape(batch * length, self.width)
+        z0 = self._augment(hidden, hidden, mask).reshape(batch * length, self.width)
         times = torch.tensor([0.0, self.integration_time], dtype=z0.dtype, device=z0.device)
         solver = self.solver if self.training else self.eval_solver
         states, reg = self._integrate(z0, times, solver)
@@ -249,10 +271,13 @@ class ReconstructionODEDecoder(_ODEHead):
 
     is_causal = False
 
-    def forward(self, hidden: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:
-        self._check(hidden)
+    def forward(
+        self, hidden: torch.Tensor, mask: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, dict[str, Any]]:
+        """Logits ``[B, T, V]``; with ``mask`` the ODE starts from each row's last real token."""
+        self._check(hidden, mask)
         length = hidden.shape[1]
-        z0 = self._augment(hidden[:, -1], hidden)
+        z0 = self._augment(_row_states(hidden, mask, last=True), hidden, mask)
         if length == 1:
             self.last_stats = None
             return self.proj(z0)[:, None], self._aux(None)

@@ -1,6 +1,8 @@
 """Language models of the continuous-depth family, each meeting the model contract.
 
-``logits, aux = model(tokens)``; ``logits[:, t]`` predicts ``tokens[:, t + 1]``. The ODE
+``logits, aux = model(tokens)``; ``logits[:, t]`` predicts ``tokens[:, t + 1]``. Models over
+GPT-2 also take ``model(tokens, attention_mask=mask)`` (``accepts_attention_mask``), which
+makes left-padded sentences score as unpadded ones. The ODE
 models put ``aux["nfe"]`` (forward function evaluations of this call), the step counts and,
 with regularisation in training, ``aux["reg"]`` (add it to the loss); after ``backward()``
 ``model.solver_stats.nfe_backward`` holds the backward NFE.
@@ -114,8 +116,12 @@ class GPT2LM(nn.Module):
     def max_positions(self) -> int:
         return self.encoder.max_positions
 
-    def forward(self, tokens: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:
-        hidden = self.encoder(tokens)
+    accepts_attention_mask = True
+
+    def forward(
+        self, tokens: torch.Tensor, attention_mask: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, dict[str, Any]]:
+        hidden = self.encoder(tokens, attention_mask)
         return hidden @ self.encoder.model.wte.weight.T, {}
 
     def block_modules(self) -> list[nn.Module]:
@@ -151,8 +157,17 @@ class _ODELanguageModel(nn.Module):
         """Statistics of the latest solve (``nfe_backward`` filled by its backward pass)."""
         return self.head.last_stats
 
-    def forward(self, tokens: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:
-        return self.head(self.encoder(tokens))
+    @property
+    def accepts_attention_mask(self) -> bool:
+        """Whether the encoder honours a padding mask (GPT-2 does; the LSTM reads pads)."""
+        return isinstance(self.encoder, GPT2Encoder)
+
+    def forward(
+        self, tokens: torch.Tensor, attention_mask: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, dict[str, Any]]:
+        if attention_mask is None:
+            return self.head(self.encoder(tokens))
+        return self.head(self.encoder(tokens, attention_mask), attention_mask)
 
     def block_modules(self) -> list[nn.Module]:
         return [self.encoder, self.head]

@@ -83,23 +83,16 @@ def sentence_batch(
 def sentence_batches(
     sentences: list[list[int]],
     batch_size: int,
-    pad_id: int,
-    bos_id: int,
+    eos_id: int,
     *,
     side: str = "right",
-    generator: torch.Generator | None = None,
-) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """Yield padded sentence batches, shuffled when a generator is given."""
-    order = (
-        torch.randperm(len(sentences), generator=generator).tolist()
-        if generator is not None
-        else range(len(sentences))
-    )
-    order = list(order)
-    for i in range(0, len(order), batch_size):
-        yield sentence_batch(
-            [sentences[j] for j in order[i : i + batch_size]], pad_id, bos_id, side=side
-        )
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Consecutive groups of ``batch_size`` sentences, each padded by :func:`sentence_batch`
+    with ``eos_id`` as both the leading context and the padding."""
+    return [
+        sentence_batch(sentences[i : i + batch_size], eos_id, eos_id, side=side)
+        for i in range(0, len(sentences), batch_size)
+    ]
 
 
 def lm_nll(
