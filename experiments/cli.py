@@ -141,30 +141,68 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 1 if failed and args.strict else 0
 
 
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Appends each option's default to its help line; an option whose default is None
+    says in its help what happens without it (e.g. "default: the config's")."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default is None:
+            return action.help
+        return super()._get_help_string(action)
+
+
+class Parser(argparse.ArgumentParser):
+    """The parser of ``odelm`` and of every subcommand (defaults shown in ``--help``)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="odelm", description=__doc__)
+    from experiments.bench import BENCHMARKS
+    from odelm import __version__
+
+    parser = Parser(
+        prog="odelm",
+        description="Continuous-depth language models: data, training, evaluation, generation, "
+        "comparison grids and benchmarks (also `python -m experiments`).",
+    )
+    parser.add_argument("--version", action="version", version=f"odelm {__version__}")
     parser.add_argument(
         "--debug", action="store_true", help="show the traceback of an error, not one line"
     )
-    commands = parser.add_subparsers(dest="command", required=True)
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
 
     data = commands.add_parser("data", help="corpora: inspect and download").add_subparsers(
         dest="data_command", required=True
     )
     info = data.add_parser("info", help="splits, words, tokens, vocabulary, checksums")
-    info.add_argument("--corpus", required=True, help=f"one of {', '.join(CORPUS_NAMES)}")
-    info.add_argument("--data-dir", help="folder holding the corpus (or $ODELM_DATA_DIR)")
+    info.add_argument("--corpus", required=True, choices=CORPUS_NAMES, help="the corpus")
     info.add_argument(
-        "--protocol", choices=PROTOCOLS, help="describe the splits a run would use under it"
+        "--data-dir",
+        help="folder holding the corpus (default: $ODELM_DATA_DIR, then the download cache)",
+    )
+    info.add_argument(
+        "--protocol",
+        choices=PROTOCOLS,
+        help="describe the splits a run would use under it (default: the files as found)",
     )
     info.add_argument("--seed", type=int, default=0, help="seed of the grammar corpus")
-    info.add_argument("--json", action="store_true")
+    info.add_argument("--json", action="store_true", help="one JSON object instead of a table")
     info.set_defaults(func=cmd_data_info)
     download = data.add_parser("download", help="fetch and verify a corpus archive")
-    download.add_argument("--corpus", required=True, choices=list(SPECS))
-    download.add_argument("--cache-dir", default=str(DEFAULT_CACHE_DIR))
-    download.add_argument("--url", help="override the archive URL (a mirror)")
-    download.add_argument("--sha256", help="expected SHA-256 of the archive at --url")
+    download.add_argument("--corpus", required=True, choices=list(SPECS), help="the corpus")
+    download.add_argument(
+        "--cache-dir", default=str(DEFAULT_CACHE_DIR), help="where the files are stored"
+    )
+    download.add_argument(
+        "--url", help="override the archive URL, e.g. a mirror (default: the published one)"
+    )
+    download.add_argument(
+        "--sha256",
+        help="expected SHA-256 of the archive at --url (default: the published one, if any)",
+    )
     download.add_argument(
         "--splits",
         nargs="+",
@@ -175,7 +213,7 @@ def build_parser() -> argparse.ArgumentParser:
     download.set_defaults(func=cmd_data_download)
 
     bench = commands.add_parser("bench", help="run a registered benchmark ('all' for every one)")
-    bench.add_argument("name")
+    bench.add_argument("name", choices=["all", *sorted(BENCHMARKS)], help="the benchmark")
     bench.add_argument("--json", action="store_true", help="one JSON object per line")
     bench.add_argument("--strict", action="store_true", help="exit 1 when a target is missed")
     bench.set_defaults(func=cmd_bench)

@@ -9,6 +9,8 @@ from typing import Any
 
 import torch
 
+from experiments.data.corpora import CORPUS_NAMES, PROTOCOLS
+
 
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:
     """Command-line settings that override a config (only those given)."""
@@ -79,10 +81,11 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from experiments.decoding import decode_continuation
     from experiments.train import load_run
 
+    if args.num_threads is not None:
+        torch.set_num_threads(args.num_threads)
     model, data, _ = load_run(args.run)
     tokenizer = data.tokenizer
     prompt = [tokenizer.eos_id] + tokenizer.encode_words(args.prompt.split())
-    torch.manual_seed(args.seed or 0)
     new = decode_continuation(
         model,
         torch.tensor([prompt]),
@@ -90,13 +93,36 @@ def cmd_generate(args: argparse.Namespace) -> int:
         strategy=args.strategy,
         num_beams=args.num_beams,
         eos_id=tokenizer.eos_id if args.stop_at_eos else None,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        generator=torch.Generator().manual_seed(args.seed),
     )
-    words = [tokenizer.id_to_token(i) for i in new]
-    if tokenizer.kind == "bpe":
-        print(args.prompt + " " + tokenizer.bpe.decode(new))
-    else:
-        print(" ".join([args.prompt, *words]))
+    print(args.prompt + " " + _detokenize(tokenizer, new))
     return 0
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: an integer >= 1 (thread counts)."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _detokenize(tokenizer: Any, ids: list[int]) -> str:
+    """Text of ``ids``; each ``<eos>`` (a line end in the corpus) becomes a line break."""
+    lines, line = [], []
+    for token in [*ids, None]:
+        if token is None or token == tokenizer.eos_id:
+            if tokenizer.kind == "bpe":
+                lines.append(tokenizer.bpe.decode(line))
+            else:
+                lines.append(" ".join(tokenizer.id_to_token(i) for i in line))
+            line = []
+        else:
+            line.append(token)
+    return "\n".join(text.strip() for text in lines)
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
@@ -120,25 +146,47 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def _add_training_overrides(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--data-dir", help="folder holding the corpus (or $ODELM_DATA_DIR)")
-    parser.add_argument("--protocol", choices=["full", "mini"])
     parser.add_argument(
-        "--download", action="store_true", help="fetch missing PTB/WikiText-2 files first"
+        "--data-dir", help="folder holding the corpus (default: the config's, $ODELM_DATA_DIR)"
     )
-    parser.add_argument("--max-steps", type=int)
-    parser.add_argument("--max-time-s", type=float, help="wall-clock training budget per run")
-    parser.add_argument("--seed", type=int)
-    parser.add_argument("--accelerator")
-    parser.add_argument("--devices", type=lambda v: v if v == "auto" else int(v))
-    parser.add_argument("--num-nodes", type=int)
-    parser.add_argument("--strategy")
-    parser.add_argument("--num-threads", type=int, help="torch CPU threads per run")
+    parser.add_argument(
+        "--protocol",
+        choices=PROTOCOLS,
+        help="full: train/valid/test; mini: train on the valid split (default: the config's)",
+    )
+    parser.add_argument(
+        "--download", action="store_true", help="fetch the PTB/WikiText-2 files a run needs"
+    )
+    parser.add_argument(
+        "--max-steps", type=int, help="optimizer steps per run (default: the config's)"
+    )
+    parser.add_argument(
+        "--max-time-s",
+        type=float,
+        help="wall-clock training budget per run, seconds (default: the config's)",
+    )
+    parser.add_argument("--seed", type=int, help="seed of the run (default: the config's)")
+    parser.add_argument(
+        "--accelerator", help="Lightning accelerator: cpu, gpu, auto (default: the config's)"
+    )
+    parser.add_argument(
+        "--devices",
+        type=lambda v: v if v == "auto" else int(v),
+        help="Lightning devices: a count or auto (default: the config's)",
+    )
+    parser.add_argument("--num-nodes", type=int, help="Lightning nodes (default: the config's)")
+    parser.add_argument("--strategy", help="Lightning strategy, e.g. ddp (default: the config's)")
+    parser.add_argument(
+        "--num-threads",
+        type=int,
+        help="torch CPU threads per run (default: the config's, else torch's choice)",
+    )
 
 
 def register_train(commands: Any) -> None:
     parser = commands.add_parser("train", help="train one model from a YAML config")
-    parser.add_argument("--config", required=True)
-    parser.add_argument("--out-dir", help="override out_dir (runs go to OUT_DIR/NAME)")
+    parser.add_argument("--config", required=True, help="the run's YAML config file")
+    parser.add_argument("--out-dir", help="runs go to OUT_DIR/NAME (default: the config's)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar or Lightning chatter")
     parser.add_argument(
         "--verbose", action="store_true", help="show Lightning's hardware lines and tips"
@@ -155,39 +203,85 @@ def register_train(commands: Any) -> None:
 def register_eval(commands: Any) -> None:
     parser = commands.add_parser("eval", help="perplexity, per-word perplexity, BLEU, NFE of a run")
     parser.add_argument("run", help="a run directory written by odelm train")
-    parser.add_argument("--split", default="test")
-    parser.add_argument("--bleu-sentences", type=int, help="default: the run's eval setting")
+    parser.add_argument("--split", default="test", help="the split to score")
     parser.add_argument(
-        "--continuation-sentences", type=int, help="default: the run's eval setting"
+        "--bleu-sentences",
+        type=int,
+        help="sentences scored for BLEU (default: the run's eval setting)",
     )
-    parser.add_argument("--prompt-len", type=int, help="default: the run's eval setting")
     parser.add_argument(
-        "--decode", choices=["greedy", "beam"], help="default: the run's eval setting"
+        "--continuation-sentences",
+        type=int,
+        help="sentences continued for continuation BLEU (default: the run's eval setting)",
     )
-    parser.add_argument("--num-threads", type=int, help="torch CPU threads")
-    parser.add_argument("--allow-noncausal", action="store_true")
-    parser.add_argument("--json", action="store_true")
+    parser.add_argument(
+        "--prompt-len",
+        type=int,
+        help="prompt tokens of continuation BLEU (default: the run's eval setting)",
+    )
+    parser.add_argument(
+        "--decode",
+        choices=["greedy", "beam"],
+        help="decoding of continuation BLEU (default: the run's eval setting)",
+    )
+    parser.add_argument(
+        "--num-threads", type=positive_int, help="torch CPU threads (default: torch's choice)"
+    )
+    parser.add_argument(
+        "--allow-noncausal",
+        action="store_true",
+        help="score a model that sees the tokens it predicts (labelled as such)",
+    )
+    parser.add_argument("--json", action="store_true", help="one JSON object instead of lines")
     parser.set_defaults(func=cmd_eval)
 
 
 def register_generate(commands: Any) -> None:
+    from experiments.decoding import STRATEGIES
+
     parser = commands.add_parser("generate", help="continue a prompt with a trained run")
-    parser.add_argument("run")
-    parser.add_argument("--prompt", required=True)
-    parser.add_argument("--max-new-tokens", type=int, default=20)
-    parser.add_argument("--strategy", default="greedy", choices=["greedy", "beam"])
-    parser.add_argument("--num-beams", type=int, default=4)
-    parser.add_argument("--stop-at-eos", action="store_true")
-    parser.add_argument("--seed", type=int)
+    parser.add_argument("run", help="a run directory written by odelm train")
+    parser.add_argument("--prompt", required=True, help="the text to continue (its words)")
+    parser.add_argument("--max-new-tokens", type=int, default=20, help="tokens to generate")
+    parser.add_argument(
+        "--strategy",
+        default="greedy",
+        choices=STRATEGIES,
+        help="argmax, sampling (--temperature, --top-k, --top-p, --seed) or beam search",
+    )
+    parser.add_argument("--num-beams", type=int, default=4, help="beams of --strategy beam")
+    parser.add_argument(
+        "--temperature", type=float, default=1.0, help="sampling: divide the logits by it"
+    )
+    parser.add_argument(
+        "--top-k", type=int, help="sampling: keep the K likeliest tokens (default: all)"
+    )
+    parser.add_argument(
+        "--top-p",
+        type=float,
+        help="sampling: keep the smallest set of tokens with probability >= P (default: all)",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="seed of the sampling generator")
+    parser.add_argument(
+        "--stop-at-eos", action="store_true", help="stop at the first end of line (<eos>)"
+    )
+    parser.add_argument(
+        "--num-threads", type=positive_int, help="torch CPU threads (default: torch's choice)"
+    )
     parser.set_defaults(func=cmd_generate)
 
 
 def register_compare(commands: Any) -> None:
     parser = commands.add_parser("compare", help="train a grid of models side by side")
-    parser.add_argument("--grid", help="grid YAML file")
-    parser.add_argument("--preset", help="a grid shipped in experiments/configs/grids")
+    parser.add_argument("--grid", help="grid YAML file (no default: give this or --preset)")
+    parser.add_argument(
+        "--preset",
+        help="a grid shipped in experiments/configs/grids (no default: give this or --grid)",
+    )
     parser.add_argument("--out", required=True, help="output directory (resumable)")
-    parser.add_argument("--corpus", help="override the grid's corpus")
+    parser.add_argument(
+        "--corpus", choices=CORPUS_NAMES, help="corpus of every run (default: the grid's)"
+    )
     _add_training_overrides(parser)
     parser.set_defaults(func=cmd_compare)
 

@@ -13,6 +13,7 @@ a busy machine. Iteration counts are in the records.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import statistics
 import tempfile
@@ -26,6 +27,7 @@ from torch import nn
 from .fields import MLPField
 from .models import ODELSTM
 from .solvers import solve
+from .solvers.facade import _INSTALL_HINT
 
 __all__ = ["adjoint_memory", "ode_batching", "solver_overhead"]
 
@@ -286,11 +288,20 @@ def _direct_callers(
         problem = torchode.InitialValueProblem(y0=y0, t_eval=t.expand(y0.shape[0], -1).contiguous())
         return solver.solve(problem).ys[:, -1]
 
-    return {
-        "torchdiffeq": torchdiffeq_direct,
-        "torchdyn": torchdyn_direct,
-        "torchode": torchode_direct,
-    }
+    callers = {"torchdiffeq": torchdiffeq_direct, "torchdyn": torchdyn_direct}
+    callers["torchode"] = torchode_direct
+    return {name: call for name, call in callers.items() if importlib.util.find_spec(name)}
+
+
+def skipped_backends() -> list[dict[str, Any]]:
+    """A record per optional backend that is not installed, saying how to install it."""
+    missing = [name for name in ("torchdyn", "torchode") if not importlib.util.find_spec(name)]
+    return [
+        {"bench": "solver-overhead", "metric": f"facade_over_direct_{name}", "value": None}
+        | {"target": 1.05, "unit": "x", "better": "lower"}
+        | {"note": f"skipped: {name} is not installed ({_INSTALL_HINT[name]})"}
+        for name in missing
+    ]
 
 
 def solver_overhead() -> list[dict[str, Any]]:
@@ -338,6 +349,7 @@ def solver_overhead() -> list[dict[str, Any]]:
     adjoint_time = {
         backend: _timed(lambda b=backend: fwd_bwd(through_facade(b, adjoint=True)))
         for backend in ("torchdiffeq", "torchdyn")
+        if backend in direct
     }
     median = {key: statistics.median(values) for key, values in times.items()}
     records = []
@@ -379,4 +391,6 @@ def solver_overhead() -> list[dict[str, Any]]:
             )
         print(line)
         records.append(record)
-    return records
+    for record in skipped_backends():
+        print(f"solver-overhead  {record['note']}")
+    return records + skipped_backends()
