@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shutil
 import sys
 import tarfile
@@ -274,7 +275,7 @@ def _retrieve(
                 f"(timeout; cached copy unusable: {problem}). " + hint
             ) from error
         raise DownloadError(
-            f"could not download {url}: {error} (cached copy unusable: {problem}). " + hint
+            f"could not download {url}: {_reason(error)} (cached copy unusable: {problem}). " + hint
         ) from error
     finally:
         logger.setLevel(level)
@@ -293,3 +294,10 @@ def _is_timeout(error: Exception) -> bool:
     import urllib3
 
     return isinstance(error, (requests.Timeout, urllib3.exceptions.TimeoutError, TimeoutError))
+
+
+def _reason(error: Exception) -> str:
+    """The operating system's reason inside a wrapped network error ("[Errno 111] Connection
+    refused"), else the error's own text."""
+    match = re.search(r"\[Errno -?\d+\] [^'\")]+", str(error))
+    return match.group(0) if match else str(error)
