@@ -6,6 +6,7 @@ ODE head and the NODE-LM report's reconstruction decoder, encoders, and the mode
 """
 
 from .encoders import GPT2Encoder, LSTMEncoder
+from .errors import ModelConfigError
 from .fields import FIELDS, AutonomousField, MLPField, TimeConcatField, as_field, make_field
 from .heads import CausalODEHead, ReconstructionODEDecoder, RegularizedField
 from .models import (
@@ -42,6 +43,7 @@ __all__ = [
     "LSTMEncoder",
     "MLPField",
     "MaxStepsExceeded",
+    "ModelConfigError",
     "NonFiniteStateError",
     "ReconstructionODEDecoder",
     "RegularizedField",

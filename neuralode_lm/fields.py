@@ -14,6 +14,8 @@ import inspect
 import torch
 from torch import nn
 
+from .errors import ModelConfigError
+
 __all__ = [
     "FIELDS",
     "AutonomousField",
@@ -33,10 +35,10 @@ class MLPField(nn.Module):
     def __init__(self, dim: int, hidden: int | None = None) -> None:
         super().__init__()
         if dim <= 0:
-            raise ValueError(f"dim must be positive, got {dim}")
+            raise ModelConfigError(f"dim must be positive, got {dim}")
         hidden = dim if hidden is None else hidden
         if hidden <= 0:
-            raise ValueError(f"hidden must be positive, got {hidden}")
+            raise ModelConfigError(f"hidden must be positive, got {hidden}")
         self.dim, self.hidden = dim, hidden
         self.net = nn.Sequential(nn.Linear(dim, hidden), nn.ReLU(), nn.Linear(hidden, dim))
 
@@ -61,7 +63,7 @@ class TimeConcatField(nn.Module):
     def __init__(self, dim: int, hidden: int | None = None, *, residual: bool = True) -> None:
         super().__init__()
         if dim <= 0:
-            raise ValueError(f"dim must be positive, got {dim}")
+            raise ModelConfigError(f"dim must be positive, got {dim}")
         hidden = dim if hidden is None else hidden
         self.dim, self.hidden, self.residual = dim, hidden, residual
         self.inner = nn.Linear(dim + 1, hidden)
@@ -120,5 +122,5 @@ FIELDS: dict[str, type[nn.Module]] = {"mlp": MLPField, "time-concat": TimeConcat
 def make_field(kind: str, dim: int, hidden: int | None = None) -> nn.Module:
     """A built-in field by name: ``"mlp"`` (the report's) or ``"time-concat"`` (NODE-t)."""
     if kind not in FIELDS:
-        raise ValueError(f"unknown field type {kind!r}; valid: {', '.join(FIELDS)}")
+        raise ModelConfigError(f"unknown field type {kind!r}; valid: {', '.join(FIELDS)}")
     return FIELDS[kind](dim, hidden)

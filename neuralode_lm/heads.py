@@ -11,7 +11,7 @@
   head is not causal and its perplexity is not a language-model perplexity.
 
 Both heads accept augmentation (Dupont et al. 2019; report section 3.8): the state is
-``[z, a]`` with ``a(0)`` zeros or the encoder state at the first token, and the optional
+``[z, a]`` with ``a(0)`` zeros or the encoder state at the first real token, and the optional
 RNODE regularisers of Finlay et al. (2020), the kinetic energy ``int ||f||^2 ds`` and the
 Jacobian Frobenius norm ``int ||df/dz||_F^2 ds`` (Hutchinson estimate), integrated alongside
 the state and returned in ``aux["reg"]`` for the training loss.
@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .errors import ModelConfigError
 from .fields import as_field, make_field
 from .solvers import (
     ADAPTIVE_METHODS,
@@ -101,22 +102,22 @@ class _ODEHead(nn.Module):
     ) -> None:
         super().__init__()
         if dim <= 0 or vocab_size <= 0:
-            raise ValueError(f"dim and vocab_size must be positive, got {dim}, {vocab_size}")
+            raise ModelConfigError(f"dim and vocab_size must be positive, got {dim}, {vocab_size}")
         if not integration_time > 0:
-            raise ValueError(
+            raise ModelConfigError(
                 f"integration_time S must be positive (s in [0, S]), got {integration_time!r}"
             )
         if augment_dim < 0:
-            raise ValueError(f"augment_dim must be >= 0, got {augment_dim}")
+            raise ModelConfigError(f"augment_dim must be >= 0, got {augment_dim}")
         if augment_init not in AUGMENT_INITS:
-            raise ValueError(
+            raise ModelConfigError(
                 f"unknown augment_init {augment_init!r}; valid: {', '.join(AUGMENT_INITS)}"
             )
         if kinetic_weight < 0 or jacobian_weight < 0:
-            raise ValueError("kinetic_weight and jacobian_weight must be >= 0")
+            raise ModelConfigError("kinetic_weight and jacobian_weight must be >= 0")
         self.solver = SolverConfig.coerce(solver)
         if jacobian_weight > 0 and self.solver.backend == "torchode" and self.solver.adjoint:
-            raise ValueError(
+            raise ModelConfigError(
                 "the Jacobian regulariser needs autograd inside the field, which torchode's "
                 "per-sample (vmapped) adjoint does not provide; use adjoint=False or "
                 "another backend"
@@ -185,12 +186,12 @@ class _ODEHead(nn.Module):
 
     def _check(self, hidden: torch.Tensor, mask: torch.Tensor | None) -> None:
         if hidden.dim() != 3 or hidden.shape[-1] != self.dim:
-            raise ValueError(
+            raise ModelConfigError(
                 f"{type(self).__name__} expects encoder states [B, T, {self.dim}], "
                 f"got {tuple(hidden.shape)}"
             )
         if mask is not None and mask.shape != hidden.shape[:2]:
-            raise ValueError(
+            raise ModelConfigError(
                 f"mask must be [B, T] = {tuple(hidden.shape[:2])}, got {tuple(mask.shape)}"
             )
 

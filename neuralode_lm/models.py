@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from .encoders import GPT2Encoder, LSTMEncoder
+from .errors import ModelConfigError
 from .heads import CausalODEHead, ReconstructionODEDecoder
 from .solvers import SolverStats
 
@@ -81,12 +82,14 @@ def _gpt2_encoder(
     offline: bool | None,
 ) -> GPT2Encoder:
     if pretrained is not None and config is not None:
-        raise ValueError("pass either pretrained (a directory or hub name) or config, not both")
+        raise ModelConfigError(
+            "pass either pretrained (a directory or hub name) or config, not both"
+        )
     if pretrained is None:
         return GPT2Encoder.from_config(config, layer=layer, freeze=freeze, vocab_size=vocab_size)
     encoder = GPT2Encoder.from_pretrained(pretrained, layer=layer, freeze=freeze, offline=offline)
     if encoder.vocab_size != vocab_size:
-        raise ValueError(
+        raise ModelConfigError(
             f"the pretrained GPT-2 at {os.fspath(pretrained)!r} has vocab_size "
             f"{encoder.vocab_size}, but vocab_size={vocab_size} was asked for; tokenize with "
             "that model's tokenizer (GPT-2 BPE) or train from a config"
@@ -143,6 +146,11 @@ class _ODELanguageModel(nn.Module):
         super().__init__()
         self.vocab_size = vocab_size
         self.encoder = encoder
+        if reconstruction and "exact_causal_eval" in head_options:
+            raise ModelConfigError(
+                "exact_causal_eval applies to the causal head; the reconstruction decoder "
+                "reads the whole sentence and is not causal (drop one of the two options)"
+            )
         head_class = ReconstructionODEDecoder if reconstruction else CausalODEHead
         self.head = head_class(
             encoder.output_dim, vocab_size, field_hidden=field_hidden, **head_options
@@ -178,7 +186,8 @@ class ODELSTM(_ODELanguageModel):
 
     ``head_options`` go to the head: ``field`` ("mlp", "time-concat" or a module),
     ``integration_time``, ``solver`` (a :class:`~neuralode_lm.solvers.SolverConfig` or
-    dict), ``augment_dim``, ``augment_init``, ``kinetic_weight``, ``jacobian_weight``.
+    dict), ``augment_dim``, ``augment_init``, ``kinetic_weight``, ``jacobian_weight`` and,
+    for the causal head, ``exact_causal_eval`` (see :class:`~neuralode_lm.heads.CausalODEHead`).
     """
 
     def __init__(
@@ -277,7 +286,7 @@ def build_model(name: str, vocab_size: int, **kwargs: Any) -> nn.Module:
     non-causal decoder.
     """
     if name not in MODELS:
-        raise ValueError(f"unknown model {name!r}; valid: {', '.join(MODELS)}")
+        raise ModelConfigError(f"unknown model {name!r}; valid: {', '.join(MODELS)}")
     if not isinstance(vocab_size, int) or vocab_size <= 0:
-        raise ValueError(f"vocab_size must be a positive int, got {vocab_size!r}")
+        raise ModelConfigError(f"vocab_size must be a positive int, got {vocab_size!r}")
     return MODELS[name](vocab_size, **kwargs)

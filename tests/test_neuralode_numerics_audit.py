@@ -12,9 +12,11 @@ from neuralode_lm import (
     CausalODEHead,
     MaxStepsExceeded,
     MLPField,
+    ModelConfigError,
     NonFiniteStateError,
     SolverConfig,
     as_field,
+    build_model,
     solve,
 )
 from neuralode_lm.solvers import DEFAULT_MAX_NUM_STEPS, fixed_grid
@@ -171,3 +173,5 @@ def test_adaptive_causal_head_is_causal_within_tolerance_and_exactly_with_the_ev
     assert exact.eval_solver.backend == "torchode" and exact.solver.backend == "torchdiffeq"
     with pytest.raises(ValueError, match="exact_causal_eval"):
         CausalODEHead(8, 11, solver={"method": "bosh3"}, exact_causal_eval=True)
+    with pytest.raises(ModelConfigError, match="reconstruction decoder"):
+        build_model("ode-lstm", 11, reconstruction=True, exact_causal_eval=True)
