@@ -133,7 +133,7 @@ class RunCheckpoint(Checkpoint):
     def on_train_batch_end(self, trainer: pl.Trainer, task, outputs, batch, batch_idx) -> None:
         step = trainer.global_step
         if step % self.every_n_steps == 0 and step % self.val_every != 0:
-            trainer.save_checkpoint(self.last_path)
+            self._save_last(trainer)
 
     def on_validation_end(self, trainer: pl.Trainer, task: pl.LightningModule) -> None:
         if trainer.sanity_checking:
@@ -142,6 +142,12 @@ class RunCheckpoint(Checkpoint):
         if score is not None and (self.best_score is None or float(score) < self.best_score):
             self.best_score, self.best_step = float(score), trainer.global_step
             trainer.save_checkpoint(self.dirpath / BEST_FILE)
+        self._save_last(trainer)
+
+    def _save_last(self, trainer: pl.Trainer) -> None:
+        """Flush the logs first, so the history on disk reaches at least this checkpoint."""
+        for logger in trainer.loggers:
+            logger.save()
         trainer.save_checkpoint(self.last_path)
 
     def state_dict(self) -> dict[str, Any]:

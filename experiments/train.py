@@ -242,7 +242,8 @@ def build_trainer(
         extra.append(
             EarlyStopping(monitor="val/ppl", mode="min", patience=cfg.early_stopping_patience)
         )
-    with lightning_settings():
+    # The constructor reports unknown accelerator, strategy and precision names as ValueError.
+    with lightning_settings(rejected=(MisconfigurationException, ValueError)):
         trainer = pl.Trainer(
             max_steps=cfg.max_steps,
             max_time={"seconds": cfg.max_time_s} if cfg.max_time_s else None,
@@ -300,16 +301,18 @@ def fit(
 
 
 @contextmanager
-def lightning_settings() -> Iterator[None]:
-    """Lightning's own configuration errors as :class:`TrainerSettingsError`; its warnings
-    that say nothing about the run silenced."""
+def lightning_settings(
+    rejected: tuple[type[Exception], ...] = (MisconfigurationException,),
+) -> Iterator[None]:
+    """Lightning's own configuration errors (``rejected``) as :class:`TrainerSettingsError`;
+    its warnings that say nothing about the run silenced."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*does not have many workers.*")
         warnings.filterwarnings("ignore", message=".*resuming from a checkpoint that ended.*")
         warnings.filterwarnings("ignore", message=".*treespec, LeafSpec.*")
         try:
             yield
-        except MisconfigurationException as error:
+        except rejected as error:
             raise TrainerSettingsError(
                 f"Lightning rejected the trainer settings: {error}"
             ) from None

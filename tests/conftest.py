@@ -66,7 +66,7 @@ def make_tiny_config(out_dir: Path, name: str = "run", **sections: Any) -> dict[
     return values
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def tiny_config() -> Callable[..., dict[str, Any]]:
     """The factory :func:`make_tiny_config`."""
     return make_tiny_config
