@@ -98,7 +98,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
         top_p=args.top_p,
         generator=torch.Generator().manual_seed(args.seed),
     )
-    print(args.prompt + " " + _detokenize(tokenizer, new))
+    text = _detokenize(tokenizer, new).rstrip("\n")
+    print(args.prompt + ("" if text.startswith("\n") else " ") + text)
     return 0
 
 

@@ -107,7 +107,8 @@ def test_generate_samples_reproducibly_from_its_seed(tiny_run, capsys):
     first = generate("--strategy", "sample", "--seed", "1")
     assert generate("--strategy", "sample", "--seed", "1") == first
     assert generate("--strategy", "sample", "--seed", "2") != first
-    assert first.startswith("a dog ") and "<eos>" not in first
+    assert first.startswith("a dog") and "<eos>" not in first
+    assert all(line == line.strip() for line in first.splitlines())
     # Sampling from the top 1 token is greedy decoding, whatever the seed and temperature.
     greedy = generate()
     top1 = generate("--strategy", "sample", "--top-k", "1", "--temperature", "3", "--seed", "5")
