@@ -21,6 +21,11 @@ from nltk.translate.bleu_score import SmoothingFunction, corpus_bleu
 
 from experiments.contract import call_model
 from experiments.decoding import decode_continuation
+from odelm.errors import OdelmError
+
+
+class NoContinuationSentencesError(OdelmError, ValueError):
+    """No sentence is long enough to continue after the prompt."""
 
 
 def corpus_bleu_score(
@@ -145,7 +150,10 @@ def continuation_bleu(
     _check_sentences(sentences, eos_id)
     eligible = [s for s in sentences if len(s) - 1 >= prompt_len + 1][:max_sentences]
     if not eligible:
-        raise ValueError(f"no sentence has more than prompt_len={prompt_len} words")
+        raise NoContinuationSentencesError(
+            f"no sentence among the first BLEU sentences has more than prompt_len={prompt_len} "
+            "words; lower eval.prompt_len or raise eval.bleu_sentences"
+        )
     device = _device(model)
     references, hypotheses = [], []
     for sentence in eligible:

@@ -412,3 +412,22 @@ def test_a_solver_failure_in_training_names_the_step(tmp_path, tiny_config, caps
     assert err.startswith("odelm: error: training stopped at step 0: ")
     assert "max_num_steps" in err and len(err.splitlines()) == 1
     assert not (tmp_path / "stiff" / "result.json").exists()
+
+
+@pytest.mark.parametrize(
+    ("sections", "hint"),
+    [
+        ({"eval": {"prompt_len": 50}, "trainer": {"max_steps": 2}}, "lower eval.prompt_len"),
+        ({"data": {"corpus": "text", "batch_size": 64}}, "lower data.batch_size"),
+    ],
+)
+def test_settings_too_large_for_the_data_are_one_line(
+    tmp_path, tiny_config, text_corpus_dir, capsys, sections, hint
+):
+    values = tiny_config(tmp_path, "big", **sections)
+    values["data"]["data_dir"] = str(text_corpus_dir)
+    config_file = tmp_path / "run.yaml"
+    config_file.write_text(yaml.safe_dump(values))
+    assert main(["train", "--config", str(config_file), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("odelm: error: ") and hint in err and len(err.splitlines()) == 1

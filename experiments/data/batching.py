@@ -12,6 +12,12 @@ from collections.abc import Iterator
 import torch
 import torch.nn.functional as F
 
+from odelm.errors import OdelmError
+
+
+class StreamTooShortError(OdelmError, ValueError):
+    """A split has too few tokens for the batch size."""
+
 
 def stream_windows(
     ids: torch.Tensor,
@@ -29,8 +35,9 @@ def stream_windows(
         raise ValueError(f"batch_size and bptt must be >= 1, got {batch_size} and {bptt}")
     row_length = ids.numel() // batch_size
     if row_length < 2:
-        raise ValueError(
-            f"a stream of {ids.numel()} tokens is too short for batch size {batch_size}"
+        raise StreamTooShortError(
+            f"a stream of {ids.numel()} tokens is too short for batch size {batch_size}; "
+            "lower data.batch_size"
         )
     rows = ids[: row_length * batch_size].view(batch_size, row_length)
     for offset in range(start * bptt, row_length - 1, bptt):
