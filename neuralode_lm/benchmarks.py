@@ -192,15 +192,9 @@ def _peak_bytes(fn: Callable[[], Any]) -> int:
         prof.export_chrome_trace(path)
         with open(path, encoding="utf-8") as handle:
             events = json.load(handle)["traceEvents"]
-    cpu = 0  # the trace's device type of the CPU
-    return max(
-        (
-            event["args"]["Total Allocated"]
-            for event in events
-            if event.get("name") == "[memory]" and event["args"].get("Device Type") == cpu
-        ),
-        default=0,
-    )
+    memory = [event["args"] for event in events if event.get("name") == "[memory]"]
+    # "Device Type" 0 is the CPU in the trace's memory events
+    return max((m["Total Allocated"] for m in memory if m.get("Device Type") == 0), default=0)
 
 
 def adjoint_memory() -> list[dict[str, Any]]:
