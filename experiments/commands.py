@@ -140,7 +140,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         shared["data"].setdefault("protocol", "mini")
     if args.corpus:
         shared.setdefault("data", {})["corpus"] = args.corpus
-    results = run_grid(grid, args.out, shared)
+    results = run_grid(grid, args.out, shared, num_seeds=args.seeds)
     print(f"[compare] {len(results)} runs; tables and plots in {args.out}")
     print((__import__("pathlib").Path(args.out) / "results.md").read_text())
     return 0
@@ -282,6 +282,13 @@ def register_compare(commands: Any) -> None:
     parser.add_argument("--out", required=True, help="output directory (resumable)")
     parser.add_argument(
         "--corpus", choices=CORPUS_NAMES, help="corpus of every run (default: the grid's)"
+    )
+    parser.add_argument(
+        "--seeds",
+        type=positive_int,
+        metavar="N",
+        help="train every model with N seeds: S..S+N-1, S being --seed, else the grid's "
+        "first seed (default: the grid's seeds; results.md: mean ± sd, paired 95%% intervals)",
     )
     _add_training_overrides(parser)
     parser.set_defaults(func=cmd_compare)

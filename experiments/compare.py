@@ -1,18 +1,26 @@
 """Side-by-side comparison: one data split, tokenizer, seed and budget for every model.
 
 A grid file has ``shared`` (a partial run config: data, seed, optim, trainer) and ``runs``
-(each a ``name``, a ``model`` section and optionally ``optim`` overrides). Runs may not
-override the data, the seed or the budget, so every model sees the same tokens for the
-same number of steps or seconds. Each run trains in its own process (so peak memory is its
-own) through ``odelm train``; finished runs are skipped and half-finished ones resume.
+(each a ``name``, a ``model`` section and optionally ``optim`` overrides), and optionally
+``seeds`` (a list: every model trains once per seed) and ``baseline`` (the run the others
+are compared with; default the first). Runs may not override the data, the seed or the
+budget, so every model sees the same tokens for the same number of steps or seconds. Each
+run trains in its own process (so peak memory is its own) through ``odelm train``;
+finished runs are skipped and half-finished ones resume.
+
+``results.csv`` holds one row per run (model x seed); ``results.md`` aggregates over seeds
+(mean +- sample standard deviation, n) and gives each model's seed-paired difference to
+the baseline with a 95% Student-t interval (``experiments.stats``).
 """
 
 from __future__ import annotations
 
-import csv
 import json
+import math
 import subprocess
 import sys
+import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,29 +28,23 @@ import yaml
 
 from experiments.config import ConfigError, load_yaml, merge, parse_config
 from experiments.runs import config_changes
+from experiments.tables import write_tables
 from experiments.train import RESULT_FILE
 from odelm.errors import OdelmError
 
 GRIDS_DIR = Path(__file__).parent / "configs" / "grids"
+GRID_KEYS = {"shared", "runs", "seeds", "baseline"}
 RUN_KEYS = {"name", "model", "optim"}
-COLUMNS = [
-    ("name", "model"),
-    ("family", "family"),
-    ("parameters", "parameters"),
-    ("test_ppl", "perplexity"),
-    ("test_ppl_per_word", "per-word perplexity"),
-    ("test_bleu_tf", "BLEU teacher-forced"),
-    ("test_bleu_cont", "BLEU continuation"),
-    ("test_nfe", "NFE"),
-    ("train_tokens_per_s", "train tokens/s"),
-    ("peak_memory_mb", "peak memory MB"),
-    ("is_causal", "is_causal"),
-    ("protocol", "data protocol"),
-    ("valid_ppl", "valid perplexity"),
-    ("steps", "steps"),
-    ("train_seconds", "train seconds"),
-    ("model", "configuration"),
-]
+
+
+@dataclass(frozen=True)
+class PlannedRun:
+    """One training run of a grid: a model at one seed, with its full config."""
+
+    name: str  # the grid's model name
+    seed: int
+    run: str  # the run directory's name: ``name``, or ``name-seedS`` with several seeds
+    values: dict[str, Any]
 
 
 class GridRunError(OdelmError, RuntimeError):
@@ -57,16 +59,57 @@ def grid_path(preset: str) -> Path:
     return path
 
 
-def expand_grid(grid: dict[str, Any], out_dir: Path, shared_override: dict[str, Any]) -> list[dict]:
-    """One full run config per grid entry, checked, with shared settings enforced."""
-    unknown = sorted(set(grid) - {"shared", "runs"})
+def grid_seeds(
+    grid: dict[str, Any], shared_override: dict[str, Any], num_seeds: int | None = None
+) -> list[int]:
+    """The seeds every model trains with.
+
+    ``num_seeds`` N (``--seeds N``) gives S, S+1, ..., S+N-1 where S is the overriding
+    ``seed`` (``--seed``), else the grid's first ``seeds`` entry, else ``shared.seed`` (0).
+    Without it: the overriding seed alone, else the grid's ``seeds`` list, else
+    ``shared.seed``.
+    """
+    listed = grid.get("seeds")
+    if listed is not None and (
+        not isinstance(listed, list)
+        or not listed
+        or not all(isinstance(s, int) and not isinstance(s, bool) for s in listed)
+        or len(set(listed)) != len(listed)
+    ):
+        raise ConfigError(f"grid key seeds must be a list of distinct integers, got {listed!r}")
+    shared_seed = grid.get("shared", {}).get("seed", 0)
+    if "seed" in shared_override:
+        base = shared_override["seed"]
+    else:
+        base = listed[0] if listed else shared_seed
+    if num_seeds is not None:
+        if num_seeds < 1:
+            raise ConfigError(f"--seeds must be at least 1, got {num_seeds}")
+        return list(range(base, base + num_seeds))
+    if "seed" in shared_override or not listed:
+        return [base]
+    return list(listed)
+
+
+def expand_grid(
+    grid: dict[str, Any],
+    out_dir: Path,
+    shared_override: dict[str, Any],
+    num_seeds: int | None = None,
+) -> list[PlannedRun]:
+    """One full, checked run config per model and seed, with shared settings enforced;
+    ordered seed by seed (every model at the first seed, then at the second, ...)."""
+    unknown = sorted(set(grid) - GRID_KEYS)
     if unknown:
-        raise ConfigError(f"unknown grid key {unknown[0]}; a grid has 'shared' and 'runs'")
+        raise ConfigError(
+            f"unknown grid key {unknown[0]}; a grid has {', '.join(sorted(GRID_KEYS))}"
+        )
+    seeds = grid_seeds(grid, shared_override, num_seeds)
     shared = merge(grid.get("shared", {}), shared_override)
     runs = grid.get("runs") or []
     if not runs:
         raise ConfigError("the grid has no runs")
-    configs, names = [], set()
+    planned, names = [], []
     for index, run in enumerate(runs):
         extra = sorted(set(run) - RUN_KEYS)
         if extra:
@@ -76,97 +119,93 @@ def expand_grid(grid: dict[str, Any], out_dir: Path, shared_override: dict[str, 
             )
         if run.get("name") in names or "name" not in run:
             raise ConfigError(f"runs[{index}] needs a unique name, got {run.get('name')!r}")
-        names.add(run["name"])
-        values = merge(shared, {**run, "out_dir": str(out_dir / "runs")})
-        parse_config(values, where=f"runs[{index}] ({run['name']})")
-        configs.append(values)
-    return configs
+        names.append(run["name"])
+        for seed in seeds:
+            run_name = run["name"] if len(seeds) == 1 else f"{run['name']}-seed{seed}"
+            values = merge(
+                shared, {**run, "name": run_name, "seed": seed, "out_dir": str(out_dir / "runs")}
+            )
+            parse_config(values, where=f"runs[{index}] ({run['name']})")
+            planned.append(PlannedRun(run["name"], seed, run_name, values))
+    baseline = grid.get("baseline", names[0])
+    if baseline not in names:
+        raise ConfigError(f"grid baseline {baseline!r} is not a run; runs: {', '.join(names)}")
+    # Seed by seed: a grid stopped early has every model at its first seeds.
+    return sorted(planned, key=lambda plan: seeds.index(plan.seed))
+
+
+def grid_baseline(grid: dict[str, Any]) -> str:
+    """The model every other model is compared with (``baseline:``, default the first)."""
+    return grid.get("baseline") or grid["runs"][0]["name"]
 
 
 def run_grid(
     grid_file: str | Path,
     out_dir: str | Path,
     shared_override: dict[str, Any] | None = None,
+    num_seeds: int | None = None,
 ) -> list[dict[str, Any]]:
-    """Train every run of the grid (resuming), then write the tables and plots."""
+    """Train every run of the grid (resuming), then write the tables and plots.
+
+    Returns one result per run (model x seed), each with ``name`` (the model), ``seed``
+    and ``run`` (its directory under ``out_dir/runs``).
+    """
     out_dir = Path(out_dir)
-    configs = expand_grid(load_yaml(grid_file), out_dir, shared_override or {})
+    grid = load_yaml(grid_file)
+    planned = expand_grid(grid, out_dir, shared_override or {}, num_seeds)
     (out_dir / "configs").mkdir(parents=True, exist_ok=True)
     results, failed = [], []
-    for values in configs:
-        result = _train_run(values, out_dir)
+    for index, plan in enumerate(planned, start=1):
+        result = _train_run(plan, out_dir, f"[{index}/{len(planned)}] {plan.name} seed {plan.seed}")
         if result is None:
-            failed.append(values["name"])
+            failed.append(plan.run)
         else:
-            results.append(result)
+            results.append({**result, "name": plan.name, "seed": plan.seed, "run": plan.run})
     if results:
-        write_tables(results, out_dir)
+        write_tables(results, out_dir, grid_baseline(grid))
         from experiments.plots import plot_comparison
 
-        plot_comparison(out_dir, [r["name"] for r in results], results)
+        plot_comparison(out_dir, results)
     if failed:
         logs = ", ".join(f"{name} (log: {out_dir / 'logs' / (name + '.log')})" for name in failed)
         raise GridRunError(
-            f"{len(failed)} of {len(configs)} runs failed: {logs}; the other runs are kept"
+            f"{len(failed)} of {len(planned)} runs failed: {logs}; the other runs are kept"
         )
     return results
 
 
-def _train_run(values: dict[str, Any], out_dir: Path) -> dict[str, Any] | None:
+def _train_run(plan: PlannedRun, out_dir: Path, label: str) -> dict[str, Any] | None:
     """Train one run in its own process (kept if finished under the same config; re-trained
-    if its config changed); its output goes to ``logs/NAME.log``. None if it failed."""
-    name = values["name"]
+    if its config changed); its output goes to ``logs/RUN.log``. None if it failed.
+    Prints one progress line per outcome, starting with ``label``."""
+    name = plan.run
     path = out_dir / "configs" / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(values, sort_keys=False))
+    path.write_text(yaml.safe_dump(plan.values, sort_keys=False))
     run_dir = out_dir / "runs" / name
-    changes = config_changes(run_dir, parse_config(values))
+    changes = config_changes(run_dir, parse_config(plan.values))
     command = [sys.executable, "-m", "experiments", "train", "--config", str(path), "--quiet"]
     if changes:
-        print(f"[compare] {name}: config changed ({'; '.join(changes)}), re-training", flush=True)
+        print(f"{label}: config changed ({'; '.join(changes)}), re-training", flush=True)
         command.append("--overwrite")
     elif (run_dir / RESULT_FILE).is_file():
-        print(f"[compare] {name}: finished earlier, kept", flush=True)
+        print(f"{label}: skipped (finished)", flush=True)
         return json.loads((run_dir / RESULT_FILE).read_text())
     else:
-        print(f"[compare] training {name}", flush=True)
+        print(f"{label}: training", flush=True)
     log = out_dir / "logs" / f"{name}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
     with log.open("w") as handle:
         status = subprocess.run(
             command, check=False, stdout=handle, stderr=subprocess.STDOUT
         ).returncode
     if status != 0:
-        print(f"[compare] {name}: FAILED (exit {status}); see {log}", flush=True)
+        print(f"{label}: FAILED (exit {status}); see {log}", flush=True)
         return None
-    return json.loads((run_dir / RESULT_FILE).read_text())
-
-
-def write_tables(results: list[dict[str, Any]], out_dir: Path) -> None:
-    """``results.csv`` (every column) and ``results.md`` (the table a paper would show)."""
-    with (out_dir / "results.csv").open("w", newline="") as handle:
-        writer = csv.writer(handle)
-        writer.writerow([key for key, _ in COLUMNS])
-        for result in results:
-            writer.writerow([result.get(key) for key, _ in COLUMNS])
-    lines = [
-        "| " + " | ".join(title for _, title in COLUMNS) + " |",
-        "|" + "---|" * len(COLUMNS),
-    ]
-    for result in results:
-        cells = [_cell(key, result.get(key)) for key, _ in COLUMNS]
-        if not result.get("is_causal", True):
-            cells[3] += " (non-causal: not an LM perplexity)"
-        lines.append("| " + " | ".join(cells) + " |")
-    protocols = sorted({str(r.get("protocol")) for r in results})
-    lines += ["", f"Data protocol: {'; '.join(protocols)}. Perplexities are on the test split."]
-    (out_dir / "results.md").write_text("\n".join(lines) + "\n")
-
-
-def _cell(key: str, value: Any) -> str:
-    if value is None:
-        return "-"
-    if key == "parameters":
-        return f"{value / 1e6:.2f}M"
-    if isinstance(value, float):
-        return f"{value:.3f}" if "bleu" in key else f"{value:.2f}"
-    return str(value)
+    result = json.loads((run_dir / RESULT_FILE).read_text())
+    print(
+        f"{label}: trained and tested in {time.perf_counter() - started:.0f} s, "
+        f"test ppl {result.get('test_ppl', math.nan):.2f}",
+        flush=True,
+    )
+    return result

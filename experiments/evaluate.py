@@ -27,7 +27,8 @@ class NonCausalModelError(OdelmError, ValueError):
     """A plain perplexity was asked of a model that can see the tokens it predicts."""
 
 
-def _window_length(model: nn.Module, requested: int) -> int:
+def window_length(model: nn.Module, requested: int) -> int:
+    """The evaluation window, cropped to the model's positions (one is the context token)."""
     limit = getattr(model, "max_positions", None)
     return min(requested, limit - 1) if limit else requested
 
@@ -81,7 +82,7 @@ def perplexity(
         data,
         split,
         mode=mode,
-        window=_window_length(model, window),
+        window=window_length(model, window),
         batch_size=batch_size,
         padding_side=padding_side,
     )

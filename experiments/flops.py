@@ -16,6 +16,7 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from experiments.contract import call_model
+from experiments.data.tokenization import LMData
 
 
 @torch.no_grad()
@@ -50,3 +51,33 @@ def forward_flops_per_token(
     if tokens == 0:
         raise ValueError("no predicted tokens in the batches given to forward_flops_per_token")
     return flops / tokens
+
+
+TEST_FLOPS_BATCHES = 4  # adaptive solvers are slow: a few evaluation batches give the average
+
+
+def split_flops_per_token(
+    model: nn.Module,
+    data: LMData,
+    split: str = "test",
+    *,
+    mode: str = "stream",
+    window: int = 128,
+    padding_side: str = "right",
+    max_batches: int = TEST_FLOPS_BATCHES,
+) -> dict[str, float | int]:
+    """``{"flops_per_token", "flops_batches"}`` over the first ``max_batches`` of the
+    batches ``evaluate`` scores ``split`` with (same windows, padding and masks)."""
+    from experiments.evaluate import evaluation_batches, window_length
+
+    batches = evaluation_batches(
+        data, split, mode=mode, window=window_length(model, window), padding_side=padding_side
+    )[:max_batches]
+    device = next((p.device for p in model.parameters()), torch.device("cpu"))
+    on_device = [
+        (ids.to(device), None if mask is None else mask.to(device)) for ids, mask in batches
+    ]
+    return {
+        "flops_per_token": forward_flops_per_token(model, on_device),
+        "flops_batches": len(on_device),
+    }

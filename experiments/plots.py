@@ -1,10 +1,18 @@
-"""Comparison plots from the runs' CSV logs: perplexity against step and wall time,
-perplexity against parameters, and NFE over training for continuous-depth models."""
+"""Comparison plots from the runs' CSV logs: validation perplexity against step and wall
+time (the selected checkpoint starred), test perplexity against parameters (only when the
+counts differ), and forward NFE over training for continuous-depth models (one panel each,
+so equal curves cannot hide one another).
+
+With several seeds a model's line is the mean over seeds and its band spans the seeds'
+minimum to maximum; the legend says so. Every model has its own colour, line style and
+marker. Grammar-corpus plots draw the corpus's expected-entropy perplexity.
+"""
 
 from __future__ import annotations
 
 import csv
 import math
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -12,12 +20,23 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+from matplotlib.lines import Line2D
+from matplotlib.ticker import FixedLocator, FuncFormatter, MaxNLocator, NullLocator
+
+from experiments.tables import group_by_model
+
+LINE_STYLES = ("-", "--", "-.", ":")
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "h", "<", ">")
+# Parameter counts within this ratio of each other make a perplexity-vs-parameters plot
+# meaningless (every point on one vertical line), so it is not drawn.
+EQUAL_PARAMETERS_RATIO = 1.1
+Series = list[tuple[float, float]]
 
 
-def read_metrics(run_dir: Path) -> dict[str, list[tuple[float, float]]]:
+def read_metrics(run_dir: Path) -> dict[str, Series]:
     """``metric -> [(step, value)]`` from a run's Lightning CSV log."""
     path = run_dir / "logs" / "metrics.csv"
-    series: dict[str, list[tuple[float, float]]] = {}
+    series: dict[str, Series] = {}
     if not path.is_file():
         return series
     with path.open() as handle:
@@ -28,21 +47,100 @@ def read_metrics(run_dir: Path) -> dict[str, list[tuple[float, float]]]:
     return series
 
 
-def _paired(
-    series: dict[str, list[tuple[float, float]]], x_key: str, y_key: str
-) -> list[tuple[float, float]]:
-    xs = dict(series.get(x_key, []))
-    return [(xs[step], y) for step, y in series.get(y_key, []) if step in xs]
+def style(index: int) -> dict[str, Any]:
+    """Colour, line style and marker of the ``index``-th model (all three differ)."""
+    return {
+        "color": plt.get_cmap("tab10")(index % 10),
+        "linestyle": LINE_STYLES[index % len(LINE_STYLES)],
+        "marker": MARKERS[index % len(MARKERS)],
+    }
 
 
-def plot_comparison(out_dir: Path, names: list[str], results: list[dict[str, Any]]) -> list[Path]:
+def mean_band(curves: list[Series]) -> tuple[list[float], list[float], list[float], list[float]]:
+    """Steps every curve has, and the mean, minimum and maximum value at each."""
+    steps = sorted(set.intersection(*(set(dict(c)) for c in curves))) if curves else []
+    values = [[dict(c)[s] for c in curves] for s in steps]
+    return (
+        steps,
+        [sum(v) / len(v) for v in values],
+        [min(v) for v in values],
+        [max(v) for v in values],
+    )
+
+
+def selected_step(result: dict[str, Any], val_ppl: Series) -> tuple[float, float]:
+    """The validation point of the checkpoint a run was tested with (``val_ppl`` not empty)."""
+    if result.get("selected") == "best validation":
+        return min(val_ppl, key=lambda point: point[1])
+    return val_ppl[-1]  # "last" or an average of the last validations: the final one
+
+
+def plain_log_ticks(axis: Any, which: str = "y") -> None:
+    """Plain-number ticks (``20``, ``50``, ``100``) on a log axis, never ``2x10^1``."""
+    low, high = axis.get_ylim() if which == "y" else axis.get_xlim()
+    ticks: list[float] = []
+    if high / low < 4:
+        ticks = [t for t in MaxNLocator(5).tick_values(low, high) if low <= t <= high]
+    else:
+        for mantissas in ((1, 1.5, 2, 3, 5, 7), (1, 2, 5), (1, 3), (1,)):
+            ticks = [
+                m * 10**k
+                for k in range(math.floor(math.log10(low)), math.ceil(math.log10(high)) + 1)
+                for m in mantissas
+                if low <= m * 10**k <= high
+            ]
+            if len(ticks) <= 8:
+                break
+    target = axis.yaxis if which == "y" else axis.xaxis
+    target.set_major_locator(FixedLocator(ticks))
+    target.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
+    target.set_minor_locator(NullLocator())
+
+
+def entropy_bound(results: list[dict[str, Any]]) -> float | None:
+    """exp(expected entropy per token) of the grammar corpus, when every run used it."""
+    if not results or not all(str(r.get("protocol", "")).startswith("grammar") for r in results):
+        return None
+    from experiments.data.grammar import ProbabilisticGrammar, default_rules
+
+    return ProbabilisticGrammar(default_rules()).perplexity_lower_bound
+
+
+def _label(name: str, runs: list[dict[str, Any]]) -> str:
+    label = name if len(runs) == 1 else f"{name} (mean of {len(runs)} seeds)"
+    if not all(r.get("is_causal", True) for r in runs):
+        label += ", non-causal"
+    return label
+
+
+def _draw(
+    axis: Any, index: int, label: str, curves: list[Series], xs: list[dict] | None = None
+) -> None:
+    """Mean line and min-max band over ``curves`` (step, value); ``xs`` maps each curve's
+    steps to another x (wall time), averaged over seeds like the values."""
+    steps, mean, low, high = mean_band(curves)
+    if not steps:
+        return
+    x = steps if xs is None else [sum(x[s] for x in xs) / len(xs) for s in steps]
+    axis.plot(x, mean, markersize=4, label=label, **style(index))
+    if len(curves) > 1:
+        axis.fill_between(x, low, high, color=style(index)["color"], alpha=0.18, linewidth=0)
+
+
+def plot_comparison(out_dir: Path, results: list[dict[str, Any]]) -> list[Path]:
     """Write the comparison PNGs into ``out_dir`` and return their paths."""
-    logs = {name: read_metrics(out_dir / "runs" / name) for name in names}
+    groups = group_by_model(results)
+    logs = {r["run"]: read_metrics(out_dir / "runs" / r["run"]) for r in results}
     protocol = "; ".join(sorted({str(r.get("protocol")) for r in results}))
-    written = []
+    several = any(len(runs) > 1 for runs in groups.values())
+    band_note = (
+        "\nlines: mean over seeds; bands and error bars: min to max over seeds" if several else ""
+    )
+    bound = entropy_bound(results)
+    written: list[Path] = []
 
     def save(figure: plt.Figure, name: str) -> None:
-        figure.suptitle(protocol, fontsize=8)
+        figure.suptitle(protocol + band_note, fontsize=8)
         figure.tight_layout()
         figure.savefig(out_dir / name, dpi=120)
         plt.close(figure)
@@ -52,35 +150,152 @@ def plot_comparison(out_dir: Path, names: list[str], results: list[dict[str, Any
         ("step", "training step", "ppl_vs_step.png"),
         ("val/elapsed_s", "training wall time (s)", "ppl_vs_time.png"),
     ):
-        figure, axis = plt.subplots(figsize=(6, 4))
-        for name, series in logs.items():
-            points = (
-                series.get("val/ppl", []) if x_key == "step" else _paired(series, x_key, "val/ppl")
-            )
-            if points:
-                axis.plot(*zip(*points), marker="o", markersize=3, label=name)
+        figure, axis = plt.subplots(figsize=(10, 4.5))
+        for index, (name, runs) in enumerate(groups.items()):
+            logged = [(r, logs[r["run"]]) for r in runs]
+            curves = [
+                (r, _validation_curve(log, x_key), dict(log.get(x_key, []))) for r, log in logged
+            ]
+            curves = [(r, curve, x_map) for r, curve, x_map in curves if curve]
+            xs = None if x_key == "step" else [x_map for _, _, x_map in curves]
+            _draw(axis, index, _label(name, runs), [curve for _, curve, _ in curves], xs)
+            for run, curve, x_map in curves:
+                step, value = selected_step(run, curve)
+                axis.plot(
+                    step if xs is None else x_map[step],
+                    value,
+                    marker="*",
+                    markersize=13,
+                    color=style(index)["color"],
+                    markeredgecolor="black",
+                    linestyle="none",
+                    zorder=5,
+                )
+        handles, _ = axis.get_legend_handles_labels()
+        handles.append(_selected_handle(results))
+        if bound:
+            handles.append(_bound_line(axis, bound))
         axis.set(xlabel=x_label, ylabel="validation perplexity", yscale="log")
-        axis.legend(fontsize=7)
+        plain_log_ticks(axis)
+        _legend_outside(axis, handles)
         save(figure, file_name)
 
-    figure, axis = plt.subplots(figsize=(6, 4))
-    for result in results:
-        if result.get("test_ppl") and math.isfinite(result["test_ppl"]):
-            marker = "o" if result.get("is_causal", True) else "x"
-            axis.scatter(result["parameters"], result["test_ppl"], marker=marker)
-            axis.annotate(result["name"], (result["parameters"], result["test_ppl"]), fontsize=7)
-    axis.set(xlabel="parameters", ylabel="test perplexity", xscale="log", yscale="log")
-    save(figure, "ppl_vs_params.png")
+    if _parameters_differ(results):
+        save(_params_figure(groups, bound), "ppl_vs_params.png")
+    else:
+        (out_dir / "ppl_vs_params.png").unlink(missing_ok=True)
 
-    continuous = {r["name"] for r in results if r.get("family") == "continuous depth"}
-    ode_runs = {
-        n: s["train/nfe"] for n, s in logs.items() if n in continuous and s.get("train/nfe")
-    }
-    if ode_runs:
-        figure, axis = plt.subplots(figsize=(6, 4))
-        for name, points in ode_runs.items():
-            axis.plot(*zip(*points), label=name)
-        axis.set(xlabel="training step", ylabel="forward NFE per step")
-        axis.legend(fontsize=7)
-        save(figure, "nfe_vs_step.png")
+    continuous = [n for n, runs in groups.items() if runs[0].get("family") == "continuous depth"]
+    nfe = {n: [logs[r["run"]].get("train/nfe", []) for r in groups[n]] for n in continuous}
+    nfe = {n: curves for n, curves in nfe.items() if any(curves)}
+    if nfe:
+        save(_nfe_figure(nfe, list(groups)), "nfe_vs_step.png")
     return written
+
+
+def _legend_outside(axis: Any, handles: list[Any]) -> None:
+    """The legend right of the axes, where it cannot cover a curve."""
+    axis.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))
+
+
+def _validation_curve(series: dict[str, Series], x_key: str) -> Series:
+    """``(step, validation perplexity)`` at the steps that also log ``x_key``."""
+    if x_key == "step":
+        return series.get("val/ppl", [])
+    logged = dict(series.get(x_key, []))
+    return [(step, y) for step, y in series.get("val/ppl", []) if step in logged]
+
+
+def _selected_handle(results: list[dict[str, Any]]) -> Line2D:
+    how = " / ".join(sorted({str(r.get("selected", "last")) for r in results}))
+    if len({r["seed"] for r in results}) > 1:
+        how += ", one per seed"
+    return Line2D(
+        [],
+        [],
+        marker="*",
+        markersize=11,
+        color="grey",
+        markeredgecolor="black",
+        linestyle="none",
+        label=f"selected checkpoint ({how})",
+    )
+
+
+def _bound_line(axis: Any, bound: float) -> Line2D:
+    return axis.axhline(
+        bound,
+        color="black",
+        linewidth=0.8,
+        linestyle=(0, (1, 3)),
+        label=f"grammar corpus: exp(expected entropy) = {bound:.2f}\n(not a floor for a finite split)",
+    )
+
+
+def _parameters_differ(results: Iterable[dict[str, Any]]) -> bool:
+    counts = [r["parameters"] for r in results if r.get("parameters")]
+    return bool(counts) and max(counts) / min(counts) > EQUAL_PARAMETERS_RATIO
+
+
+def _params_figure(groups: dict[str, list[dict[str, Any]]], bound: float | None) -> plt.Figure:
+    """Test perplexity (mean, with the seeds' min-max as error bars) against parameters."""
+    figure, axis = plt.subplots(figsize=(10, 4.5))
+    for index, (name, runs) in enumerate(groups.items()):
+        values = [r["test_ppl"] for r in runs if math.isfinite(r.get("test_ppl") or math.nan)]
+        if not values:
+            continue
+        mean = sum(values) / len(values)
+        causal = all(r.get("is_causal", True) for r in runs)
+        marker = style(index)["marker"] if causal else "x"
+        error = [[mean - min(values)], [max(values) - mean]] if len(values) > 1 else None
+        axis.errorbar(
+            runs[0]["parameters"],
+            mean,
+            yerr=error,
+            marker=marker,
+            markersize=8,
+            color=style(index)["color"],
+            capsize=3,
+            linestyle="none",
+            label=_label(name, runs),
+        )
+    handles, _ = axis.get_legend_handles_labels()
+    handles.append(
+        Line2D(
+            [],
+            [],
+            marker="x",
+            color="grey",
+            linestyle="none",
+            label="x: non-causal model (sees the tokens it predicts; not an LM perplexity)",
+        )
+    )
+    if bound:
+        handles.append(_bound_line(axis, bound))
+    counts = [runs[0]["parameters"] for runs in groups.values()]
+    axis.set(xlabel="parameters", ylabel="test perplexity", yscale="log")
+    if max(counts) / min(counts) > 10:
+        axis.set_xscale("log")
+        plain_log_ticks(axis, "x")
+    axis.xaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value / 1e6:g}M"))
+    plain_log_ticks(axis)
+    _legend_outside(axis, handles)
+    return figure
+
+
+def _nfe_figure(nfe: dict[str, list[Series]], order: list[str]) -> plt.Figure:
+    """One panel per continuous-depth model, sharing the y axis."""
+    columns = min(3, len(nfe))
+    rows = math.ceil(len(nfe) / columns)
+    figure, axes = plt.subplots(
+        rows, columns, figsize=(3.6 * columns, 3 * rows), sharey=True, squeeze=False
+    )
+    for panel, (name, curves) in zip(axes.flat, nfe.items()):
+        _draw(panel, order.index(name), name, [c for c in curves if c])
+        panel.set_title(name if len(curves) == 1 else f"{name} (mean of {len(curves)})", fontsize=9)
+        panel.set(xlabel="training step")
+    for panel in axes[:, 0]:
+        panel.set_ylabel("forward NFE per step")
+    for panel in list(axes.flat)[len(nfe) :]:
+        panel.set_visible(False)
+    return figure

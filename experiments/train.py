@@ -51,6 +51,7 @@ from experiments.data.tokenization import (
     encode_corpus,
 )
 from experiments.evaluate import evaluate_run
+from experiments.flops import split_flops_per_token
 from experiments.models import build_model, count_parameters, depth_kind
 from experiments.runs import (
     CONFIG_FILE,
@@ -192,6 +193,16 @@ def train(
         parts.checkpoint.reload_state()
     selected = select_weights(model, parts.checkpoint, parts.averager)
     metrics = evaluate_run(model, data, config)
+    metrics.update(
+        split_flops_per_token(
+            model,
+            data,
+            "test",
+            mode=config.data.batching,
+            window=config.data.eval_window,
+            padding_side=config.data.padding_side,
+        )
+    )
     result = {
         "name": config.name,
         "family": depth_kind(config.model, model),
