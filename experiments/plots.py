@@ -5,13 +5,15 @@ so equal curves cannot hide one another).
 
 With several seeds a model's line is the mean over seeds and its band spans the seeds'
 minimum to maximum; the legend says so. Every model has its own colour, line style and
-marker. Grammar-corpus plots draw the corpus's expected-entropy perplexity.
+marker. Grammar-corpus plots draw the true grammar's perplexity: its expectation beside
+validation curves, its value on the test split beside test perplexities.
 """
 
 from __future__ import annotations
 
 import csv
 import math
+import re
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -97,13 +99,15 @@ def plain_log_ticks(axis: Any, which: str = "y") -> None:
     target.set_minor_locator(NullLocator())
 
 
-def entropy_bound(results: list[dict[str, Any]]) -> float | None:
-    """exp(expected entropy per token) of the grammar corpus, when every run used it."""
-    if not results or not all(str(r.get("protocol", "")).startswith("grammar") for r in results):
+def grammar_references(results: list[dict[str, Any]]) -> dict[str, float] | None:
+    """The true grammar's perplexity, expected and on the test split, when every run used
+    the grammar corpus of one seed (read from the protocol label)."""
+    seeds = {re.search(r"^grammar .*seed (\d+)", str(r.get("protocol", ""))) for r in results}
+    if not results or None in seeds or len({m.group(1) for m in seeds}) != 1:
         return None
-    from experiments.data.grammar import ProbabilisticGrammar, default_rules
+    from experiments.data.grammar import reference_perplexities
 
-    return ProbabilisticGrammar(default_rules()).perplexity_lower_bound
+    return reference_perplexities(int(seeds.pop().group(1)))
 
 
 def _label(name: str, runs: list[dict[str, Any]]) -> str:
@@ -136,7 +140,7 @@ def plot_comparison(out_dir: Path, results: list[dict[str, Any]]) -> list[Path]:
     band_note = (
         "\nlines: mean over seeds; bands and error bars: min to max over seeds" if several else ""
     )
-    bound = entropy_bound(results)
+    references = grammar_references(results)
     written: list[Path] = []
 
     def save(figure: plt.Figure, name: str) -> None:
@@ -173,15 +177,15 @@ def plot_comparison(out_dir: Path, results: list[dict[str, Any]]) -> list[Path]:
                 )
         handles, _ = axis.get_legend_handles_labels()
         handles.append(_selected_handle(results))
-        if bound:
-            handles.append(_bound_line(axis, bound))
+        if references:
+            handles.append(_reference_line(axis, references["expected"], "expected"))
         axis.set(xlabel=x_label, ylabel="validation perplexity", yscale="log")
         plain_log_ticks(axis)
         _legend_outside(axis, handles)
         save(figure, file_name)
 
     if _parameters_differ(results):
-        save(_params_figure(groups, bound), "ppl_vs_params.png")
+        save(_params_figure(groups, references), "ppl_vs_params.png")
     else:
         (out_dir / "ppl_vs_params.png").unlink(missing_ok=True)
 
@@ -222,14 +226,15 @@ def _selected_handle(results: list[dict[str, Any]]) -> Line2D:
     )
 
 
-def _bound_line(axis: Any, bound: float) -> Line2D:
-    return axis.axhline(
-        bound,
-        color="black",
-        linewidth=0.8,
-        linestyle=(0, (1, 3)),
-        label=f"grammar corpus: exp(expected entropy) = {bound:.2f}\n(not a floor for a finite split)",
+def _reference_line(axis: Any, value: float, kind: str) -> Line2D:
+    """A horizontal line at the true grammar's perplexity (``expected`` or ``test_split``)."""
+    label = (
+        f"grammar corpus: exp(expected entropy) = {value:.2f}\n(not a floor for a finite split)"
+        if kind == "expected"
+        else f"the true grammar's perplexity on this test split = {value:.2f}"
     )
+    style_ = (0, (1, 3)) if kind == "expected" else (0, (6, 3))
+    return axis.axhline(value, color="black", linewidth=0.8, linestyle=style_, label=label)
 
 
 def _parameters_differ(results: Iterable[dict[str, Any]]) -> bool:
@@ -237,7 +242,9 @@ def _parameters_differ(results: Iterable[dict[str, Any]]) -> bool:
     return bool(counts) and max(counts) / min(counts) > EQUAL_PARAMETERS_RATIO
 
 
-def _params_figure(groups: dict[str, list[dict[str, Any]]], bound: float | None) -> plt.Figure:
+def _params_figure(
+    groups: dict[str, list[dict[str, Any]]], references: dict[str, float] | None
+) -> plt.Figure:
     """Test perplexity (mean, with the seeds' min-max as error bars) against parameters."""
     figure, axis = plt.subplots(figsize=(10, 4.5))
     for index, (name, runs) in enumerate(groups.items()):
@@ -270,8 +277,8 @@ def _params_figure(groups: dict[str, list[dict[str, Any]]], bound: float | None)
             label="x: non-causal model (sees the tokens it predicts; not an LM perplexity)",
         )
     )
-    if bound:
-        handles.append(_bound_line(axis, bound))
+    if references:
+        handles.append(_reference_line(axis, references["test_split"], "test_split"))
     counts = [runs[0]["parameters"] for runs in groups.values()]
     axis.set(xlabel="parameters", ylabel="test perplexity", yscale="log")
     if max(counts) / min(counts) > 10:
