@@ -126,7 +126,7 @@ def _draw(
     if not steps:
         return
     x = steps if xs is None else [sum(x[s] for x in xs) / len(xs) for s in steps]
-    axis.plot(x, mean, markersize=4, label=label, **style(index))
+    axis.plot(x, mean, markersize=4, markevery=max(1, len(x) // 12), label=label, **style(index))
     if len(curves) > 1:
         axis.fill_between(x, low, high, color=style(index)["color"], alpha=0.18, linewidth=0)
 
@@ -176,6 +176,10 @@ def plot_comparison(out_dir: Path, results: list[dict[str, Any]]) -> list[Path]:
                     zorder=5,
                 )
         handles, _ = axis.get_legend_handles_labels()
+        if not handles:  # no run validated (a budget shorter than val_every): no plot
+            plt.close(figure)
+            (out_dir / file_name).unlink(missing_ok=True)
+            continue
         handles.append(_selected_handle(results))
         if references:
             handles.append(_reference_line(axis, references["expected"], "expected"))
