@@ -249,7 +249,9 @@ def test_compare_names_a_failed_run_keeps_the_others_and_retrains_changed_config
     # a longer budget on the finished grid re-trains the run instead of keeping it
     assert main(["compare", "--grid", str(grid), "--out", str(out), "--max-steps", "6"]) == 2
     assert json.loads(finished.read_text())["steps"] == 6
-    assert "fine: config changed (trainer.max_steps: 4 -> 6)" in capsys.readouterr().out
+    assert (
+        "[2/2] fine seed 0: config changed (trainer.max_steps: 4 -> 6)" in capsys.readouterr().out
+    )
     stamp = finished.stat().st_mtime_ns
     assert main(["compare", "--grid", str(grid), "--out", str(out), "--max-steps", "6"]) == 2
     assert finished.stat().st_mtime_ns == stamp  # the same config again: kept
