@@ -60,15 +60,17 @@ def cmd_eval(args: argparse.Namespace) -> int:
     import dataclasses
 
     from experiments.evaluate import evaluate_run
-    from experiments.train import load_run
+    from experiments.trained import load_run
 
     if args.num_threads:
         torch.set_num_threads(args.num_threads)
-    model, data, config = load_run(args.run)
+    run = load_run(args.run)
+    config = run.config
     settings = ("bleu_sentences", "continuation_sentences", "prompt_len", "decode")
     given = {key: getattr(args, key) for key in settings if getattr(args, key) is not None}
     config.eval = dataclasses.replace(config.eval, **given)
-    result = evaluate_run(model, data, config, args.split, allow_noncausal=args.allow_noncausal)
+    data = run.data(**({"data_dir": args.data_dir} if args.data_dir else {}))
+    result = evaluate_run(run.model, data, config, args.split, allow_noncausal=args.allow_noncausal)
     if args.json:
         print(json.dumps(result))
     else:
@@ -78,28 +80,23 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from experiments.decoding import decode_continuation
-    from experiments.train import load_run
+    from experiments.trained import load_run
 
     if args.num_threads is not None:
         torch.set_num_threads(args.num_threads)
-    model, data, _ = load_run(args.run)
-    tokenizer = data.tokenizer
-    prompt = [tokenizer.eos_id] + tokenizer.encode_words(args.prompt.split())
-    new = decode_continuation(
-        model,
-        torch.tensor([prompt]),
+    run = load_run(args.run)
+    text = run.generate(
+        args.prompt,
         args.max_new_tokens,
         strategy=args.strategy,
         num_beams=args.num_beams,
-        eos_id=tokenizer.eos_id if args.stop_at_eos else None,
+        eos_id=run.tokenizer.eos_id if args.stop_at_eos else None,
         temperature=args.temperature,
         top_k=args.top_k,
         top_p=args.top_p,
         generator=torch.Generator().manual_seed(args.seed),
     )
-    text = _detokenize(tokenizer, new).rstrip("\n")
-    print(args.prompt + ("" if text.startswith("\n") else " ") + text)
+    print(text)
     return 0
 
 
@@ -109,21 +106,6 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
     return value
-
-
-def _detokenize(tokenizer: Any, ids: list[int]) -> str:
-    """Text of ``ids``; each ``<eos>`` (a line end in the corpus) becomes a line break."""
-    lines, line = [], []
-    for token in [*ids, None]:
-        if token is None or token == tokenizer.eos_id:
-            if tokenizer.kind == "bpe":
-                lines.append(tokenizer.bpe.decode(line))
-            else:
-                lines.append(" ".join(tokenizer.id_to_token(i) for i in line))
-            line = []
-        else:
-            line.append(token)
-    return "\n".join(text.strip() for text in lines)
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
@@ -232,6 +214,9 @@ def register_eval(commands: Any) -> None:
         "--allow-noncausal",
         action="store_true",
         help="score a model that sees the tokens it predicts (labelled as such)",
+    )
+    parser.add_argument(
+        "--data-dir", help="where the run's corpus is now (default: where it was trained)"
     )
     parser.add_argument("--json", action="store_true", help="one JSON object instead of lines")
     parser.set_defaults(func=cmd_eval)

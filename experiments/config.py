@@ -70,6 +70,7 @@ class TrainerConfig:
     precision: str = "32-true"
     deterministic: bool = True
     progress_bar: bool = True
+    logger: list[str] = field(default_factory=lambda: ["csv", "tensorboard"])  # or wandb
     num_threads: int | None = None  # CPU threads for torch (None: torch's default)
 
 
@@ -179,6 +180,9 @@ def _check_values(config: RunConfig) -> None:
             f"trainer.max_time_s = {config.trainer.max_time_s!r} is out of range; it must be "
             "> 0 or null"
         )
+    for name in config.trainer.logger:
+        if name not in ("csv", "tensorboard", "wandb"):
+            raise ConfigError(f"trainer.logger {name!r} is not one of csv, tensorboard, wandb")
     if len(config.optim.betas) != 2:
         raise ConfigError(f"optim.betas must hold two numbers, got {config.optim.betas}")
     if not config.model:

@@ -12,8 +12,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from odelm.pretrained import PretrainedMixin
 
-class BigramLM(nn.Module):
+
+class BigramLM(PretrainedMixin, nn.Module):
     """``logits[b, t] = table[tokens[b, t]]``: the smallest model that meets the contract."""
 
     is_causal = True

@@ -9,9 +9,10 @@ uninterrupted run would have seen.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytorch_lightning as pl
@@ -45,15 +46,23 @@ class _Batches(Dataset):
 
 
 class SeededResumableSampler(Sampler[int]):
-    """An endless sequence of seeded epoch permutations that starts at a given step.
+    """Seeded epoch permutations read from a given step on, one epoch's worth per iteration.
 
     Batch ``k`` of the run is ``permutation(epoch = k // n)[k % n]``, a pure function of the
-    seed and ``k``, so resuming at step ``k`` needs nothing but ``k``. Each rank of a
-    distributed run takes every ``world_size``-th batch.
+    seed and ``k``, so resuming at step ``k`` needs nothing but ``k``. ``start`` is the step
+    (or a function returning it, read when an iteration begins): each iteration yields the
+    next ``len(self)`` batches, so every Lightning epoch, and the validation at its end
+    under a default ``pl.Trainer``, continues the same sequence. Each rank of a distributed
+    run takes every ``world_size``-th batch.
     """
 
     def __init__(
-        self, size: int, seed: int, start: int = 0, rank: int = 0, world_size: int = 1
+        self,
+        size: int,
+        seed: int,
+        start: int | Callable[[], int] = 0,
+        rank: int = 0,
+        world_size: int = 1,
     ) -> None:
         self.size, self.seed, self.start = size, seed, start
         self.rank, self.world_size = rank, world_size
@@ -66,13 +75,12 @@ class SeededResumableSampler(Sampler[int]):
         return int(order[position])
 
     def __iter__(self) -> Iterator[int]:
-        step = self.start
-        while True:
+        first = self.start() if callable(self.start) else self.start
+        for step in range(first, first + len(self)):
             yield self._index(step * self.world_size + self.rank)
-            step += 1
 
     def __len__(self) -> int:
-        return 2**62
+        return max(1, self.size // self.world_size)
 
 
 class LMDataModule(pl.LightningDataModule):
@@ -91,14 +99,19 @@ class LMDataModule(pl.LightningDataModule):
         eos = self.data.tokenizer.eos_id
         return sentence_batches(split.sentences, cfg.batch_size, eos, side=cfg.padding_side)
 
+    def _step(self) -> int:
+        return self.trainer.global_step if self.trainer is not None else 0
+
     def train_dataloader(self) -> DataLoader:
         trainer = self.trainer
-        start = trainer.global_step if trainer is not None else 0
         rank = trainer.global_rank if trainer is not None else 0
         world = trainer.world_size if trainer is not None else 1
         batches = self._train_batches()
-        sampler = SeededResumableSampler(len(batches), self.seed, start, rank, world)
-        return DataLoader(_Batches(batches), sampler=sampler, batch_size=None)
+        sampler = SeededResumableSampler(len(batches), self.seed, self._step, rank, world)
+        # A generator of its own: starting an epoch's iterator must not draw from torch's
+        # global RNG (dropout's), or a resumed run would diverge from the uninterrupted one.
+        generator = torch.Generator().manual_seed(self.seed)
+        return DataLoader(_Batches(batches), sampler=sampler, batch_size=None, generator=generator)
 
     def val_dataloader(self) -> DataLoader:
         from experiments.evaluate import evaluation_batches
@@ -130,10 +143,29 @@ def inverse_sqrt_lambda(warmup_steps: int):
 
 
 class LMTask(pl.LightningModule):
-    """Trains a contract model with next-token cross-entropy."""
+    """Trains a contract model with next-token cross-entropy.
 
-    def __init__(self, model: nn.Module, optim: OptimConfig) -> None:
+    ``model`` is a model, or the ``{"architecture", "config"}`` dict of a model that
+    saves itself (:class:`odelm.pretrained.PretrainedMixin`); ``optim`` an
+    :class:`OptimConfig` or its dict. Both are saved as hyperparameters, so
+    ``LMTask.load_from_checkpoint(path)`` rebuilds the task from a checkpoint alone (pass
+    ``model=...`` for a model class without ``save_pretrained``).
+    """
+
+    def __init__(
+        self, model: nn.Module | dict[str, Any], optim: OptimConfig | dict[str, Any]
+    ) -> None:
         super().__init__()
+        if isinstance(model, dict):
+            from odelm.pretrained import build_from_config
+
+            model = build_from_config(model)
+        if isinstance(optim, dict):
+            optim = OptimConfig(**optim)
+        hyperparameters: dict[str, Any] = {"optim": dataclasses.asdict(optim)}
+        if hasattr(model, "model_spec"):
+            hyperparameters["model"] = model.model_spec()
+        self.save_hyperparameters(hyperparameters)
         self.model, self.optim = model, optim
         self.val_nll = 0.0
         self.val_tokens = 0

@@ -1,8 +1,10 @@
 """``train(config)``: one run from config to a tested model, resumable, with results on disk.
 
 A run directory holds ``config.yaml``, the tokenizer, the checkpoints of one crash-consistent
-validate/checkpoint cycle (``experiments.checkpoints``), CSV and TensorBoard logs kept
-across resumptions, the final weights (``model.pt``) and ``result.json`` (test perplexity,
+validate/checkpoint cycle (``experiments.checkpoints``), logs (``trainer.logger``: CSV,
+kept across resumptions, and TensorBoard by default), the final model (``model/``:
+``config.json`` + ``model.safetensors``, loadable with no corpus by
+``experiments.load_run``) and ``result.json`` (test perplexity,
 per-word perplexity, both BLEUs, NFE, throughput, peak memory, parameters, protocol, the
 config's hash). A run whose ``result.json`` exists is finished; one with a ``last.ckpt``
 resumes from it; either is reused only under the config it was made with
@@ -30,8 +32,7 @@ import pytorch_lightning as pl
 import torch
 import yaml
 from lightning_fabric.utilities.exceptions import MisconfigurationException
-from pytorch_lightning.callbacks import Callback, EarlyStopping
-from pytorch_lightning.loggers import TensorBoardLogger
+from pytorch_lightning.callbacks import Callback, EarlyStopping, LearningRateMonitor
 from torch import nn
 
 from experiments.checkpoints import (
@@ -39,42 +40,32 @@ from experiments.checkpoints import (
     AtomicCheckpointIO,
     CheckpointAverager,
     RunCheckpoint,
-    atomic_save,
     read_checkpoint,
 )
 from experiments.config import RunConfig
 from experiments.data.corpora import load_corpus
-from experiments.data.tokenization import (
-    LMData,
-    build_tokenizer,
-    check_tokenizer,
-    encode_corpus,
-)
+from experiments.data.tokenization import LMData, build_tokenizer, encode_corpus
 from experiments.evaluate import evaluate_run
 from experiments.flops import split_flops_per_token
+from experiments.loggers import build_loggers
 from experiments.models import build_model, count_parameters, depth_kind
 from experiments.runs import (
     CONFIG_FILE,
-    HistoryCSVLogger,
     check_same_config,
     config_sha256,
     discard_run,
     write_json,
 )
 from experiments.task import LMDataModule, LMTask
+from experiments.trained import save_run_model
 from neuralode_lm.solvers import SolverError
 from odelm.errors import OdelmError
 
 RESULT_FILE = "result.json"
-WEIGHTS_FILE = "model.pt"
 
 
 class OutputDirError(OdelmError, OSError):
     """The run directory cannot be written."""
-
-
-class RunNotFoundError(OdelmError, FileNotFoundError):
-    """A run directory holds no trained model."""
 
 
 class TrainerSettingsError(OdelmError, ValueError):
@@ -225,7 +216,7 @@ def train(
         "config_sha256": config_sha256(config),
     }
     check_finite(result, parts.trainer.global_step)
-    save_weights(model, run_dir, data)
+    save_run_model(model, run_dir, data.tokenizer)
     write_json(result_path, result)
     return result
 
@@ -253,6 +244,9 @@ def build_trainer(
         extra.append(
             EarlyStopping(monitor="val/ppl", mode="min", patience=cfg.early_stopping_patience)
         )
+    loggers = build_loggers(cfg.logger, run_dir, config.name, keep_csv_before=keep_logs_before)
+    if loggers:
+        extra.append(LearningRateMonitor(logging_interval="step"))
     # The constructor reports unknown accelerator, strategy and precision names as ValueError.
     with lightning_settings(rejected=(MisconfigurationException, ValueError)):
         trainer = pl.Trainer(
@@ -273,10 +267,7 @@ def build_trainer(
             enable_model_summary=False,
             enable_checkpointing=True,
             use_distributed_sampler=False,
-            logger=[
-                HistoryCSVLogger(run_dir, name="logs", version="", keep_before=keep_logs_before),
-                TensorBoardLogger(run_dir, name="tensorboard", version=""),
-            ],
+            logger=loggers,
             callbacks=[checkpoint, meter, *extra, *callbacks],
             plugins=[AtomicCheckpointIO()],
             default_root_dir=run_dir,
@@ -361,25 +352,3 @@ def describe_model(spec: dict[str, Any]) -> str:
     """A short label such as ``ode_transformer small block=rk2``."""
     rest = " ".join(f"{k}={v}" for k, v in spec.items() if k not in ("family", "preset", "name"))
     return " ".join(str(x) for x in (spec.get("preset") or spec.get("name", ""), rest) if x)
-
-
-def save_weights(model: nn.Module, run_dir: Path, data: LMData) -> None:
-    """Final weights with the tokenizer fingerprint they belong to."""
-    payload = {"state_dict": model.state_dict(), "tokenizer": data.tokenizer.fingerprint()}
-    atomic_save(payload, run_dir / WEIGHTS_FILE)
-
-
-def load_run(run_dir: str | Path) -> tuple[nn.Module, LMData, RunConfig]:
-    """Rebuild a finished run's model and data, refusing a mismatched vocabulary."""
-    from experiments.config import load_config
-
-    run_dir = Path(run_dir)
-    if not (run_dir / WEIGHTS_FILE).is_file():
-        raise RunNotFoundError(f"{run_dir} has no {WEIGHTS_FILE}; train it first (odelm train)")
-    config = load_config(run_dir / CONFIG_FILE)
-    data = prepare_data(config)
-    payload = read_checkpoint(run_dir / WEIGHTS_FILE)
-    check_tokenizer(payload["tokenizer"], data.tokenizer)
-    model = build_model(config.model, data.tokenizer.vocab_size)
-    model.load_state_dict(payload["state_dict"])
-    return model.eval(), data, config

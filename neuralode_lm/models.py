@@ -11,6 +11,9 @@ with regularisation in training, ``aux["reg"]`` (add it to the loss); after ``ba
 * :class:`ODELSTM` (3.6), :class:`ODEGPT2` (3.7), :class:`AugmentedODEGPT2` (3.8): an
   encoder and a causal ODE head by default, or with ``reconstruction=True`` the report's
   non-causal reconstruction decoder.
+
+Every model saves and loads with ``save_pretrained(dir)`` / ``from_pretrained(dir)``
+(:class:`odelm.pretrained.PretrainedMixin`).
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ from typing import Any
 
 import torch
 from torch import nn
+
+from odelm.pretrained import PretrainedMixin
 
 from .encoders import GPT2Encoder, LSTMEncoder
 from .errors import ModelConfigError
@@ -37,7 +42,7 @@ __all__ = [
 ]
 
 
-class LSTMLM(nn.Module):
+class LSTMLM(PretrainedMixin, nn.Module):
     """The report's LSTM baseline: 300-d embedding, 300-unit LSTM, dropout 0.1, linear."""
 
     is_causal = True
@@ -73,6 +78,12 @@ class LSTMLM(nn.Module):
         return [self.encoder, self.head]
 
 
+def _gpt2_pretrained_config(config: dict[str, Any], encoder: GPT2Encoder) -> dict[str, Any]:
+    """A saved GPT-2 model rebuilds from its architecture, not from the hub or a local path
+    (the weights file holds the trained weights)."""
+    return {**config, "pretrained": None, "config": encoder.config.to_dict(), "offline": None}
+
+
 def _gpt2_encoder(
     vocab_size: int,
     pretrained: str | os.PathLike[str] | None,
@@ -97,7 +108,7 @@ def _gpt2_encoder(
     return encoder
 
 
-class GPT2LM(nn.Module):
+class GPT2LM(PretrainedMixin, nn.Module):
     """GPT-2 with its tied output embedding, as ``GPT2LMHeadModel``; pretrained or from config."""
 
     is_causal = True
@@ -119,6 +130,9 @@ class GPT2LM(nn.Module):
     def max_positions(self) -> int:
         return self.encoder.max_positions
 
+    def pretrained_config(self) -> dict[str, Any]:
+        return _gpt2_pretrained_config(super().pretrained_config(), self.encoder)
+
     accepts_attention_mask = True
 
     def forward(
@@ -131,7 +145,7 @@ class GPT2LM(nn.Module):
         return [self.encoder.model.wte, *self.encoder.model.h, self.encoder.model.ln_f]
 
 
-class _ODELanguageModel(nn.Module):
+class _ODELanguageModel(PretrainedMixin, nn.Module):
     """Encoder + continuous-depth head; reports the solver's statistics."""
 
     def __init__(
@@ -258,6 +272,9 @@ class ODEGPT2(_ODELanguageModel):
     @property
     def max_positions(self) -> int:
         return self.encoder.max_positions
+
+    def pretrained_config(self) -> dict[str, Any]:
+        return _gpt2_pretrained_config(super().pretrained_config(), self.encoder)
 
 
 class AugmentedODEGPT2(ODEGPT2):

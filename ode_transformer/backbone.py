@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from odelm.errors import OdelmError
+from odelm.pretrained import PretrainedMixin
 
 from .config import ODETransformerConfig
 from .layers import NO_CONTEXT, AttentionContext
@@ -73,11 +74,13 @@ def build_stack(config: ODETransformerConfig, causal: bool) -> LayerStack:
     return STACK_CLASSES[config.stack](layers)
 
 
-class Backbone(nn.Module):
+class Backbone(PretrainedMixin, nn.Module):
     """Token + position embeddings, an ODE Transformer stack, final LayerNorm.
 
     Subclasses add their own modules after calling ``__init__`` and then apply
     :func:`init_weights` (so parameters are created, and initialised, in one fixed order).
+    A subclass whose constructor takes only the config saves and loads with
+    ``save_pretrained`` / ``from_pretrained`` (:class:`odelm.pretrained.PretrainedMixin`).
     """
 
     def __init__(self, config: ODETransformerConfig, causal: bool) -> None:
@@ -90,6 +93,13 @@ class Backbone(nn.Module):
         self.dropout = nn.Dropout(config.dropout)
         self.stack = build_stack(config, causal=causal)
         self.norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+
+    def pretrained_config(self) -> dict:
+        return self.config.to_dict()
+
+    @classmethod
+    def from_config(cls, config: dict) -> Backbone:
+        return cls(ODETransformerConfig.from_dict(config))  # type: ignore[call-arg]
 
     def block_modules(self) -> list[nn.Module]:
         """The per-layer modules, in depth order (for per-block gradient-norm logging)."""

@@ -3,33 +3,23 @@
 Reading order: the model (embeddings -> stack -> final LayerNorm -> tied softmax, from
 :class:`~ode_transformer.backbone.Backbone`), its incremental step with a key/value cache
 in which every RK stage of every block keeps its own keys and values, generation (through
-:mod:`ode_transformer.generation`), then saving and loading. The configuration lives in
-:mod:`ode_transformer.config`. Meets the library's model contract:
+:mod:`ode_transformer.generation`). Saving and loading come from
+:class:`odelm.pretrained.PretrainedMixin` (``config.json`` + ``model.safetensors``); the
+configuration lives in :mod:`ode_transformer.config`. Meets the library's model contract:
 ``logits, aux = model(tokens)``, ``model.is_causal``.
 """
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from odelm.errors import OdelmError
-
 from . import generation
 from .backbone import Backbone, init_weights
 from .config import ODETransformerConfig
 from .layers import AttentionContext, KVCache
-
-CONFIG_FILE = "config.json"
-WEIGHTS_FILE = "model.pt"
-
-
-class PretrainedNotFoundError(OdelmError, FileNotFoundError):
-    """A directory given to ``from_pretrained`` lacks ``config.json`` or ``model.pt``."""
 
 
 class ODETransformerLM(Backbone):
@@ -74,26 +64,3 @@ class ODETransformerLM(Backbone):
         (options: ``strategy``, ``num_beams``, ``temperature``, ``top_k``, ``top_p``,
         ``generator``, ``eos_id``, ``use_cache``, ``length_penalty``)."""
         return generation.generate(self, tokens, max_new_tokens, **options)
-
-    def save_pretrained(self, directory: str | Path) -> None:
-        """Write ``config.json`` and ``model.pt`` (the state dict) into ``directory``."""
-        directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
-        (directory / CONFIG_FILE).write_text(json.dumps(self.config.to_dict(), indent=2))
-        torch.save(self.state_dict(), directory / WEIGHTS_FILE)
-
-    @classmethod
-    def from_pretrained(cls, directory: str | Path, map_location: str = "cpu") -> ODETransformerLM:
-        """Rebuild a model saved by :meth:`save_pretrained`."""
-        directory = Path(directory)
-        for name in (CONFIG_FILE, WEIGHTS_FILE):
-            if not (directory / name).is_file():
-                raise PretrainedNotFoundError(
-                    f"{directory / name} not found; from_pretrained expects a directory written "
-                    "by save_pretrained (config.json + model.pt)"
-                )
-        config = ODETransformerConfig.from_dict(json.loads((directory / CONFIG_FILE).read_text()))
-        model = cls(config)
-        state = torch.load(directory / WEIGHTS_FILE, map_location=map_location, weights_only=True)
-        model.load_state_dict(state)
-        return model

@@ -19,10 +19,11 @@ import yaml
 
 from experiments.cli import main
 from experiments.config import ConfigError, parse_config
-from experiments.data.tokenization import VocabularyMismatchError
+from experiments.data.tokenization import VocabularyMismatchError, WordTokenizer
 from experiments.models import build_model
+from experiments.trained import load_run
 from experiments.task import NonFiniteLossError
-from experiments.train import OutputDirError, load_run, train
+from experiments.train import OutputDirError, train
 
 
 def test_same_seed_same_validation_perplexity(tmp_path, tiny_config):
@@ -156,14 +157,8 @@ def test_eval_and_generate_commands_and_vocabulary_check(tmp_path, capsys, tiny_
         main(["generate", str(tmp_path / "cli"), "--prompt", "a dog", "--max-new-tokens", "4"]) == 0
     )
     assert capsys.readouterr().out.startswith("a dog ")
-    # the same run against another corpus seed: a different vocabulary is refused
-    saved = yaml.safe_load((tmp_path / "cli" / "config.yaml").read_text())
-    saved["data"]["corpus"] = "text"
-    saved["data"]["data_dir"] = str(tmp_path / "other")
-    (tmp_path / "other").mkdir()
-    for split in ("train", "valid", "test"):
-        (tmp_path / "other" / f"{split}.txt").write_text("a dog runs\n")
-    (tmp_path / "cli" / "config.yaml").write_text(yaml.safe_dump(saved))
+    # the run's model beside another vocabulary: the mismatch is refused
+    WordTokenizer(["<eos>", "a", "dog", "runs"]).save(tmp_path / "cli" / "tokenizer")
     with pytest.raises(VocabularyMismatchError, match="trained with tokenizer"):
         load_run(tmp_path / "cli")
     assert main(["train", "--config", str(tmp_path / "missing.yaml")]) == 2

@@ -160,6 +160,18 @@ class SubwordTokenizer:
         self.bpe.save(path)
 
 
+def load_tokenizer(path: str | Path) -> WordTokenizer | SubwordTokenizer:
+    """A tokenizer written by ``save``: a word vocabulary file or a BPE directory."""
+    path = Path(path)
+    if path.is_dir():
+        return SubwordTokenizer(BPETokenizer.from_directory(path))
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"no tokenizer at {path}; a run keeps its tokenizer in RUN/tokenizer"
+        )
+    return WordTokenizer.load(path)
+
+
 def build_tokenizer(
     corpus: Corpus, kind: str, *, bpe_vocab_size: int = 4000, tokenizer_dir: str | None = None
 ) -> WordTokenizer | SubwordTokenizer:

@@ -1,0 +1,162 @@
+"""``load_run(run_dir)``: a trained run as a Python object, with no corpus on disk.
+
+A finished run directory holds everything needed to use its model: ``model/``
+(``config.json`` + ``model.safetensors``, written by the model's ``save_pretrained``),
+``tokenizer`` (the vocabulary file, or a BPE directory) and ``config.yaml``::
+
+    import experiments
+
+    run = experiments.load_run("runs/my-run")
+    run.perplexity(["the cat sat on the mat"])  # per-word perplexity of new text
+    run.generate("the cat", max_new_tokens=20)  # prompt + continuation, as text
+
+``run.model`` and ``run.tokenizer`` are the trained model (eval mode) and its tokenizer;
+``run.data()`` loads the run's own corpus, encoded with that tokenizer, for evaluation.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from experiments.config import RunConfig, load_config
+from experiments.data.corpora import EOS, UNK, load_corpus
+from experiments.data.tokenization import (
+    EncodedSplit,
+    LMData,
+    Tokenizer,
+    VocabularyMismatchError,
+    check_tokenizer,
+    encode_corpus,
+    load_tokenizer,
+)
+from odelm.errors import OdelmError
+from odelm.pretrained import load_pretrained, read_config
+
+MODEL_DIR = "model"
+TOKENIZER_FILE = "tokenizer"
+CONFIG_FILE = "config.yaml"
+
+
+class RunNotFoundError(OdelmError, FileNotFoundError):
+    """A directory is not a finished run (no saved model, tokenizer or config)."""
+
+
+def save_run_model(model: nn.Module, run_dir: Path, tokenizer: Tokenizer) -> None:
+    """Write the run's final model to ``RUN/model``, tagged with its tokenizer's fingerprint."""
+    model.save_pretrained(  # type: ignore[operator]
+        run_dir / MODEL_DIR, metadata={"tokenizer": tokenizer.fingerprint()}
+    )
+
+
+@dataclass
+class TrainedRun:
+    """A trained model with its tokenizer and run config: score and continue new text."""
+
+    model: nn.Module
+    tokenizer: Tokenizer
+    config: RunConfig
+    run_dir: Path
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of whitespace-separated words; out-of-vocabulary words become ``<unk>``
+        when the word vocabulary has it."""
+        words = text.split()
+        index = getattr(self.tokenizer, "index", None)
+        if index is None:
+            return self.tokenizer.encode_words(words)
+        unknown = [word for word in words if word not in index]
+        if unknown and UNK not in index:
+            raise VocabularyMismatchError(
+                f"{unknown[0]!r} is not in this run's closed vocabulary of "
+                f"{self.tokenizer.vocab_size} words, which has no {UNK}; use its words only"
+            )
+        return self.tokenizer.encode_words([UNK if word in unknown else word for word in words])
+
+    def decode(self, ids: list[int]) -> str:
+        """Text of token ids; each ``<eos>`` (a line end in the corpus) becomes a newline."""
+        tokenizer = self.tokenizer
+        if tokenizer.kind == "bpe":
+            text = tokenizer.bpe.decode(ids)  # type: ignore[attr-defined]
+        else:
+            text = " ".join(tokenizer.id_to_token(i) for i in ids)
+        return "\n".join(line.strip() for line in text.split(EOS))
+
+    def perplexity(self, texts: list[str], *, allow_noncausal: bool = False) -> float:
+        """Per-word perplexity of ``texts`` (each one a line ending with ``<eos>``), scored as
+        the run's evaluation scores its test split: ``exp(total NLL / (words + lines))``."""
+        from experiments.evaluate import NonCausalModelError, perplexity
+
+        if isinstance(texts, str) or not texts:
+            raise ValueError("texts must be a non-empty list of strings")
+        if not getattr(self.model, "is_causal", False) and not allow_noncausal:
+            raise NonCausalModelError(
+                f"{type(self.model).__name__}.is_causal is False, so its perplexity is not a "
+                "language-model perplexity; pass allow_noncausal=True to compute it anyway"
+            )
+        sentences = [self.encode(text) + [self.tokenizer.eos_id] for text in texts]
+        ids = torch.tensor([i for sentence in sentences for i in sentence], dtype=torch.long)
+        words = sum(len(text.split()) + 1 for text in texts)
+        split = EncodedSplit(ids, sentences, words)
+        data = LMData("text", "given texts", self.tokenizer, {"text": split})
+        cfg = self.config.data
+        result = perplexity(
+            self.model,
+            data,
+            "text",
+            mode="sentences" if cfg.batching == "sentences" else "stream",
+            window=cfg.eval_window,
+            padding_side=cfg.padding_side,
+        )
+        return float(result["ppl_per_word"])
+
+    def generate(self, prompt: str, max_new_tokens: int = 20, **options: Any) -> str:
+        """``prompt`` followed by the model's continuation, as text.
+
+        ``options`` go to :func:`experiments.decoding.decode_continuation`: ``strategy``
+        (greedy, sample, beam), ``num_beams``, ``temperature``, ``top_k``, ``top_p``,
+        ``generator`` (a seeded ``torch.Generator`` for reproducible sampling), ``eos_id``.
+        """
+        from experiments.decoding import decode_continuation
+
+        ids = [self.tokenizer.eos_id, *self.encode(prompt)]
+        new = decode_continuation(self.model, torch.tensor([ids]), max_new_tokens, **options)
+        return (prompt.rstrip() + " " + self.decode(new)).rstrip(" ")
+
+    def data(self, **overrides: Any) -> LMData:
+        """The run's corpus encoded with the run's tokenizer (needs the corpus on disk);
+        ``overrides`` replace ``data`` settings such as ``data_dir``."""
+        cfg = self.config.data
+        settings = {
+            "data_dir": cfg.data_dir,
+            "protocol": cfg.protocol,
+            "seed": cfg.seed,
+            "download": cfg.download,
+            **overrides,
+        }
+        corpus = load_corpus(cfg.corpus, **settings)
+        return encode_corpus(corpus, self.tokenizer)
+
+
+def load_run(run_dir: str | os.PathLike[str], map_location: str = "cpu") -> TrainedRun:
+    """The model, tokenizer and config of a finished run, refusing a mismatched tokenizer."""
+    run_dir = Path(run_dir)
+    missing = [
+        name for name in (MODEL_DIR, TOKENIZER_FILE, CONFIG_FILE) if not (run_dir / name).exists()
+    ]
+    if missing:
+        raise RunNotFoundError(
+            f"{run_dir} is not a finished run (missing {', '.join(missing)}); train it first "
+            "(odelm train), or retrain a run written before models were saved in RUN/model"
+        )
+    tokenizer = load_tokenizer(run_dir / TOKENIZER_FILE)
+    saved = read_config(run_dir / MODEL_DIR).get("metadata", {})
+    if "tokenizer" in saved:
+        check_tokenizer(saved["tokenizer"], tokenizer)
+    model = load_pretrained(run_dir / MODEL_DIR, map_location)
+    return TrainedRun(model, tokenizer, load_config(run_dir / CONFIG_FILE), run_dir)

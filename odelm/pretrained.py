@@ -1,0 +1,193 @@
+"""``save_pretrained`` / ``from_pretrained`` for every model of the library, Hugging Face style.
+
+A saved model is a directory with ``config.json`` (the model's class, its family and its
+constructor arguments) and ``model.safetensors`` (the weights). Any ``nn.Module`` that
+inherits :class:`PretrainedMixin` gets both methods: like Lightning's
+``save_hyperparameters``, the mixin records the arguments of the outermost constructor
+call, so a model class needs no saving code of its own. A class whose constructor takes
+objects rather than plain values overrides :meth:`PretrainedMixin.pretrained_config` (what
+to write) and :meth:`PretrainedMixin.from_config` (how to rebuild).
+
+Tensors passed to a constructor (e.g. initial embeddings) are not written to the config:
+the weights file holds their trained values. Weights go through
+``safetensors.torch.save_model`` / ``load_model``, which keep tied weights tied.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib
+import inspect
+import json
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from odelm.errors import OdelmError
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
+
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+
+
+class PretrainedError(OdelmError, ValueError):
+    """A model cannot be saved, or a saved config names no model class."""
+
+
+class PretrainedNotFoundError(OdelmError, FileNotFoundError):
+    """A directory does not hold a model saved by ``save_pretrained``."""
+
+
+def _json_ready(value: Any, key: str) -> Any:
+    """``value`` as plain JSON data; dataclasses and objects with ``to_dict`` become dicts."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    if isinstance(value, (list, tuple)):
+        return [_json_ready(item, key) for item in value]
+    if isinstance(value, dict):
+        return {str(k): _json_ready(v, f"{key}.{k}") for k, v in value.items()}
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return _json_ready(dataclasses.asdict(value), key)
+    if callable(getattr(value, "to_dict", None)):
+        return _json_ready(value.to_dict(), key)
+    raise PretrainedError(
+        f"constructor argument {key} = {type(value).__name__} cannot be written to "
+        f"{CONFIG_FILE}; pass it by name (a string or a dict of options) to save this model"
+    )
+
+
+class PretrainedMixin:
+    """Adds ``save_pretrained(dir)`` and ``from_pretrained(dir)`` to an ``nn.Module``."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "__init__" in cls.__dict__:
+            cls.__init__ = _recording_arguments(cls.__dict__["__init__"])
+
+    def pretrained_config(self) -> dict[str, Any]:
+        """The constructor arguments as JSON data: ``type(self).from_config(config)`` rebuilds
+        the architecture."""
+        arguments = self.__dict__.get("_constructor_arguments", {})
+        return {
+            key: _json_ready(value, key)
+            for key, value in arguments.items()
+            if not _is_tensor(value)
+        }
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> Self:
+        """A freshly initialised model from :meth:`pretrained_config`'s output."""
+        return cls(**config)
+
+    def model_spec(self) -> dict[str, Any]:
+        """``{"architecture", "family", "config"}``: what :func:`build_from_config` needs to
+        rebuild this model's architecture (Lightning keeps it as a hyperparameter)."""
+        cls = type(self)
+        return {
+            "architecture": f"{cls.__module__}:{cls.__qualname__}",
+            "family": cls.__module__.split(".")[0],
+            "config": self.pretrained_config(),
+        }
+
+    def save_pretrained(
+        self, directory: str | os.PathLike[str], *, metadata: dict[str, Any] | None = None
+    ) -> None:
+        """Write ``config.json`` and ``model.safetensors`` into ``directory``.
+
+        ``metadata`` (JSON data, e.g. the tokenizer's fingerprint) is stored beside the
+        config and returned by :func:`read_config`.
+        """
+        from safetensors.torch import save_model
+
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        config = {**self.model_spec(), "metadata": _json_ready(metadata or {}, "metadata")}
+        partial = directory / (WEIGHTS_FILE + ".partial")
+        save_model(self, str(partial))  # type: ignore[arg-type]
+        os.replace(partial, directory / WEIGHTS_FILE)
+        partial = directory / (CONFIG_FILE + ".partial")
+        partial.write_text(json.dumps(config, indent=2) + "\n")
+        os.replace(partial, directory / CONFIG_FILE)
+
+    @classmethod
+    def from_pretrained(cls, directory: str | os.PathLike[str], map_location: str = "cpu") -> Self:
+        """The model saved in ``directory``, in eval mode; it must be a ``cls``."""
+        model = load_pretrained(directory, map_location)
+        if not isinstance(model, cls):
+            raise PretrainedError(
+                f"{directory} holds a {type(model).__name__}, not a {cls.__name__}; load it "
+                "with its own class or with odelm.pretrained.load_pretrained"
+            )
+        return model
+
+
+def _is_tensor(value: Any) -> bool:
+    return type(value).__module__.startswith("torch") and hasattr(value, "shape")
+
+
+def _recording_arguments(init: Any) -> Any:
+    """Wrap ``__init__`` so that the outermost call stores its arguments on the instance."""
+    signature = inspect.signature(init)
+
+    @functools.wraps(init)
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> None:
+        if "_constructor_arguments" not in self.__dict__:
+            bound = signature.bind(self, *args, **kwargs)
+            arguments: dict[str, Any] = {}
+            for name, value in list(bound.arguments.items())[1:]:
+                kind = signature.parameters[name].kind
+                if kind is inspect.Parameter.VAR_KEYWORD:
+                    arguments.update(value)
+                elif kind is inspect.Parameter.VAR_POSITIONAL:
+                    if value:
+                        raise PretrainedError(f"{init.__qualname__} got extra positional {value}")
+                else:
+                    arguments[name] = value
+            object.__setattr__(self, "_constructor_arguments", arguments)
+        init(self, *args, **kwargs)
+
+    return wrapper
+
+
+def read_config(directory: str | os.PathLike[str]) -> dict[str, Any]:
+    """The ``config.json`` of a saved model (architecture, family, config, metadata)."""
+    directory = Path(directory)
+    missing = [name for name in (CONFIG_FILE, WEIGHTS_FILE) if not (directory / name).is_file()]
+    if missing:
+        raise PretrainedNotFoundError(
+            f"{directory} holds no saved model (missing {', '.join(missing)}); save one with "
+            "model.save_pretrained(directory)"
+        )
+    return json.loads((directory / CONFIG_FILE).read_text())
+
+
+def model_class(architecture: str) -> type[PretrainedMixin]:
+    """The class named ``module:QualName`` in a ``config.json``."""
+    module_name, _, qualname = architecture.partition(":")
+    target: Any = importlib.import_module(module_name)
+    for part in qualname.split("."):
+        target = getattr(target, part)
+    if not (isinstance(target, type) and issubclass(target, PretrainedMixin)):
+        raise PretrainedError(f"{architecture} is not a model class with from_pretrained")
+    return target
+
+
+def build_from_config(saved: dict[str, Any]) -> PretrainedMixin:
+    """A freshly initialised model from a ``config.json``'s ``architecture`` and ``config``."""
+    return model_class(saved["architecture"]).from_config(saved["config"])
+
+
+def load_pretrained(directory: str | os.PathLike[str], map_location: str = "cpu") -> Any:
+    """Any model saved by ``save_pretrained``, rebuilt from its config, weights loaded, in
+    eval mode."""
+    from safetensors.torch import load_model
+
+    saved = read_config(directory)
+    model = build_from_config(saved)
+    load_model(model, str(Path(directory) / WEIGHTS_FILE), strict=True, device=map_location)  # type: ignore[arg-type]
+    return model.eval()  # type: ignore[attr-defined]
