@@ -41,6 +41,7 @@ IDENTITY_EXCLUDED = frozenset(
         "data.tokenizer_dir",
         "trainer.num_threads",
         "trainer.progress_bar",
+        "trainer.logger",
     }
 )
 

@@ -102,7 +102,7 @@ def test_a_run_logs_learning_rate_and_hyperparameters(tmp_path):
 def test_logger_choice_is_checked_and_wandb_names_its_package(tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match="trainer.logger 'mlflow' is not one of"):
         parse_config({"model": TINY, "trainer": {"logger": ["mlflow"]}})
-    assert [type(x).__name__ for x in build_loggers(["csv"], tmp_path, "r")] == ["CSVLogger"]
+    assert [type(x).__name__ for x in build_loggers(["csv"], tmp_path, "r")] == ["HistoryCSVLogger"]
     real_find_spec = importlib.util.find_spec
     monkeypatch.setattr(
         importlib.util,
