@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from experiments.config import RunConfig, load_config
-from experiments.data.corpora import EOS, UNK, load_corpus
+from experiments.data.corpora import EOS, load_corpus
 from experiments.data.tokenization import (
     EncodedSplit,
     LMData,
@@ -41,6 +41,7 @@ from odelm.pretrained import load_pretrained, read_config
 MODEL_DIR = "model"
 TOKENIZER_FILE = "tokenizer"
 CONFIG_FILE = "config.yaml"
+UNK = "<unk>"  # the out-of-vocabulary word of PTB-style corpora
 
 
 class RunNotFoundError(OdelmError, FileNotFoundError):

@@ -21,6 +21,7 @@ import importlib
 import inspect
 import json
 import os
+import typing
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -81,8 +82,9 @@ class PretrainedMixin:
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> Self:
-        """A freshly initialised model from :meth:`pretrained_config`'s output."""
-        return cls(**config)
+        """A freshly initialised model from :meth:`pretrained_config`'s output (a dict given
+        for a dataclass-typed constructor argument becomes that dataclass)."""
+        return cls(**_with_dataclasses(cls.__init__, config))
 
     def model_spec(self) -> dict[str, Any]:
         """``{"architecture", "family", "config"}``: what :func:`build_from_config` needs to
@@ -124,6 +126,22 @@ class PretrainedMixin:
                 "with its own class or with odelm.pretrained.load_pretrained"
             )
         return model
+
+
+def _with_dataclasses(init: Any, config: dict[str, Any]) -> dict[str, Any]:
+    """``config`` with dicts turned into the dataclasses the constructor's annotations name."""
+    try:
+        hints = typing.get_type_hints(inspect.unwrap(init))
+    except (NameError, TypeError):
+        return config
+    arguments = dict(config)
+    for key, value in config.items():
+        hint = hints.get(key)
+        options = typing.get_args(hint) if typing.get_args(hint) else (hint,)
+        target = next((t for t in options if dataclasses.is_dataclass(t)), None)
+        if target is not None and isinstance(value, dict):
+            arguments[key] = target(**value)
+    return arguments
 
 
 def _is_tensor(value: Any) -> bool:
