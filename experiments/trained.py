@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from experiments.config import RunConfig, load_config
-from experiments.data.corpora import EOS, load_corpus
+from experiments.data.corpora import load_corpus
 from experiments.data.tokenization import (
     EncodedSplit,
     LMData,
@@ -55,6 +55,22 @@ def save_run_model(model: nn.Module, run_dir: Path, tokenizer: Tokenizer) -> Non
     )
 
 
+def detokenize(tokenizer: Tokenizer, ids: list[int]) -> str:
+    """Text of ``ids``; each ``<eos>`` (a line end in the corpus) becomes a line break."""
+    lines: list[str] = []
+    line: list[int] = []
+    for token in [*ids, None]:
+        if token is None or token == tokenizer.eos_id:
+            if tokenizer.kind == "bpe":
+                lines.append(tokenizer.bpe.decode(line))  # type: ignore[attr-defined]
+            else:
+                lines.append(" ".join(tokenizer.id_to_token(i) for i in line))
+            line = []
+        else:
+            line.append(token)
+    return "\n".join(text.strip() for text in lines)
+
+
 @dataclass
 class TrainedRun:
     """A trained model with its tokenizer and run config: score and continue new text."""
@@ -81,12 +97,7 @@ class TrainedRun:
 
     def decode(self, ids: list[int]) -> str:
         """Text of token ids; each ``<eos>`` (a line end in the corpus) becomes a newline."""
-        tokenizer = self.tokenizer
-        if tokenizer.kind == "bpe":
-            text = tokenizer.bpe.decode(ids)  # type: ignore[attr-defined]
-        else:
-            text = " ".join(tokenizer.id_to_token(i) for i in ids)
-        return "\n".join(line.strip() for line in text.split(EOS))
+        return detokenize(self.tokenizer, ids)
 
     def perplexity(self, texts: list[str], *, allow_noncausal: bool = False) -> float:
         """Per-word perplexity of ``texts`` (each one a line ending with ``<eos>``), scored as

@@ -70,11 +70,11 @@ def test_bench_names_the_extra_of_a_missing_backend(monkeypatch):
 
 
 def test_detokenize_turns_each_eos_into_a_line_break():
-    from experiments.commands import _detokenize
     from experiments.data.tokenization import WordTokenizer
+    from experiments.trained import detokenize
 
     tokenizer = WordTokenizer(["<eos>", "the", "cat", "sat"])
-    assert _detokenize(tokenizer, [1, 2, 0, 3, 0, 1]) == "the cat\nsat\nthe"
+    assert detokenize(tokenizer, [1, 2, 0, 3, 0, 1]) == "the cat\nsat\nthe"
 
 
 @pytest.fixture(scope="module")
