@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from safetensors.torch import load_file
 
 from experiments.checkpoints import DiskFullError, atomic_save, read_checkpoint
 from experiments.cli import main
@@ -31,7 +32,7 @@ from experiments.train import train
 REPO = Path(__file__).resolve().parents[1]
 STEPS = 16
 TRAINER = {"max_steps": STEPS, "val_every": 4, "checkpoint_every": 2}
-OPTIM = {"lr": 0.03}  # large enough that validation perplexity is not monotone
+OPTIM = {"lr": 0.02}  # large enough that validation perplexity is not monotone
 
 # Runs in a fresh process: trains the config, exiting with status 9 (as a kill would: no
 # cleanup, no flush) at the named point when the run reaches STEP. Status 3: never reached.
@@ -80,7 +81,7 @@ KILLER = textwrap.dedent(
     """
 )
 
-# Validation perplexity at steps 4, 8, 12, 16 of this run: about 69.2, 65.7, 60.1, 61.1
+# Validation perplexity at steps 4, 8, 12, 16 of this run: about 62.0, 61.1, 58.8, 59.8
 # (the reference test below checks the shape): step 12 is the best, step 16 is worse.
 KILL_POINTS = [
     ("before-validation", 12),
@@ -108,7 +109,7 @@ def _validation_curve(run_dir: Path) -> list[tuple[int, float]]:
 
 
 def _weights(run_dir: Path) -> dict[str, torch.Tensor]:
-    return read_checkpoint(run_dir / "model.pt")["state_dict"]
+    return load_file(run_dir / "model" / "model.safetensors")
 
 
 @pytest.fixture(scope="module")
@@ -384,7 +385,7 @@ def test_a_diverging_run_ends_in_one_line_and_writes_no_result(tmp_path, tiny_co
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "at step " in err and "optim.lr" in err
     assert not (tmp_path / "nan" / "result.json").exists()
-    assert not (tmp_path / "nan" / "model.pt").exists()
+    assert not (tmp_path / "nan" / "model").exists()
 
 
 def test_debug_shows_the_traceback_and_bugs_keep_theirs(tmp_path, capsys, monkeypatch):
