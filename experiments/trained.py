@@ -139,7 +139,7 @@ class TrainedRun:
         ids = [self.tokenizer.eos_id, *self.encode(prompt)]
         new = decode_continuation(self.model, torch.tensor([ids]), max_new_tokens, **options)
         text = self.decode(new).rstrip("\n")
-        return prompt.rstrip() + ("" if not text or text.startswith("\n") else " ") + text
+        return prompt + ("" if text.startswith("\n") else " ") + text
 
     def data(self, **overrides: Any) -> LMData:
         """The run's corpus encoded with the run's tokenizer (needs the corpus on disk);
