@@ -21,9 +21,9 @@ from experiments.cli import main
 from experiments.config import ConfigError, parse_config
 from experiments.data.tokenization import VocabularyMismatchError, WordTokenizer
 from experiments.models import build_model
-from experiments.trained import load_run
 from experiments.task import NonFiniteLossError
 from experiments.train import OutputDirError, train
+from experiments.trained import load_run
 
 
 def test_same_seed_same_validation_perplexity(tmp_path, tiny_config):
