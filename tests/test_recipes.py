@@ -12,7 +12,7 @@ from experiments.contract import StatelessModelError
 from experiments.data.corpora import load_corpus
 from experiments.data.tokenization import WordTokenizer, encode_corpus
 from experiments.evaluate import perplexity
-from experiments.models import count_parameters
+from experiments.models import build_model, count_parameters
 from experiments.recipes import PlateauAnnealer, build_optimizer, training_budget
 from experiments.reference import BigramLM
 from experiments.task import LMDataModule, LMTask
@@ -110,3 +110,16 @@ def test_stateful_evaluation_scores_every_token_once_whatever_the_window(grammar
     assert short["nll"] == pytest.approx(long["nll"], rel=1e-5)
     with pytest.raises(StatelessModelError, match="BigramLM"):
         perplexity(BigramLM(5), grammar_data, "test", stateful=True)
+
+
+def test_word_lm_transformer_is_causal_and_built_from_the_config() -> None:
+    spec = {"family": "reference", "name": "transformer", "d_model": 16, "n_heads": 2}
+    model = build_model({**spec, "d_ff": 32}, 30).eval()
+    tokens = torch.randint(0, 30, (2, 9))
+    changed = tokens.clone()
+    changed[:, 5:] = (changed[:, 5:] + 1) % 30
+    before, after = model(tokens)[0], model(changed)[0]
+    torch.testing.assert_close(before[:, :5], after[:, :5])
+    assert not torch.allclose(before[:, 5:], after[:, 5:])
+    with pytest.raises(ConfigError, match="valid: bigram, transformer"):
+        build_model({"family": "reference", "name": "gru"}, 30)
