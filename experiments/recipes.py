@@ -66,7 +66,8 @@ def training_budget(trainer: TrainerConfig, batches_per_epoch: int) -> tuple[int
     out over ``devices * num_nodes`` processes. With both budgets, the first reached ends
     the run. ``val_every: epoch`` validates once per epoch.
     """
-    world = trainer.devices * trainer.num_nodes if isinstance(trainer.devices, int) else 1
+    devices = trainer.devices if isinstance(trainer.devices, int) else 1  # "auto": 1 on CPU
+    world = max(1, devices * trainer.num_nodes)  # Lightning itself refuses 0 devices
     steps_per_epoch = math.ceil(batches_per_epoch / world)
     budgets = [trainer.max_steps] if trainer.max_steps is not None else []
     if trainer.max_epochs is not None:
