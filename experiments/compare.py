@@ -1,10 +1,11 @@
 """Side-by-side comparison: one data split, tokenizer, seed and budget for every model.
 
 A grid file has ``shared`` (a partial run config: data, seed, optim, trainer) and ``runs``
-(each a ``name``, a ``model`` section and optionally ``optim`` overrides), and optionally
+(each a ``name``, a ``model`` section and optionally a ``recipe`` and ``optim`` overrides), and optionally
 ``seeds`` (a list: every model trains once per seed) and ``baseline`` (the run the others
 are compared with; default the first). Runs may not override the data, the seed or the
-budget, so every model sees the same tokens for the same number of steps or seconds. Each
+budget (a recipe sets only the optimiser and whether recurrent state is carried across
+windows), so every model sees the same tokens for the same number of steps or seconds. Each
 run trains in its own process (so peak memory is its own) through ``odelm train``;
 finished runs are skipped and half-finished ones resume.
 
@@ -34,7 +35,7 @@ from odelm.errors import OdelmError
 
 GRIDS_DIR = Path(__file__).parent / "configs" / "grids"
 GRID_KEYS = {"shared", "runs", "seeds", "baseline"}
-RUN_KEYS = {"name", "model", "optim"}
+RUN_KEYS = {"name", "model", "optim", "recipe"}
 
 
 @dataclass(frozen=True)

@@ -38,26 +38,36 @@ class DataConfig:
     bptt: int = 35
     padding_side: str = "right"
     eval_window: int = 128
+    eval_batch_size: int = 16  # evaluation rows (streams when stateful)
+    # stateful: the train split as batch_size contiguous streams read in order, the model's
+    # state carried (detached) across windows; evaluation carries it over the whole split
+    stateful: bool = False
     seed: int = 0  # seed of the generated grammar corpus
 
 
 @dataclass
 class OptimConfig:
-    optimizer: str = "adam"  # "adam" or "adamw"
+    optimizer: str = "adam"  # "adam", "adamw" or "sgd"
     lr: float = 1e-3
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    momentum: float = 0.0  # sgd only
     weight_decay: float = 0.0
-    schedule: str = "constant"  # "constant" or "inverse_sqrt" (with linear warmup)
+    # "constant", "inverse_sqrt" (with linear warmup) or "plateau": the lr is divided by
+    # anneal_factor after anneal_patience validations in a row without a new best
+    schedule: str = "constant"
     warmup_steps: int = 0
+    anneal_factor: float = 4.0
+    anneal_patience: int = 1
     grad_clip: float | None = 1.0
     label_smoothing: float = 0.0
 
 
 @dataclass
 class TrainerConfig:
-    max_steps: int = 1000
+    max_steps: int | None = 1000
+    max_epochs: int | None = None  # passes over the train split; with max_steps, the first
     max_time_s: float | None = None
-    val_every: int = 100
+    val_every: int | str = 100  # steps, or "epoch"
     val_batches: int | None = None  # limit validation windows (None: the whole split)
     checkpoint_every: int = 100
     early_stopping_patience: int | None = None
@@ -85,6 +95,7 @@ class EvalConfig:
 @dataclass
 class RunConfig:
     name: str = "run"
+    recipe: str | None = None  # a named recipe (experiments.recipes) under this config
     seed: int = 0
     out_dir: str = "runs"
     data: DataConfig = field(default_factory=DataConfig)
@@ -153,8 +164,13 @@ def _type_name(annotation: Any) -> str:
 
 
 def parse_config(values: dict[str, Any], *, where: str = "config") -> RunConfig:
-    """Build a RunConfig from a plain dict, naming any unknown key or wrong type."""
-    config = _build(RunConfig, values, where)
+    """Build a RunConfig from a plain dict, naming any unknown key or wrong type.
+
+    A ``recipe`` lies underneath: the config's own settings win over the recipe's.
+    """
+    from experiments.recipes import with_recipe
+
+    config = _build(RunConfig, with_recipe(values), where)
     _check_values(config)
     return config
 
@@ -164,8 +180,8 @@ def _check_values(config: RunConfig) -> None:
         "data.tokenizer": (config.data.tokenizer, ("word", "bpe")),
         "data.batching": (config.data.batching, ("stream", "sentences")),
         "data.padding_side": (config.data.padding_side, ("left", "right")),
-        "optim.optimizer": (config.optim.optimizer, ("adam", "adamw")),
-        "optim.schedule": (config.optim.schedule, ("constant", "inverse_sqrt")),
+        "optim.optimizer": (config.optim.optimizer, ("adam", "adamw", "sgd")),
+        "optim.schedule": (config.optim.schedule, ("constant", "inverse_sqrt", "plateau")),
         "eval.decode": (config.eval.decode, ("greedy", "beam")),
     }
     for key, (value, valid) in choices.items():
@@ -185,11 +201,26 @@ def _check_values(config: RunConfig) -> None:
             raise ConfigError(f"trainer.logger {name!r} is not one of csv, tensorboard, wandb")
     if len(config.optim.betas) != 2:
         raise ConfigError(f"optim.betas must hold two numbers, got {config.optim.betas}")
+    if config.optim.anneal_factor <= 1 or config.optim.anneal_patience < 1:
+        raise ConfigError(
+            "optim.anneal_factor must be > 1 (the lr is divided by it) and "
+            f"optim.anneal_patience >= 1, got {config.optim.anneal_factor} and "
+            f"{config.optim.anneal_patience}"
+        )
+    trainer = config.trainer
+    if trainer.max_steps is None and trainer.max_epochs is None:
+        raise ConfigError("set a budget: trainer.max_steps or trainer.max_epochs (or both)")
+    if isinstance(trainer.val_every, str) and trainer.val_every != "epoch":
+        raise ConfigError(f"trainer.val_every = {trainer.val_every!r}: give steps or 'epoch'")
+    if config.data.stateful and config.data.batching != "stream":
+        raise ConfigError("data.stateful needs data.batching: stream (contiguous streams)")
     if not config.model:
         raise ConfigError("the config has no model section; e.g. model: {family: ode_transformer}")
 
 
 _NULLABLE = {
+    "trainer.max_steps",
+    "trainer.max_epochs",
     "trainer.val_batches",
     "trainer.early_stopping_patience",
     "trainer.num_threads",
@@ -202,14 +233,17 @@ def _lower_bounds(config: RunConfig) -> dict[str, tuple[float | None, float]]:
     return {
         "data.batch_size": (data.batch_size, 1),
         "data.bptt": (data.bptt, 1),
+        "data.eval_batch_size": (data.eval_batch_size, 1),
         "data.eval_window": (data.eval_window, 2),  # one token of context, one predicted
         "data.bpe_vocab_size": (data.bpe_vocab_size, 1),
         "optim.lr": (config.optim.lr, 0),
         "optim.weight_decay": (config.optim.weight_decay, 0),
+        "optim.momentum": (config.optim.momentum, 0),
         "optim.warmup_steps": (config.optim.warmup_steps, 0),
         "optim.label_smoothing": (config.optim.label_smoothing, 0),
         "trainer.max_steps": (trainer.max_steps, 1),
-        "trainer.val_every": (trainer.val_every, 1),
+        "trainer.max_epochs": (trainer.max_epochs, 1),
+        "trainer.val_every": (trainer.val_every if isinstance(trainer.val_every, int) else None, 1),
         "trainer.val_batches": (trainer.val_batches, 1),
         "trainer.checkpoint_every": (trainer.checkpoint_every, 1),
         "trainer.early_stopping_patience": (trainer.early_stopping_patience, 1),

@@ -12,6 +12,13 @@ True when ``model(tokens, attention_mask=mask)`` (``mask [B, T]``, True on real 
 gives every real token the logits it would have unpadded. Padded sentence batches reach
 such a model with their mask; any other model gets no mask, so it may see padding only
 after a sentence (right padding), where a causal model cannot read it.
+
+Optional stateful extension (truncated backpropagation through time): a model with
+``supports_state = True`` also accepts ``model(tokens, state=s)``, where ``s`` is the state
+returned by the previous window of the same streams (``None`` starts fresh), and returns
+the state after its last token in ``aux["state"]`` (a tensor or a tuple of tensors). The
+harness uses it when the data config asks for ``stateful`` batching, detaching the state
+between windows; a model without the attribute is refused there.
 """
 
 from __future__ import annotations
@@ -31,17 +38,45 @@ class PaddingSideError(OdelmError, ValueError):
     """Padding before a sentence reached a model that cannot mask it out."""
 
 
+class StatelessModelError(ContractError):
+    """Stateful batching was asked of a model that does not carry state between windows."""
+
+
+def check_stateful(model: Any) -> None:
+    """Refuse, in one line, a model without the stateful extension."""
+    if not getattr(model, "supports_state", False):
+        raise StatelessModelError(
+            f"data.stateful is true but {type(model).__name__} does not carry state between "
+            "windows (no `supports_state = True`); set data.stateful: false, or use a "
+            "recurrent model (lstm, ode-lstm)"
+        )
+
+
+def detach_state(state: Any) -> Any:
+    """A carried state cut from the graph of the window that produced it."""
+    if isinstance(state, torch.Tensor):
+        return state.detach()
+    return type(state)(detach_state(s) for s in state)
+
+
 def call_model(
-    model: Any, tokens: torch.Tensor, mask: torch.Tensor | None = None
+    model: Any,
+    tokens: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    *,
+    stateful: bool = False,
+    state: Any = None,
 ) -> tuple[torch.Tensor, dict[str, Any]]:
-    """Run ``model(tokens)`` (with ``attention_mask=mask`` where the model accepts one) and
-    check the result against the contract."""
+    """Run ``model(tokens)`` (with ``attention_mask=mask`` where the model accepts one, or
+    ``state=state`` when ``stateful``) and check the result against the contract."""
     if not hasattr(model, "is_causal"):
         raise ContractError(
             f"{type(model).__name__} has no `is_causal` attribute; every model must say "
             "whether logits[:, t] depends only on tokens[:, :t+1]"
         )
-    if mask is not None and getattr(model, "accepts_attention_mask", False):
+    if stateful:
+        out = model(tokens, state=state)
+    elif mask is not None and getattr(model, "accepts_attention_mask", False):
         out = model(tokens, attention_mask=mask)
     else:
         if mask is not None and bool((mask[:, 1:] & ~mask[:, :-1]).any()):

@@ -15,8 +15,13 @@ import torch
 from torch import nn
 
 from experiments.config import RunConfig
-from experiments.contract import call_model
-from experiments.data.batching import evaluation_windows, lm_nll, sentence_batches
+from experiments.contract import call_model, check_stateful
+from experiments.data.batching import (
+    evaluation_windows,
+    lm_nll,
+    sentence_batches,
+    stateful_evaluation_windows,
+)
 from experiments.data.tokenization import LMData
 from odelm.errors import OdelmError
 
@@ -41,14 +46,19 @@ def evaluation_batches(
     window: int = 128,
     batch_size: int = 16,
     padding_side: str = "right",
+    stateful: bool = False,
 ) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
     """Batches in which every token of ``split`` is predicted exactly once.
 
     ``stream``: non-overlapping windows of the token stream (an ``<eos>`` before the first
-    token gives it a context). ``sentences``: each line alone, after an ``<eos>``, padded
-    (right by default; left only for models that take the attention mask).
+    token gives it a context); with ``stateful``, consecutive windows of ``batch_size``
+    contiguous rows, for a model that carries its state from one to the next.
+    ``sentences``: each line alone, after an ``<eos>``, padded (right by default; left only
+    for models that take the attention mask).
     """
     eos = data.tokenizer.eos_id
+    if stateful:
+        return stateful_evaluation_windows(data.split(split).ids, eos, batch_size, window)
     if mode == "sentences":
         return sentence_batches(data.split(split).sentences, batch_size, eos, side=padding_side)
     if mode != "stream":
@@ -74,10 +84,17 @@ def perplexity(
     window: int = 128,
     batch_size: int = 16,
     padding_side: str = "right",
+    stateful: bool = False,
 ) -> dict[str, float]:
-    """Total NLL over every token of ``split`` (each predicted exactly once) and its ratios."""
+    """Total NLL over every token of ``split`` (each predicted exactly once) and its ratios.
+
+    ``stateful``: the model carries its state across consecutive windows of ``batch_size``
+    contiguous streams (the stateful extension of the contract).
+    """
+    if stateful:
+        check_stateful(model)
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
-    total_nll, total_tokens, nfe = 0.0, 0, []
+    total_nll, total_tokens, nfe, state = 0.0, 0, [], None
     batches = evaluation_batches(
         data,
         split,
@@ -85,11 +102,16 @@ def perplexity(
         window=window_length(model, window),
         batch_size=batch_size,
         padding_side=padding_side,
+        stateful=stateful,
     )
     for tokens, mask in batches:
         tokens = tokens.to(device)
         mask = None if mask is None else mask.to(device)
-        logits, aux = call_model(model, tokens, mask)
+        if stateful:
+            logits, aux = call_model(model, tokens[:, :-1], stateful=True, state=state)
+            state = aux["state"]
+        else:
+            logits, aux = call_model(model, tokens, mask)
         nll, count = lm_nll(logits, tokens, mask)
         total_nll += float(nll)
         total_tokens += count
@@ -120,6 +142,7 @@ def evaluate(
     prompt_len: int = 3,
     decode: str = "greedy",
     allow_noncausal: bool = False,
+    stateful: bool = False,
 ) -> dict[str, Any]:
     """Evaluate a contract model on one split of encoded data.
 
@@ -129,7 +152,8 @@ def evaluate(
     reports it), ``is_causal`` and ``protocol``. BLEU uses the first ``bleu_sentences`` lines
     of the split (0 skips BLEU). ``mode`` is ``stream`` (BPTT-style windows of ``window``
     tokens) or ``sentences`` (each line alone, padded on ``padding_side``), matching how the
-    model was trained.
+    model was trained; ``stateful`` carries a stateful model's state across the windows of
+    ``batch_size`` contiguous streams.
     """
     from experiments.bleu import continuation_bleu, teacher_forced_bleu
 
@@ -152,6 +176,7 @@ def evaluate(
             window=window,
             batch_size=batch_size,
             padding_side=padding_side,
+            stateful=stateful,
         )
         sentences = [s for s in data.split(split).sentences if len(s) > 1][:bleu_sentences]
         tokenizer = data.tokenizer
@@ -204,7 +229,9 @@ def evaluate_run(
         split,
         mode=config.data.batching,
         window=config.data.eval_window,
+        batch_size=config.data.eval_batch_size,
         padding_side=config.data.padding_side,
+        stateful=config.data.stateful,
         bleu_sentences=config.eval.bleu_sentences,
         continuation_sentences=config.eval.continuation_sentences,
         prompt_len=config.eval.prompt_len,

@@ -2,7 +2,8 @@
 
 ``{"family": "ode_transformer", "preset": "small", "block": "rk2"}`` builds an RK-Transformer
 LM; ``{"family": "neuralode_lm", "name": "ode-lstm", ...}`` a continuous-depth model;
-``{"family": "reference"}`` the bigram reference model. Every other key goes to the family's
+``{"family": "reference"}`` the bigram reference model, ``{"family": "reference", "name":
+"transformer"}`` the word_language_model Transformer. Every other key goes to the family's
 own constructor, which names what it does not know.
 """
 
@@ -36,10 +37,17 @@ def build_model(spec: dict[str, Any], vocab_size: int) -> nn.Module:
             if "name" not in options:
                 raise ConfigError("model.name is required for family neuralode_lm (e.g. ode-lstm)")
             return build_neural_ode(options.pop("name"), vocab_size, **options)
-        from experiments.reference import BigramLM
+        from experiments.reference import BigramLM, WordLMTransformer
 
+        name = options.pop("name", "bigram")
+        if name == "transformer":
+            return WordLMTransformer(vocab_size, **options)
+        if name != "bigram":
+            raise ConfigError(
+                f"model.name = {name!r} for family reference; valid: bigram, transformer"
+            )
         if options:
-            raise ConfigError(f"the reference model takes no options, got {sorted(options)}")
+            raise ConfigError(f"the reference bigram model takes no options, got {sorted(options)}")
         return BigramLM(vocab_size)
     except TypeError as error:
         raise ConfigError(f"model section {spec}: {error}") from None

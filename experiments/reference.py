@@ -1,12 +1,17 @@
-"""A small reference model for the harness: a bigram language model.
+"""Reference models for the harness: a bigram LM and the field's reference Transformer.
 
-``logits[:, t]`` depends on ``tokens[:, t]`` alone, so it is causal by construction, and its
-maximum-likelihood table has a closed form (smoothed bigram counts), which lets tests check
-the harness's perplexity against a number computed by hand.
+:class:`BigramLM`: ``logits[:, t]`` depends on ``tokens[:, t]`` alone, so it is causal by
+construction, and its maximum-likelihood table has a closed form (smoothed bigram counts),
+which lets tests check the harness's perplexity against a number computed by hand.
+
+:class:`WordLMTransformer`: the Transformer of pytorch/examples ``word_language_model``
+(post-norm ``nn.TransformerEncoder`` layers with a final LayerNorm, sinusoidal positions,
+embeddings scaled by ``sqrt(d_model)``), so a comparison can hold the field's baseline.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -49,3 +54,64 @@ class BigramLM(PretrainedMixin, nn.Module):
 
     def block_modules(self) -> list[nn.Module]:
         return [self.table]
+
+
+class WordLMTransformer(nn.Module):
+    """The word_language_model Transformer LM, written with ``torch.nn`` layers.
+
+    Embeddings (uniform in ``[-init_range, init_range]``) scaled by ``sqrt(d_model)`` plus
+    sinusoidal positions, dropout ``dropout``; ``n_layers`` post-norm encoder layers (ReLU
+    FFN, Xavier-uniform weights, dropout ``layer_dropout``) under a causal mask, a final
+    LayerNorm, and an untied linear decoder (uniform weights, zero bias).
+    """
+
+    is_causal = True
+
+    def __init__(
+        self,
+        vocab_size: int,
+        *,
+        d_model: int = 200,
+        n_heads: int = 2,
+        d_ff: int = 200,
+        n_layers: int = 2,
+        dropout: float = 0.2,
+        layer_dropout: float = 0.1,
+        init_range: float = 0.1,
+        max_positions: int = 512,
+    ) -> None:
+        super().__init__()
+        self.vocab_size, self.d_model, self.max_positions = vocab_size, d_model, max_positions
+        self.embedding = nn.Embedding(vocab_size, d_model)
+        position = torch.arange(max_positions, dtype=torch.float).unsqueeze(1)
+        rate = torch.exp(torch.arange(0, d_model, 2).float() * (-math.log(10000.0) / d_model))
+        table = torch.zeros(max_positions, d_model)
+        table[:, 0::2] = torch.sin(position * rate)
+        table[:, 1::2] = torch.cos(position * rate)
+        self.register_buffer("positions", table, persistent=False)
+        self.dropout = nn.Dropout(dropout)
+        layer = nn.TransformerEncoderLayer(
+            d_model, n_heads, d_ff, dropout=layer_dropout, batch_first=True
+        )
+        self.layers = nn.TransformerEncoder(
+            layer, n_layers, norm=nn.LayerNorm(d_model), enable_nested_tensor=False
+        )
+        for parameter in self.layers.parameters():
+            if parameter.dim() > 1:
+                nn.init.xavier_uniform_(parameter)
+        self.decoder = nn.Linear(d_model, vocab_size)
+        nn.init.uniform_(self.embedding.weight, -init_range, init_range)
+        nn.init.uniform_(self.decoder.weight, -init_range, init_range)
+        nn.init.zeros_(self.decoder.bias)
+
+    def forward(self, tokens: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:
+        length = tokens.shape[1]
+        if length > self.max_positions:
+            raise ValueError(f"{length} tokens exceed max_positions={self.max_positions}")
+        x = self.embedding(tokens) * math.sqrt(self.d_model) + self.positions[:length]
+        mask = nn.Transformer.generate_square_subsequent_mask(length, device=tokens.device)
+        hidden = self.layers(self.dropout(x), mask=mask, is_causal=True)
+        return self.decoder(hidden), {}
+
+    def block_modules(self) -> list[nn.Module]:
+        return [self.embedding, *self.layers.layers, self.decoder]

@@ -4,7 +4,7 @@
 step (loss, perplexity, NFE, gradient norm per block, tokens per second). ``LMDataModule``
 serves BPTT windows or padded sentence batches in a seeded order that depends only on the
 seed and the step, so a run resumed from a checkpoint sees exactly the batches the
-uninterrupted run would have seen.
+uninterrupted run would have seen; stateful runs read contiguous streams in order instead.
 """
 
 from __future__ import annotations
@@ -13,18 +13,22 @@ import dataclasses
 import math
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytorch_lightning as pl
 import torch
-import torch.nn.functional as F
 from torch import nn
-from torch.utils.data import DataLoader, Dataset, Sampler
+from torch.utils.data import DataLoader, Sampler
 
 from experiments.config import DataConfig, OptimConfig
-from experiments.contract import call_model
+from experiments.contract import call_model, check_stateful, detach_state
 from experiments.data.batching import lm_nll, sentence_batches, stream_windows
 from experiments.data.tokenization import LMData
+from experiments.recipes import (
+    PlateauAnnealer,
+    build_optimizer,
+    inverse_sqrt_lambda,
+)
 from odelm.errors import OdelmError
 
 
@@ -32,24 +36,23 @@ class NonFiniteLossError(OdelmError, FloatingPointError):
     """The training loss became NaN or infinite."""
 
 
-class _Batches(Dataset):
-    """A list of ready-made batches: ``tokens`` or ``(tokens, mask)``."""
+class StatefulDistributedError(OdelmError, ValueError):
+    """Stateful batching was asked of a distributed run."""
 
-    def __init__(self, batches: list[Any]) -> None:
-        self.batches = batches
 
-    def __len__(self) -> int:
-        return len(self.batches)
+class StreamWindow(NamedTuple):
+    """A training window of ``batch_size`` contiguous streams, read in order (stateful)."""
 
-    def __getitem__(self, index: int) -> Any:
-        return self.batches[index]
+    tokens: torch.Tensor
+    starts_epoch: bool  # the first window of the streams: the carried state starts fresh
 
 
 class SeededResumableSampler(Sampler[int]):
     """Seeded epoch permutations read from a given step on, one epoch's worth per iteration.
 
     Batch ``k`` of the run is ``permutation(epoch = k // n)[k % n]``, a pure function of the
-    seed and ``k``, so resuming at step ``k`` needs nothing but ``k``. ``start`` is the step
+    seed and ``k``, so resuming at step ``k`` needs nothing but ``k``; with
+    ``shuffle=False`` it is batch ``k % n`` (the stateful order). ``start`` is the step
     (or a function returning it, read when an iteration begins): each iteration yields the
     next ``len(self)`` batches, so every Lightning epoch, and the validation at its end
     under a default ``pl.Trainer``, continues the same sequence. Each rank of a distributed
@@ -63,12 +66,16 @@ class SeededResumableSampler(Sampler[int]):
         start: int | Callable[[], int] = 0,
         rank: int = 0,
         world_size: int = 1,
+        *,
+        shuffle: bool = True,
     ) -> None:
         self.size, self.seed, self.start = size, seed, start
-        self.rank, self.world_size = rank, world_size
+        self.rank, self.world_size, self.shuffle = rank, world_size, shuffle
 
     def _index(self, global_batch: int) -> int:
         epoch, position = divmod(global_batch, self.size)
+        if not self.shuffle:
+            return position
         order = torch.randperm(
             self.size, generator=torch.Generator().manual_seed(self.seed + epoch)
         )
@@ -92,10 +99,14 @@ class LMDataModule(pl.LightningDataModule):
         super().__init__()
         self.data, self.config, self.seed, self.val_batches = data, config, seed, val_batches
 
-    def _train_batches(self) -> list[Any]:
+    def train_batches(self) -> list[Any]:
+        """One epoch of training batches (in stateful order when ``data.stateful``)."""
         split, cfg = self.data.split("train"), self.config
         if cfg.batching == "stream":
-            return list(stream_windows(split.ids, cfg.batch_size, cfg.bptt))
+            windows = stream_windows(split.ids, cfg.batch_size, cfg.bptt)
+            if cfg.stateful:
+                return [StreamWindow(w, index == 0) for index, w in enumerate(windows)]
+            return windows
         eos = self.data.tokenizer.eos_id
         return sentence_batches(split.sentences, cfg.batch_size, eos, side=cfg.padding_side)
 
@@ -106,40 +117,39 @@ class LMDataModule(pl.LightningDataModule):
         trainer = self.trainer
         rank = trainer.global_rank if trainer is not None else 0
         world = trainer.world_size if trainer is not None else 1
-        batches = self._train_batches()
-        sampler = SeededResumableSampler(len(batches), self.seed, self._step, rank, world)
+        if self.config.stateful and world > 1:
+            raise StatefulDistributedError(
+                "data.stateful reads each stream in order in one process; train it on one "
+                "device (trainer.devices: 1, num_nodes: 1) or set data.stateful: false"
+            )
+        batches = self.train_batches()
+        sampler = SeededResumableSampler(
+            len(batches), self.seed, self._step, rank, world, shuffle=not self.config.stateful
+        )
         # A generator of its own: starting an epoch's iterator must not draw from torch's
         # global RNG (dropout's), or a resumed run would diverge from the uninterrupted one.
         generator = torch.Generator().manual_seed(self.seed)
-        return DataLoader(_Batches(batches), sampler=sampler, batch_size=None, generator=generator)
+        return DataLoader(batches, sampler=sampler, batch_size=None, generator=generator)
 
     def val_dataloader(self) -> DataLoader:
         from experiments.evaluate import evaluation_batches
 
+        cfg = self.config
         batches = evaluation_batches(
             self.data,
             "valid",
-            mode=self.config.batching,
-            window=self.config.eval_window,
-            padding_side=self.config.padding_side,
+            mode=cfg.batching,
+            window=cfg.eval_window,
+            batch_size=cfg.eval_batch_size,
+            padding_side=cfg.padding_side,
+            stateful=cfg.stateful,
         )
         if self.val_batches:
             batches = batches[: self.val_batches]
         trainer = self.trainer
         if trainer is not None and trainer.world_size > 1:
             batches = batches[trainer.global_rank :: trainer.world_size]
-        return DataLoader(_Batches(batches), batch_size=None)
-
-
-def inverse_sqrt_lambda(warmup_steps: int):
-    """Linear warmup then ``1/sqrt(step)`` decay, normalised to 1 at the end of warmup."""
-    warmup = max(1, warmup_steps)
-
-    def factor(step: int) -> float:
-        step = step + 1
-        return step / warmup if step < warmup else math.sqrt(warmup / step)
-
-    return factor
+        return DataLoader(batches, batch_size=None)
 
 
 class LMTask(pl.LightningModule):
@@ -150,10 +160,19 @@ class LMTask(pl.LightningModule):
     :class:`OptimConfig` or its dict. Both are saved as hyperparameters, so
     ``LMTask.load_from_checkpoint(path)`` rebuilds the task from a checkpoint alone (pass
     ``model=...`` for a model class without ``save_pretrained``).
+
+    With ``stateful=True`` the model must support the stateful extension of the contract:
+    training carries its state across the ``StreamWindow`` batches (reset at each epoch's
+    first window) and validation across consecutive windows; checkpoints keep the training
+    state so a resumed run continues the streams exactly.
     """
 
     def __init__(
-        self, model: nn.Module | dict[str, Any], optim: OptimConfig | dict[str, Any]
+        self,
+        model: nn.Module | dict[str, Any],
+        optim: OptimConfig | dict[str, Any],
+        *,
+        stateful: bool = False,
     ) -> None:
         super().__init__()
         if isinstance(model, dict):
@@ -162,16 +181,25 @@ class LMTask(pl.LightningModule):
             model = build_from_config(model)
         if isinstance(optim, dict):
             optim = OptimConfig(**optim)
-        hyperparameters: dict[str, Any] = {"optim": dataclasses.asdict(optim)}
+        if stateful:
+            check_stateful(model)
+        hyperparameters: dict[str, Any] = {
+            "optim": dataclasses.asdict(optim),
+            "stateful": stateful,
+        }
         if hasattr(model, "model_spec"):
             hyperparameters["model"] = model.model_spec()
         self.save_hyperparameters(hyperparameters)
-        self.model, self.optim = model, optim
+        self.model, self.optim, self.stateful = model, optim, stateful
         self.val_nll = 0.0
         self.val_tokens = 0
         self.elapsed_before = 0.0  # training wall time of earlier processes of a resumed run
         self._fit_started = time.perf_counter()
         self._restored_rng: torch.Tensor | None = None
+        self.train_state: Any = None  # the state carried to the next training window
+        self._val_state: Any = None
+        self.annealer: PlateauAnnealer | None = None
+        self._restored_annealer: dict[str, Any] | None = None
 
     def on_fit_start(self) -> None:
         self._fit_started = time.perf_counter()
@@ -185,15 +213,25 @@ class LMTask(pl.LightningModule):
     ) -> tuple[torch.Tensor, dict[str, Any]]:
         return call_model(self.model, tokens, mask)
 
+    def _stateful_forward(
+        self, tokens: torch.Tensor, state: Any
+    ) -> tuple[torch.Tensor, dict[str, Any], Any]:
+        """Logits for ``tokens[:, :-1]`` (the last token opens the next window) and the
+        detached state after them."""
+        logits, aux = call_model(self.model, tokens[:, :-1], stateful=True, state=state)
+        return logits, aux, detach_state(aux["state"])
+
     def _loss(self, batch: Any) -> tuple[torch.Tensor, dict[str, Any]]:
-        tokens, mask = batch if isinstance(batch, (tuple, list)) else (batch, None)
-        logits, aux = self(tokens, mask)
-        targets = tokens[:, 1:].reshape(-1)
-        flat = logits[:, :-1].reshape(-1, logits.shape[-1]).float()
-        if mask is not None:
-            keep = (mask[:, 1:] & mask[:, :-1]).reshape(-1)
-            flat, targets = flat[keep], targets[keep]
-        loss = F.cross_entropy(flat, targets, label_smoothing=self.optim.label_smoothing)
+        if isinstance(batch, StreamWindow):
+            tokens, mask = batch.tokens, None
+            state = None if batch.starts_epoch else self.train_state
+            logits, aux, self.train_state = self._stateful_forward(tokens, state)
+        else:
+            tokens, mask = batch if isinstance(batch, (tuple, list)) else (batch, None)
+            logits, aux = self(tokens, mask)
+        loss, _ = lm_nll(
+            logits, tokens, mask, reduction="mean", label_smoothing=self.optim.label_smoothing
+        )
         if "reg" in aux:
             loss = loss + aux["reg"]
         return loss, aux
@@ -226,13 +264,16 @@ class LMTask(pl.LightningModule):
             self.log("train/nfe_backward", float(stats.nfe_backward))
 
     def on_validation_epoch_start(self) -> None:
-        self.val_nll, self.val_tokens = 0.0, 0
+        self.val_nll, self.val_tokens, self._val_state = 0.0, 0, None
 
     def validation_step(
         self, batch: tuple[torch.Tensor, torch.Tensor | None], batch_idx: int
     ) -> None:
         tokens, mask = batch
-        logits, aux = self(tokens, mask)
+        if self.stateful:
+            logits, aux, self._val_state = self._stateful_forward(tokens, self._val_state)
+        else:
+            logits, aux = self(tokens, mask)
         nll, count = lm_nll(logits, tokens, mask)
         self.val_nll += float(nll)
         self.val_tokens += count
@@ -245,16 +286,17 @@ class LMTask(pl.LightningModule):
         ppl = math.exp(float(totals[0] / max(totals[1], 1.0)))
         self.log("val/ppl", ppl, prog_bar=True)
         self.log("val/elapsed_s", self.elapsed())
+        if self.annealer is not None and not self.trainer.sanity_checking:
+            self.annealer.step(ppl)
+            self.log("val/lr", self.annealer.optimizer.param_groups[0]["lr"])
 
     def configure_optimizers(self) -> dict[str, Any]:
-        cls = torch.optim.AdamW if self.optim.optimizer == "adamw" else torch.optim.Adam
-        optimizer = cls(
-            self.model.parameters(),
-            lr=self.optim.lr,
-            betas=tuple(self.optim.betas),
-            weight_decay=self.optim.weight_decay,
-        )
-        if self.optim.schedule == "constant":
+        optimizer = build_optimizer(self.model.parameters(), self.optim)
+        if self.optim.schedule == "plateau":
+            self.annealer = PlateauAnnealer(
+                optimizer, self.optim.anneal_factor, self.optim.anneal_patience
+            )
+        if self.optim.schedule in ("constant", "plateau"):
             return {"optimizer": optimizer}
         schedule = torch.optim.lr_scheduler.LambdaLR(
             optimizer, inverse_sqrt_lambda(self.optim.warmup_steps)
@@ -264,11 +306,18 @@ class LMTask(pl.LightningModule):
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["rng_state"] = torch.get_rng_state()
         checkpoint["elapsed_s"] = self.elapsed()
+        checkpoint["stream_state"] = self.train_state
+        if self.annealer is not None:
+            checkpoint["annealer"] = self.annealer.state_dict()
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         self._restored_rng = checkpoint.get("rng_state")
         self.elapsed_before = checkpoint.get("elapsed_s", 0.0)
+        self.train_state = checkpoint.get("stream_state")
+        self._restored_annealer = checkpoint.get("annealer")
 
     def on_train_start(self) -> None:
         if self._restored_rng is not None:
             torch.set_rng_state(self._restored_rng)
+        if self.annealer is not None and self._restored_annealer is not None:
+            self.annealer.load_state_dict(self._restored_annealer)

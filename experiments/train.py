@@ -49,6 +49,7 @@ from experiments.evaluate import evaluate_run
 from experiments.flops import split_flops_per_token
 from experiments.loggers import build_loggers
 from experiments.models import build_model, count_parameters, depth_kind
+from experiments.recipes import with_budget
 from experiments.runs import (
     CONFIG_FILE,
     check_same_config,
@@ -173,10 +174,11 @@ def train(
     data = data or prepare_data(config)
     data.tokenizer.save(run_dir / "tokenizer")
     model = build_model(config.model, data.tokenizer.vocab_size)
-    task = LMTask(model, config.optim)
+    task = LMTask(model, config.optim, stateful=config.data.stateful)
     resume_from, resume_step = resume_point(run_dir)
-    parts = build_trainer(config, callbacks or [], keep_logs_before=resume_step)
     datamodule = LMDataModule(data, config.data, config.seed, config.trainer.val_batches)
+    budgeted = with_budget(config, len(datamodule.train_batches()))
+    parts = build_trainer(budgeted, callbacks or [], keep_logs_before=resume_step)
     fit(parts.trainer, task, datamodule, resume_from)
     if parts.trainer.global_rank != 0:
         return {}
@@ -198,6 +200,7 @@ def train(
         "name": config.name,
         "family": depth_kind(config.model, model),
         "model": describe_model(config.model),
+        "recipe": config.recipe or "custom",
         "parameters": count_parameters(model),
         **{
             f"test_{k}": v

@@ -5,7 +5,7 @@ ODE head and the NODE-LM report's reconstruction decoder, encoders, and the mode
 (``build_model("ode-lstm", vocab_size)`` etc.), all trained in minibatches.
 """
 
-from .encoders import GPT2Encoder, LSTMEncoder
+from .encoders import GPT2Encoder, LSTMConfig, LSTMEncoder
 from .errors import ModelConfigError
 from .fields import FIELDS, AutonomousField, MLPField, TimeConcatField, as_field, make_field
 from .heads import CausalODEHead, ReconstructionODEDecoder, RegularizedField
@@ -40,6 +40,7 @@ __all__ = [
     "AutonomousField",
     "CausalODEHead",
     "GPT2Encoder",
+    "LSTMConfig",
     "LSTMEncoder",
     "MLPField",
     "MaxStepsExceeded",

@@ -68,7 +68,7 @@ def _plain_forward(model: ODELSTM, tokens: torch.Tensor) -> torch.Tensor:
     import torchdiffeq
 
     encoder, head = model.encoder, model.head
-    hidden = encoder.dropout(encoder.lstm(encoder.embedding(tokens))[0])
+    hidden = encoder.dropout(encoder.lstm(encoder.input_dropout(encoder.embedding(tokens)))[0])
     batch, length, dim = hidden.shape
     t = torch.tensor([0.0, head.integration_time])
     func = _PlainODEFunc(head.field.net)
@@ -96,7 +96,7 @@ def ode_batching() -> list[dict[str, Any]]:
     torch.manual_seed(0)
     vocab, length = 10_000, 35
     solver = {"rtol": 1e-3, "atol": 1e-4, "adjoint": True}
-    model = ODELSTM(vocab, 300, 300, field_hidden=100, solver=solver)
+    model = ODELSTM(vocab, embed_dim=300, hidden_dim=300, field_hidden=100, solver=solver)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.95, 0.999))
     loss_fn = nn.CrossEntropyLoss()
     nfe: dict[int, list[int]] = {32: [], 1: []}

@@ -1,7 +1,7 @@
 """Causal encoders ``tokens [B, T] -> hidden [B, T, D]`` for the ODE heads and baselines.
 
-* :class:`LSTMEncoder`: embedding + LSTM + dropout on the outputs; the NODE-LM report's
-  baseline (300-d, dropout 0.1) is :meth:`LSTMEncoder.report_preset`.
+* :class:`LSTMEncoder`: embedding + LSTM + dropout, configured by one :class:`LSTMConfig`;
+  the NODE-LM report's baseline (300-d, dropout 0.1) is :meth:`LSTMEncoder.report_preset`.
 * :class:`GPT2Encoder`: a ``transformers`` ``GPT2Model`` whose hidden layer ``layer``
   (0 = embeddings, ``n_layer`` = the final, layer-normed output; the report uses the 12th)
   feeds the head; from a local directory, a hub name when the hub is reachable, or a
@@ -11,53 +11,97 @@
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-__all__ = ["GPT2Encoder", "LSTMEncoder", "is_offline"]
+from .errors import ModelConfigError
+
+__all__ = ["GPT2Encoder", "LSTMConfig", "LSTMEncoder", "is_offline"]
+
+
+@dataclass
+class LSTMConfig:
+    """The LSTM options, written once for :class:`LSTMEncoder`, ``LSTMLM`` and ``ODELSTM``.
+
+    ``dropout`` acts on the LSTM outputs (and between layers), ``input_dropout`` on the
+    embeddings (pytorch/examples ``word_language_model`` uses one rate for both).
+    ``tie_weights`` makes the output projection share the embedding matrix (Press & Wolf;
+    Inan et al.), which needs the projection's input width to equal ``embed_dim``.
+    ``init_range`` initialises the embedding and the output projection uniformly in
+    ``[-init_range, init_range]`` with a zero bias (``word_language_model`` uses 0.1);
+    ``None`` keeps PyTorch's defaults.
+    """
+
+    embed_dim: int = 300
+    hidden_dim: int = 300
+    num_layers: int = 1
+    dropout: float = 0.1
+    input_dropout: float = 0.0
+    tie_weights: bool = False
+    init_range: float | None = None
+    embeddings: torch.Tensor | None = None
+    freeze_embeddings: bool = False
+
+    def __post_init__(self) -> None:
+        if min(self.embed_dim, self.hidden_dim, self.num_layers) <= 0:
+            raise ModelConfigError("embed_dim, hidden_dim and num_layers must be positive")
+        for name in ("dropout", "input_dropout"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ModelConfigError(f"{name} must be in [0, 1), got {getattr(self, name)}")
+        if self.init_range is not None and not self.init_range > 0:
+            raise ModelConfigError(f"init_range must be positive or None, got {self.init_range}")
+
+    @classmethod
+    def coerce(cls, config: LSTMConfig | None, options: dict[str, Any]) -> LSTMConfig:
+        """``config`` with ``options`` (its field names) replaced, or a new one from them."""
+        return replace(config, **options) if config is not None else cls(**options)
+
+    @classmethod
+    def split(cls, options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Keyword options as (this config's fields, the rest)."""
+        names = {f.name for f in fields(cls)}
+        mine = {k: v for k, v in options.items() if k in names}
+        return mine, {k: v for k, v in options.items() if k not in names}
 
 
 class LSTMEncoder(nn.Module):
-    """Embedding -> LSTM -> dropout; ``[B, T] -> [B, T, hidden_dim]``, causal."""
+    """Embedding -> dropout -> LSTM -> dropout; ``[B, T] -> [B, T, hidden_dim]``, causal.
 
-    def __init__(
-        self,
-        vocab_size: int,
-        embed_dim: int = 300,
-        hidden_dim: int = 300,
-        *,
-        num_layers: int = 1,
-        dropout: float = 0.1,
-        embeddings: torch.Tensor | None = None,
-        freeze_embeddings: bool = False,
-    ) -> None:
+    ``forward_with_state`` also takes and returns the LSTM's ``(h, c)``, so a caller can
+    continue a stream across consecutive windows (truncated backpropagation through time).
+    """
+
+    def __init__(self, vocab_size: int, config: LSTMConfig | None = None, **options: Any) -> None:
         super().__init__()
-        if min(vocab_size, embed_dim, hidden_dim, num_layers) <= 0:
-            raise ValueError("vocab_size, embed_dim, hidden_dim and num_layers must be positive")
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {dropout}")
-        self.vocab_size, self.hidden_dim = vocab_size, hidden_dim
-        self.embedding = nn.Embedding(vocab_size, embed_dim)
-        if embeddings is not None:
-            if tuple(embeddings.shape) != (vocab_size, embed_dim):
-                raise ValueError(
-                    f"embeddings must have shape ({vocab_size}, {embed_dim}), "
-                    f"got {tuple(embeddings.shape)}"
+        config = LSTMConfig.coerce(config, options)
+        if vocab_size <= 0:
+            raise ModelConfigError(f"vocab_size must be positive, got {vocab_size}")
+        self.config, self.vocab_size, self.hidden_dim = config, vocab_size, config.hidden_dim
+        self.embedding = nn.Embedding(vocab_size, config.embed_dim)
+        if config.init_range is not None:
+            nn.init.uniform_(self.embedding.weight, -config.init_range, config.init_range)
+        if config.embeddings is not None:
+            if tuple(config.embeddings.shape) != (vocab_size, config.embed_dim):
+                raise ModelConfigError(
+                    f"embeddings must have shape ({vocab_size}, {config.embed_dim}), "
+                    f"got {tuple(config.embeddings.shape)}"
                 )
             with torch.no_grad():
-                self.embedding.weight.copy_(embeddings)
-        self.embedding.weight.requires_grad_(not freeze_embeddings)
+                self.embedding.weight.copy_(config.embeddings)
+        self.embedding.weight.requires_grad_(not config.freeze_embeddings)
+        self.input_dropout = nn.Dropout(config.input_dropout)
         self.lstm = nn.LSTM(
-            embed_dim,
-            hidden_dim,
-            num_layers=num_layers,
+            config.embed_dim,
+            config.hidden_dim,
+            num_layers=config.num_layers,
             batch_first=True,
-            dropout=dropout if num_layers > 1 else 0.0,
+            dropout=config.dropout if config.num_layers > 1 else 0.0,
         )
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = nn.Dropout(config.dropout)
 
     @classmethod
     def report_preset(cls, vocab_size: int, **overrides: Any) -> LSTMEncoder:
@@ -70,9 +114,31 @@ class LSTMEncoder(nn.Module):
     def output_dim(self) -> int:
         return self.hidden_dim
 
+    def forward_with_state(
+        self, tokens: torch.Tensor, state: tuple[torch.Tensor, torch.Tensor] | None = None
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        """Hidden states ``[B, T, hidden_dim]`` and the ``(h, c)`` after the last token."""
+        out, state = self.lstm(self.input_dropout(self.embedding(tokens)), state)
+        return self.dropout(out), state
+
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        out, _ = self.lstm(self.embedding(tokens))
-        return self.dropout(out)
+        return self.forward_with_state(tokens)[0]
+
+    def tie_output(self, projection: nn.Linear) -> None:
+        """Apply ``init_range`` and ``tie_weights`` to the output projection of an LM."""
+        config = self.config
+        if config.init_range is not None:
+            nn.init.uniform_(projection.weight, -config.init_range, config.init_range)
+            if projection.bias is not None:
+                nn.init.zeros_(projection.bias)
+        if config.tie_weights:
+            if projection.in_features != config.embed_dim:
+                raise ModelConfigError(
+                    f"tie_weights needs the output projection's input width "
+                    f"({projection.in_features}) to equal embed_dim ({config.embed_dim}); "
+                    "set embed_dim to that width or tie_weights to false"
+                )
+            projection.weight = self.embedding.weight
 
 
 def is_offline(offline: bool | None = None) -> bool:

@@ -26,7 +26,7 @@ from torch import nn
 
 from odelm.pretrained import PretrainedMixin
 
-from .encoders import GPT2Encoder, LSTMEncoder
+from .encoders import GPT2Encoder, LSTMConfig, LSTMEncoder
 from .errors import ModelConfigError
 from .heads import CausalODEHead, ReconstructionODEDecoder
 from .solvers import SolverStats
@@ -44,36 +44,28 @@ __all__ = [
 
 
 class LSTMLM(PretrainedMixin, nn.Module):
-    """The report's LSTM baseline: 300-d embedding, 300-unit LSTM, dropout 0.1, linear."""
+    """The report's LSTM baseline: 300-d embedding, 300-unit LSTM, dropout 0.1, linear.
+
+    Options are :class:`~neuralode_lm.encoders.LSTMConfig` fields (or ``config=``), e.g.
+    ``tie_weights=True`` to share the embedding with the output layer. Stateful: pass
+    ``state`` (``None`` for a fresh stream) and read the next one from ``aux["state"]``.
+    """
 
     is_causal = True
+    supports_state = True
 
-    def __init__(
-        self,
-        vocab_size: int,
-        embed_dim: int = 300,
-        hidden_dim: int = 300,
-        *,
-        num_layers: int = 1,
-        dropout: float = 0.1,
-        embeddings: torch.Tensor | None = None,
-        freeze_embeddings: bool = False,
-    ) -> None:
+    def __init__(self, vocab_size: int, config: LSTMConfig | None = None, **options: Any) -> None:
         super().__init__()
         self.vocab_size = vocab_size
-        self.encoder = LSTMEncoder(
-            vocab_size,
-            embed_dim,
-            hidden_dim,
-            num_layers=num_layers,
-            dropout=dropout,
-            embeddings=embeddings,
-            freeze_embeddings=freeze_embeddings,
-        )
-        self.head = nn.Linear(hidden_dim, vocab_size)
+        self.encoder = LSTMEncoder(vocab_size, config, **options)
+        self.head = nn.Linear(self.encoder.hidden_dim, vocab_size)
+        self.encoder.tie_output(self.head)
 
-    def forward(self, tokens: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:
-        return self.head(self.encoder(tokens)), {}
+    def forward(
+        self, tokens: torch.Tensor, state: tuple[torch.Tensor, torch.Tensor] | None = None
+    ) -> tuple[torch.Tensor, dict[str, Any]]:
+        hidden, state = self.encoder.forward_with_state(tokens, state)
+        return self.head(hidden), {"state": state}
 
     def block_modules(self) -> list[nn.Module]:
         return [self.encoder, self.head]
@@ -199,35 +191,29 @@ class _ODELanguageModel(PretrainedMixin, nn.Module):
 class ODELSTM(_ODELanguageModel):
     """The report's ODE-LSTM: the LSTM baseline's states decoded by an ODE (MLP field, 100).
 
-    ``head_options`` go to the head: ``field`` ("mlp", "time-concat" or a module),
-    ``integration_time``, ``solver`` (a :class:`~neuralode_lm.solvers.SolverConfig` or
-    dict), ``augment_dim``, ``augment_init``, ``kinetic_weight``, ``jacobian_weight`` and,
-    for the causal head, ``exact_causal_eval`` (see :class:`~neuralode_lm.heads.CausalODEHead`).
+    :class:`~neuralode_lm.encoders.LSTMConfig` fields (or ``config=``) configure the LSTM;
+    ``tie_weights=True`` shares the embedding with the head's readout, which needs the ODE
+    state's width (``hidden_dim + augment_dim``) to equal ``embed_dim``. The other options
+    go to the head: ``field`` ("mlp", "time-concat" or a module), ``integration_time``,
+    ``solver`` (a :class:`~neuralode_lm.solvers.SolverConfig` or dict), ``augment_dim``,
+    ``augment_init``, ``kinetic_weight``, ``jacobian_weight`` and, for the causal head,
+    ``exact_causal_eval`` (see :class:`~neuralode_lm.heads.CausalODEHead`). Stateful like
+    ``LSTMLM``.
     """
+
+    supports_state = True
 
     def __init__(
         self,
         vocab_size: int,
-        embed_dim: int = 300,
-        hidden_dim: int = 300,
+        config: LSTMConfig | None = None,
         *,
-        num_layers: int = 1,
-        dropout: float = 0.1,
-        embeddings: torch.Tensor | None = None,
-        freeze_embeddings: bool = False,
         field_hidden: int | None = 100,
         reconstruction: bool = False,
-        **head_options: Any,
+        **options: Any,
     ) -> None:
-        encoder = LSTMEncoder(
-            vocab_size,
-            embed_dim,
-            hidden_dim,
-            num_layers=num_layers,
-            dropout=dropout,
-            embeddings=embeddings,
-            freeze_embeddings=freeze_embeddings,
-        )
+        lstm_options, head_options = LSTMConfig.split(options)
+        encoder = LSTMEncoder(vocab_size, config, **lstm_options)
         super().__init__(
             encoder,
             vocab_size,
@@ -235,6 +221,14 @@ class ODELSTM(_ODELanguageModel):
             field_hidden=field_hidden,
             head_options=head_options,
         )
+        encoder.tie_output(self.head.proj)
+
+    def forward(
+        self, tokens: torch.Tensor, state: tuple[torch.Tensor, torch.Tensor] | None = None
+    ) -> tuple[torch.Tensor, dict[str, Any]]:
+        hidden, state = self.encoder.forward_with_state(tokens, state)
+        logits, aux = self.head(hidden)
+        return logits, {**aux, "state": state}
 
 
 class ODEGPT2(_ODELanguageModel):

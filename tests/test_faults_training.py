@@ -261,8 +261,9 @@ def test_compare_names_a_failed_run_keeps_the_others_and_retrains_changed_config
 @pytest.mark.parametrize(
     ("section", "key", "value", "bound"),
     [
-        ("trainer", "max_steps", -1, ">= 1"),
-        ("trainer", "max_steps", 0, ">= 1"),
+        ("trainer", "max_steps", -1, ">= 1 or null"),  # null: the budget is max_epochs
+        ("trainer", "max_steps", 0, ">= 1 or null"),
+        ("trainer", "max_epochs", 0, ">= 1 or null"),
         ("trainer", "val_every", 0, ">= 1"),
         ("data", "eval_window", 0, ">= 2"),
         ("trainer", "num_threads", -1, ">= 1 or null"),

@@ -39,13 +39,39 @@ def test_same_seed_same_validation_perplexity(tmp_path, tiny_config):
     assert third["valid_ppl"] != pytest.approx(first["valid_ppl"], abs=1e-6)
 
 
+# A stateful LSTM with the word_language_model recipe: SGD, the lr divided on a plateau,
+# the hidden state carried across windows (and through the checkpoint).
+STATEFUL_SGD = {
+    "recipe": "lstm-sgd",
+    "model": {"family": "neuralode_lm", "name": "lstm", "embed_dim": 16, "hidden_dim": 16},
+    "data": {"batch_size": 64, "bptt": 16, "eval_batch_size": 4},
+    "optim": {"lr": 40.0},
+}
+
+
+def _with_recipe(values: dict, recipe: dict) -> dict:
+    """Config values with a recipe's sections merged in and its model (if any) swapped in."""
+    merged = {**values, **{k: v for k, v in recipe.items() if not isinstance(v, dict)}}
+    for key, section in recipe.items():
+        if isinstance(section, dict):
+            merged[key] = section if key == "model" else {**values.get(key, {}), **section}
+    return merged
+
+
 @pytest.mark.slow
-def test_sigkill_mid_run_then_resume_matches_uninterrupted(tmp_path, tiny_config):
-    reference = train(parse_config(tiny_config(tmp_path, "reference", trainer={"max_steps": 40})))
+@pytest.mark.parametrize(
+    ("recipe", "lrs"), [({}, set()), (STATEFUL_SGD, {40.0, 10.0})], ids=["adam", "stateful-sgd"]
+)
+def test_sigkill_mid_run_then_resume_matches_uninterrupted(tmp_path, tiny_config, recipe, lrs):
+    def config(name: str) -> dict:
+        return _with_recipe(tiny_config(tmp_path, name, trainer={"max_steps": 40}), recipe)
+
+    reference = train(parse_config(config("reference")))
+    with (tmp_path / "reference" / "logs" / "metrics.csv").open() as handle:
+        logged = {float(row["val/lr"]) for row in csv.DictReader(handle) if row.get("val/lr")}
+    assert logged == lrs  # the stateful run anneals (40 -> 10) on a validation plateau
     config_file = tmp_path / "killed.yaml"
-    config_file.write_text(
-        yaml.safe_dump(tiny_config(tmp_path, "killed", trainer={"max_steps": 40}))
-    )
+    config_file.write_text(yaml.safe_dump(config("killed")))
     command = [
         sys.executable,
         "-m",
@@ -65,7 +91,7 @@ def test_sigkill_mid_run_then_resume_matches_uninterrupted(tmp_path, tiny_config
     assert not (tmp_path / "killed" / "result.json").exists(), "the run finished before the kill"
     state = torch.load(checkpoints / "last.ckpt", weights_only=False)
     assert 0 < state["global_step"] < 40
-    resumed = train(parse_config(tiny_config(tmp_path, "killed", trainer={"max_steps": 40})))
+    resumed = train(parse_config(config("killed")))
     assert resumed["steps"] == 40
     assert resumed["valid_ppl"] == pytest.approx(reference["valid_ppl"], abs=1e-6)
     assert resumed["test_ppl"] == pytest.approx(reference["test_ppl"], abs=1e-6)

@@ -7,8 +7,6 @@ token so that every token of the stream is predicted once.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import torch
 import torch.nn.functional as F
 
@@ -19,17 +17,12 @@ class StreamTooShortError(OdelmError, ValueError):
     """A split has too few tokens for the batch size."""
 
 
-def stream_windows(
-    ids: torch.Tensor,
-    batch_size: int,
-    bptt: int,
-    *,
-    start: int = 0,
-) -> Iterator[torch.Tensor]:
-    """Cut a stream into ``batch_size`` contiguous rows and yield ``[B, bptt + 1]`` windows.
+def stream_windows(ids: torch.Tensor, batch_size: int, bptt: int) -> list[torch.Tensor]:
+    """Cut a stream into ``batch_size`` contiguous rows and return ``[B, bptt + 1]`` windows.
 
-    The classic word-language-model batching (rows are contiguous text, remainder trimmed);
-    ``start`` skips the first windows, so a resumed run continues where it stopped.
+    The classic word-language-model batching (rows are contiguous text, remainder trimmed):
+    window ``k + 1`` of row ``b`` starts with the token that ends window ``k``, so a model
+    that carries its state across windows reads each row as one stream.
     """
     if batch_size < 1 or bptt < 1:
         raise ValueError(f"batch_size and bptt must be >= 1, got {batch_size} and {bptt}")
@@ -40,14 +33,7 @@ def stream_windows(
             "lower data.batch_size"
         )
     rows = ids[: row_length * batch_size].view(batch_size, row_length)
-    for offset in range(start * bptt, row_length - 1, bptt):
-        yield rows[:, offset : offset + bptt + 1]
-
-
-def num_stream_windows(num_tokens: int, batch_size: int, bptt: int) -> int:
-    """How many windows ``stream_windows`` yields."""
-    row_length = num_tokens // batch_size
-    return max(0, -(-(row_length - 1) // bptt))
+    return [rows[:, offset : offset + bptt + 1] for offset in range(0, row_length - 1, bptt)]
 
 
 def evaluation_windows(ids: torch.Tensor, eos_id: int, length: int) -> list[torch.Tensor]:
@@ -102,18 +88,57 @@ def sentence_batches(
     ]
 
 
-def lm_nll(
-    logits: torch.Tensor, tokens: torch.Tensor, mask: torch.Tensor | None = None
-) -> tuple[torch.Tensor, int]:
-    """Summed next-token negative log-likelihood and the number of predictions.
+def stateful_evaluation_windows(
+    ids: torch.Tensor, eos_id: int, num_streams: int, length: int
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Consecutive ``(tokens, mask)`` windows over ``num_streams`` contiguous rows of a split.
 
-    ``logits[:, t]`` is scored against ``tokens[:, t + 1]``; with a mask, only predictions of
-    real (unpadded) tokens from real contexts count.
+    For a model that carries its state from one window of a row to the next. As in
+    ``evaluation_windows``, an ``<eos>`` comes first and every token is predicted exactly
+    once: row ``b`` predicts the ``b``-th of ``num_streams`` near-equal contiguous chunks
+    (the last row may be shorter; its tail is padding, masked out).
     """
-    predictions = logits[:, :-1].reshape(-1, logits.shape[-1]).float()
+    if num_streams < 1 or length < 1:
+        raise ValueError(f"num_streams and length must be >= 1, got {num_streams} and {length}")
+    stream = torch.cat([torch.tensor([eos_id], dtype=ids.dtype), ids])
+    chunk = -(-ids.numel() // num_streams)  # predictions per row
+    starts = range(0, ids.numel(), chunk)
+    tokens = torch.full((len(starts), chunk + 1), eos_id, dtype=ids.dtype)
+    mask = torch.zeros(tokens.shape, dtype=torch.bool)
+    for row, start in enumerate(starts):
+        piece = stream[start : start + chunk + 1]
+        tokens[row, : piece.numel()] = piece
+        mask[row, : piece.numel()] = True
+    return [
+        (tokens[:, s : s + length + 1], mask[:, s : s + length + 1])
+        for s in range(0, chunk, length)
+    ]
+
+
+def lm_nll(
+    logits: torch.Tensor,
+    tokens: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    *,
+    reduction: str = "sum",
+    label_smoothing: float = 0.0,
+) -> tuple[torch.Tensor, int]:
+    """Next-token negative log-likelihood (summed, or averaged with ``reduction="mean"``)
+    and the number of predictions.
+
+    ``logits[:, t]`` is scored against ``tokens[:, t + 1]``; ``logits`` covers all ``T``
+    positions (the last, which predicts nothing, is dropped) or the first ``T - 1`` (a
+    stateful model fed ``tokens[:, :-1]``). With a mask, only predictions of real
+    (unpadded) tokens from real contexts count.
+    """
+    if logits.shape[1] == tokens.shape[1]:
+        logits = logits[:, :-1]
+    predictions = logits.reshape(-1, logits.shape[-1]).float()
     targets = tokens[:, 1:].reshape(-1)
-    nll = F.cross_entropy(predictions, targets, reduction="none")
-    if mask is None:
-        return nll.sum(), targets.numel()
-    keep = (mask[:, 1:] & mask[:, :-1]).reshape(-1)
-    return nll[keep].sum(), int(keep.sum())
+    if mask is not None:
+        keep = (mask[:, 1:] & mask[:, :-1]).reshape(-1)
+        predictions, targets = predictions[keep], targets[keep]
+    nll = F.cross_entropy(
+        predictions, targets, reduction=reduction, label_smoothing=label_smoothing
+    )
+    return nll, targets.numel()
