@@ -133,9 +133,10 @@ def discretize(
     dtype: str = "float64",
 ) -> list[dict[str, Any]]:
     """The rows of the discretisation table for a finished run."""
-    from experiments.train import load_run
+    from experiments.trained import load_run
 
-    lm, data, config = load_run(run_dir)
+    run = load_run(run_dir)
+    lm, data, config = run.model, run.data(), run.config
     lm = lm.to(getattr(torch, dtype)).eval()
     if isinstance(lm, NODETransformerLM):
         model, discrete = lm, None
@@ -149,7 +150,7 @@ def discretize(
             f"{run_dir} holds a {type(lm).__name__}; discretize needs a node-transformer or an "
             "ODE Transformer LM (plain stack, sublayer both)"
         )
-    mode = "sentences" if config.data.batching == "sentences" else "stream"
+    mode = config.data.batching
     window = min(config.data.eval_window, model.max_positions - 1)
     batches = evaluation_batches(
         data,

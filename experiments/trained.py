@@ -121,7 +121,7 @@ class TrainedRun:
             self.model,
             data,
             "text",
-            mode="sentences" if cfg.batching == "sentences" else "stream",
+            mode=cfg.batching,
             window=cfg.eval_window,
             padding_side=cfg.padding_side,
         )

@@ -53,7 +53,7 @@ def default_trainer_fit(tmp_path_factory):
 
 def test_validation_runs_under_a_default_trainer(default_trainer_fit):
     trainer, task, data, data_cfg = default_trainer_fit
-    batches_per_epoch = len(LMDataModule(data, data_cfg, 0, None)._train_batches())
+    batches_per_epoch = len(LMDataModule(data, data_cfg, 0, None).train_batches())
     assert trainer.global_step == batches_per_epoch
     # The logged validation perplexity is the exact perplexity of the valid split.
     expected = perplexity(task.model.eval(), data, "valid", window=data_cfg.eval_window)
