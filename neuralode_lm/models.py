@@ -30,6 +30,7 @@ from .encoders import GPT2Encoder, LSTMEncoder
 from .errors import ModelConfigError
 from .heads import CausalODEHead, ReconstructionODEDecoder
 from .solvers import SolverStats
+from .transformer import NODETransformerLM
 
 __all__ = [
     "GPT2LM",
@@ -293,11 +294,13 @@ MODELS: dict[str, type[nn.Module]] = {
     "gpt2": GPT2LM,
     "ode-gpt2": ODEGPT2,
     "aug-ode-gpt2": AugmentedODEGPT2,
+    "node-transformer": NODETransformerLM,
 }
 
 
 def build_model(name: str, vocab_size: int, **kwargs: Any) -> nn.Module:
-    """A model by name (``lstm``, ``ode-lstm``, ``gpt2``, ``ode-gpt2``, ``aug-ode-gpt2``).
+    """A model by name (``lstm``, ``ode-lstm``, ``gpt2``, ``ode-gpt2``, ``aug-ode-gpt2``,
+    ``node-transformer``).
 
     ``kwargs`` go to the class; ODE models take ``reconstruction=True`` for the report's
     non-causal decoder.

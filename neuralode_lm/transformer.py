@@ -1,0 +1,434 @@
+"""A continuous-depth Transformer LM: one causal attention + FFN vector field, solved as an ODE.
+
+Reading order: the depth field ``F_theta(s, y)`` (the ODE Transformer's pre-norm attention +
+FFN function, optionally conditioned on the depth ``s``), the fixed-grid Runge-Kutta
+integrator driven by Butcher tableaux (it keeps one key/value cache per stage), then the
+model: token + position embeddings, ``n_blocks`` depth ODEs ``dy/ds = F_k(s, y)`` on
+``s in [0, S]``, final LayerNorm, tied softmax.
+
+Two ways to solve each block:
+
+* an adaptive method of the solver facade (dopri5, bosh3, ...; adjoint or direct). All
+  positions of a batch share one step size, so later tokens influence the step sizes and
+  hence (within the tolerance) earlier logits; ``causal_mode="prefix"`` solves every prefix
+  alone in evaluation, which is exactly causal at ``T`` solves per sequence;
+* a fixed grid (``steps`` per block) of a tableau: ``euler``, ``midpoint``, ``rk2``,
+  ``rk3``, ``rk4`` (the classic RK4 of the ODE Transformer; torchdiffeq's ``rk4`` is the
+  3/8 rule). Exactly causal, and generation keeps a key/value cache per (step, stage).
+
+With ``rk4``, one step and ``S = 1`` a block *is* an ODE Transformer RK4 block (tested).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from ode_transformer.layers import KVCache, PreNormAttentionFFN
+from ode_transformer.lm import check_tokens, init_weights
+from ode_transformer.tableau import TABLEAUX, Tableau
+
+from .heads import RegularizedField
+from .solvers import FIXED_METHODS, SolverConfig, SolverStats
+
+__all__ = ["TIME_CONDITIONINGS", "DepthField", "FixedGrid", "NODETransformerLM"]
+
+TIME_CONDITIONINGS = ("none", "concat", "film")
+CAUSAL_MODES = ("shared", "prefix")
+GRID_TABLEAUX: dict[str, Tableau] = {
+    "euler": TABLEAUX["euler"],
+    "midpoint": Tableau(A=((0.0, 0.0), (0.5, 0.0)), b=(0.0, 1.0), name="midpoint"),
+    "rk2": TABLEAUX["rk2"],
+    "rk3": TABLEAUX["rk3"],
+    "rk4": TABLEAUX["rk4"],
+}
+"""Fixed-grid methods the model integrates itself, by name."""
+DEFAULT_MAX_STEPS = 1000
+
+
+class _TimedNorm(nn.Module):
+    """A LayerNorm whose output is conditioned on the depth ``s`` set by the field.
+
+    ``concat``: ``LN(y) + s u`` (the time as an extra input channel of the sub-layer's first
+    linear maps, which is what concatenating ``s`` amounts to); ``film``:
+    ``LN(y) (1 + g(s)) + h(s)`` with ``[g, h]`` linear in ``s``. Both start at zero, so an
+    untrained conditioned field equals the autonomous one.
+    """
+
+    def __init__(self, norm: nn.LayerNorm, mode: str) -> None:
+        super().__init__()
+        self.norm, self.mode = norm, mode
+        width = norm.normalized_shape[0]
+        self.time = nn.Linear(1, width if mode == "concat" else 2 * width)
+        nn.init.zeros_(self.time.weight)
+        nn.init.zeros_(self.time.bias)
+        self.s: torch.Tensor | None = None
+
+    def forward(self, y: torch.Tensor) -> torch.Tensor:
+        x = self.norm(y)
+        code = self.time(self.s.reshape(1).to(x.dtype))
+        if self.mode == "concat":
+            return x + code
+        scale, shift = code.chunk(2, dim=-1)
+        return x * (1.0 + scale) + shift
+
+
+class DepthField(nn.Module):
+    """``F_theta(s, y)``: the ODE Transformer's ``PreNormAttentionFFN`` (attention then FFN as
+    one function, never including the residual), optionally conditioned on ``s``."""
+
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        d_ff: int,
+        *,
+        dropout: float = 0.0,
+        time_conditioning: str = "none",
+        eps: float = 1e-5,
+    ) -> None:
+        super().__init__()
+        if time_conditioning not in TIME_CONDITIONINGS:
+            raise ValueError(
+                f"unknown time_conditioning {time_conditioning!r}; valid: "
+                f"{', '.join(TIME_CONDITIONINGS)}"
+            )
+        self.layer = PreNormAttentionFFN(
+            d_model, n_heads, d_ff, dropout, dropout, dropout, causal=True, eps=eps
+        )
+        self.timed: list[_TimedNorm] = []
+        if time_conditioning != "none":
+            for sub in (self.layer.attention, self.layer.ffn):
+                sub.norm = _TimedNorm(sub.norm, time_conditioning)
+                self.timed.append(sub.norm)
+
+    def forward(
+        self, s: torch.Tensor | float, y: torch.Tensor, cache: KVCache | None = None
+    ) -> torch.Tensor:
+        for norm in self.timed:
+            norm.s = torch.as_tensor(s, dtype=y.dtype, device=y.device)
+        return self.layer(y, cache) if cache is not None else self.layer(y)
+
+
+@dataclass(frozen=True)
+class FixedGrid:
+    """``steps`` equal steps of a named tableau over ``[0, S]`` (``GRID_TABLEAUX``)."""
+
+    method: str = "rk4"
+    steps: int = 1
+
+    def __post_init__(self) -> None:
+        if self.method not in GRID_TABLEAUX:
+            raise ValueError(
+                f"unknown fixed-grid method {self.method!r}; valid: {', '.join(GRID_TABLEAUX)}"
+            )
+        if not isinstance(self.steps, int) or isinstance(self.steps, bool) or self.steps < 1:
+            raise ValueError(f"steps must be a positive integer, got {self.steps!r}")
+
+    @property
+    def nfe(self) -> int:
+        return self.steps * GRID_TABLEAUX[self.method].stages
+
+    def integrate(
+        self, field: nn.Module, y: torch.Tensor, length: float, cache: KVCache | None = None
+    ) -> torch.Tensor:
+        """``y(S)`` by ``steps`` explicit RK steps; stage ``i`` of step ``n`` attends with
+        ``cache.child((n, i))``. Each step is an ODE Transformer ``RKBlock`` of step size
+        ``h`` (the block's increment scaled by ``h``, stage times ``s_n + c_i h``)."""
+        tableau, h = GRID_TABLEAUX[self.method], length / self.steps
+        for n in range(self.steps):
+            stage_times = [(n + c) * h for c in tableau.c]
+            values: list[torch.Tensor] = []
+            for i, row in enumerate(tableau.A):
+                y_i = y
+                for a, value in zip(row[:i], values):
+                    if a != 0.0:
+                        y_i = y_i + (a * h) * value
+                if cache is None:
+                    values.append(field(stage_times[i], y_i))
+                else:
+                    values.append(field(stage_times[i], y_i, cache.child((n, i))))
+            for b, value in zip(tableau.b, values):
+                if b != 0.0:
+                    y = y + (b * h) * value
+        return y
+
+
+class _SummedStats:
+    """The solver statistics of all blocks of one forward pass, summed lazily (the
+    backward NFE is filled in by each block's backward pass)."""
+
+    def __init__(self, stats: list[SolverStats]) -> None:
+        self.stats = stats
+
+    def _sum(self, name: str) -> int | None:
+        values = [getattr(s, name) for s in self.stats]
+        return None if any(v is None for v in values) else sum(values)
+
+    nfe_forward = property(lambda self: self._sum("nfe_forward"))
+    nfe_backward = property(lambda self: self._sum("nfe_backward"))
+    accepted_steps = property(lambda self: self._sum("accepted_steps"))
+    rejected_steps = property(lambda self: self._sum("rejected_steps"))
+
+
+def _integration(
+    solver: SolverConfig | dict[str, Any] | None, steps: int | None
+) -> SolverConfig | FixedGrid:
+    """A :class:`FixedGrid` for ``euler``/``midpoint``/``rk2``/``rk3``/``rk4``, else the
+    facade's config (with a default step cap of ``DEFAULT_MAX_STEPS``)."""
+    if isinstance(solver, FixedGrid):
+        return solver
+    options = dict(solver or {}) if not isinstance(solver, SolverConfig) else None
+    method = solver.method if options is None else options.get("method", "dopri5")
+    if method in GRID_TABLEAUX:
+        extra = sorted(set(options or {}) - {"method"})
+        if options is None or extra:
+            raise ValueError(
+                f"the fixed-grid method {method!r} is integrated by the model itself and takes "
+                f"only `steps` (per block over [0, S]); drop solver options {extra}"
+            )
+        return FixedGrid(method, 1 if steps is None else steps)
+    if steps is not None:
+        raise ValueError(
+            f"steps applies to fixed-grid methods ({', '.join(GRID_TABLEAUX)}), not to the "
+            f"adaptive {method!r}; set solver.rtol/atol instead"
+        )
+    if options is not None:
+        options.setdefault("max_num_steps", DEFAULT_MAX_STEPS)
+    config = SolverConfig.coerce(options if options is not None else solver)
+    if config.method in FIXED_METHODS:
+        raise ValueError(f"fixed-grid methods are run by the model: solver: {{method: {method}}}")
+    if config.backend == "torchode":
+        raise ValueError(
+            "the depth field mixes positions through attention, but torchode controls each "
+            "row's step separately; use backend torchdiffeq or torchdyn"
+        )
+    return config
+
+
+class NODETransformerLM(nn.Module):
+    """Causal LM whose depth is ``n_blocks`` ODEs ``dy/ds = F_k(s, y)``, ``s in [0, S]``.
+
+    ``solver``: a facade config or dict for adaptive solves (e.g. ``{"method": "dopri5",
+    "rtol": 1e-3, "adjoint": True}``), or ``{"method": "rk4"}`` with ``steps`` for a fixed
+    grid. ``kinetic_weight``/``jacobian_weight``: the RNODE regularisers, added to the loss
+    through ``aux["reg"]`` in training. ``causal_mode``: ``"shared"`` (one solve per batch)
+    or ``"prefix"`` (evaluation solves every prefix alone: exactly causal, adaptive only).
+    ``dropout`` acts on the embeddings, ``field_dropout`` inside ``F`` (keep it 0 for
+    adaptive solvers: a new mask per evaluation makes the field random).
+    """
+
+    is_causal = True
+
+    def __init__(
+        self,
+        vocab_size: int,
+        *,
+        d_model: int = 128,
+        n_heads: int = 4,
+        d_ff: int = 512,
+        n_blocks: int = 1,
+        max_positions: int = 256,
+        integration_time: float = 1.0,
+        time_conditioning: str = "none",
+        solver: SolverConfig | dict[str, Any] | None = None,
+        steps: int | None = None,
+        kinetic_weight: float = 0.0,
+        jacobian_weight: float = 0.0,
+        causal_mode: str = "shared",
+        dropout: float = 0.1,
+        field_dropout: float = 0.0,
+        layer_norm_eps: float = 1e-5,
+    ) -> None:
+        super().__init__()
+        for name, value in (("vocab_size", vocab_size), ("n_blocks", n_blocks)):
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if not integration_time > 0:
+            raise ValueError(f"integration_time S must be positive, got {integration_time!r}")
+        if kinetic_weight < 0 or jacobian_weight < 0:
+            raise ValueError("kinetic_weight and jacobian_weight must be >= 0")
+        if causal_mode not in CAUSAL_MODES:
+            raise ValueError(
+                f"unknown causal_mode {causal_mode!r}; valid: {', '.join(CAUSAL_MODES)}"
+            )
+        self.vocab_size, self.max_positions = vocab_size, max_positions
+        self.integration_time = float(integration_time)
+        self.kinetic_weight, self.jacobian_weight = float(kinetic_weight), float(jacobian_weight)
+        self.causal_mode = causal_mode
+        self.integration = _integration(solver, steps)
+        self.token_embedding = nn.Embedding(vocab_size, d_model)
+        self.position_embedding = nn.Embedding(max_positions, d_model)
+        self.dropout = nn.Dropout(dropout)
+        self.fields = nn.ModuleList(
+            DepthField(
+                d_model,
+                n_heads,
+                d_ff,
+                dropout=field_dropout,
+                time_conditioning=time_conditioning,
+                eps=layer_norm_eps,
+            )
+            for _ in range(n_blocks)
+        )
+        self.norm = nn.LayerNorm(d_model, eps=layer_norm_eps)
+        self.head = nn.Linear(d_model, vocab_size, bias=False)
+        self.apply(init_weights)
+        self.head.weight = self.token_embedding.weight
+        self.last_stats: list[SolverStats] = []
+
+    @property
+    def solver_stats(self) -> _SummedStats:
+        """Statistics of the latest forward pass, summed over blocks."""
+        return _SummedStats(self.last_stats)
+
+    @property
+    def exactly_causal(self) -> bool:
+        """True on a fixed grid or with per-prefix evaluation solves."""
+        return isinstance(self.integration, FixedGrid) or (
+            self.causal_mode == "prefix" and not self.training
+        )
+
+    def block_modules(self) -> list[nn.Module]:
+        return list(self.fields)
+
+    def set_integration(
+        self, solver: SolverConfig | dict[str, Any] | FixedGrid, steps: int | None = None
+    ) -> None:
+        """Solve the same trained fields another way (``odelm discretize`` uses this)."""
+        self.integration = _integration(solver, steps)
+
+    # -------------------------------------------------------------------------------------
+
+    def _solve_block(
+        self, field: DepthField, y: torch.Tensor, cache: KVCache | None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``y(S)`` of one block and, in training with weights, its RNODE regulariser
+        (the kinetic / Jacobian integrals ride along as extra state columns)."""
+        kinetic, jacobian = self.kinetic_weight > 0, self.jacobian_weight > 0
+        regularized = None
+        if self.training and (kinetic or jacobian):
+            regularized = RegularizedField(field, y.shape[-1], kinetic=kinetic, jacobian=jacobian)
+            regularized.noise = torch.randn_like(y) if jacobian else None
+            x0 = torch.cat([y, y.new_zeros(*y.shape[:-1], regularized.extra)], dim=-1)
+        target, x0 = (field, y) if regularized is None else (regularized, x0)
+        if isinstance(self.integration, FixedGrid):
+            nfe = self.integration.nfe
+            steps = self.integration.steps
+            stats = SolverStats("model", self.integration.method, "direct", nfe, 0, steps, 0)
+            final = self.integration.integrate(target, x0, self.integration_time, cache)
+        else:
+            if cache is not None:
+                raise ValueError(
+                    "a key/value cache needs a fixed grid (its stages sit at fixed depths); "
+                    "adaptive solves generate by recomputing the prefix"
+                )
+            times = torch.tensor([0.0, self.integration_time], dtype=y.dtype, device=y.device)
+            states, stats = self.integration.solve(target, x0, times)
+            final = states[-1]
+        self.last_stats.append(stats)
+        if regularized is None:
+            return final, None
+        width = y.shape[-1]
+        totals = final[..., width:].reshape(-1, regularized.extra).mean(0)
+        weights = [w for w in (self.kinetic_weight, self.jacobian_weight) if w > 0]
+        return final[..., :width], sum(w * t for w, t in zip(weights, totals))
+
+    def final_state(
+        self, tokens: torch.Tensor, cache: KVCache | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The state after the last block (before the final LayerNorm) and the regulariser;
+        with a ``cache`` the tokens continue the cached sequence."""
+        start = 0 if cache is None else cache.position
+        check_tokens(tokens, self.vocab_size, self.max_positions, offset=start)
+        positions = torch.arange(start, start + tokens.shape[1], device=tokens.device)
+        y = self.dropout(self.token_embedding(tokens) + self.position_embedding(positions))
+        self.last_stats = []
+        reg = None
+        for index, field in enumerate(self.fields):
+            y, block_reg = self._solve_block(
+                field, y, None if cache is None else cache.child(index)
+            )
+            if block_reg is not None:
+                reg = block_reg if reg is None else reg + block_reg
+        if cache is not None:
+            cache.position += tokens.shape[1]
+        return y, reg
+
+    def _prefix_states(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Exactly causal final states: every prefix of every sequence solved alone."""
+        rows, stats = [], []
+        for b in range(tokens.shape[0]):
+            row = []
+            for t in range(tokens.shape[1]):
+                y, _ = self.final_state(tokens[b : b + 1, : t + 1])
+                row.append(y[0, -1])
+                stats.extend(self.last_stats)
+            rows.append(torch.stack(row))
+        self.last_stats = stats
+        return torch.stack(rows)
+
+    def forward(
+        self, tokens: torch.Tensor, cache: KVCache | None = None
+    ) -> tuple[torch.Tensor, dict[str, Any]]:
+        """Logits ``[B, T, V]``; ``aux``: ``nfe`` (evaluations of ``F`` per forward pass,
+        summed over blocks; per prefix solve on average in prefix mode), accepted/rejected
+        steps, ``exactly_causal`` and, in training with regularisers, ``reg``."""
+        prefix = self.causal_mode == "prefix" and not self.training and cache is None
+        if prefix and not isinstance(self.integration, FixedGrid):
+            y, reg = self._prefix_states(tokens), None
+        else:
+            y, reg = self.final_state(tokens, cache)
+        stats = self.solver_stats
+        solves = max(1, len(self.last_stats) // len(self.fields))
+        aux: dict[str, Any] = {
+            "nfe": stats.nfe_forward if solves == 1 else stats.nfe_forward / solves,
+            "accepted_steps": stats.accepted_steps,
+            "rejected_steps": stats.rejected_steps,
+            "exactly_causal": self.exactly_causal,
+        }
+        if reg is not None:
+            aux["reg"] = reg
+        return self.head(self.norm(y)), aux
+
+    def next_token_logits(self, tokens: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+        """Logits ``[B, V]`` at the last position (a cache needs a fixed grid)."""
+        return self(tokens, cache)[0][:, -1]
+
+    # -------------------------------------------------------------------------------------
+
+    @classmethod
+    def from_ode_transformer(cls, lm: nn.Module) -> NODETransformerLM:
+        """A model sharing the modules of a trained ``ODETransformerLM`` (plain stack,
+        ``sublayer="both"``): block ``k`` becomes the field ``F_k`` over ``[0, 1]``, solved
+        with the block's own tableau and one step (so it computes what ``lm`` computes when
+        the block's coefficients are fixed), or any other way through
+        :meth:`set_integration`."""
+        config = lm.config
+        if config.stack != "plain" or config.sublayer != "both":
+            raise ValueError(
+                "only plain stacks with sublayer='both' have one field per block; got "
+                f"stack={config.stack!r}, sublayer={config.sublayer!r}"
+            )
+        tableau = lm.stack.layers[0].blocks[0].tableau
+        method = next((n for n, t in GRID_TABLEAUX.items() if t == tableau), "rk4")
+        model = cls(
+            config.vocab_size,
+            d_model=config.d_model,
+            n_heads=config.n_heads,
+            d_ff=config.d_ff,
+            n_blocks=config.n_layers,
+            max_positions=config.max_positions,
+            solver={"method": method},
+            steps=1,
+            dropout=config.dropout,
+            layer_norm_eps=config.layer_norm_eps,
+        )
+        model.token_embedding, model.position_embedding = lm.token_embedding, lm.position_embedding
+        model.norm, model.head = lm.norm, lm.head
+        for field, layer in zip(model.fields, lm.stack.layers):
+            field.layer = layer.blocks[0].f
+        return model.train(lm.training)
