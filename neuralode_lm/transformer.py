@@ -27,8 +27,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from ode_transformer.layers import KVCache, PreNormAttentionFFN
-from ode_transformer.lm import check_tokens, init_weights
+from ode_transformer import generation
+from ode_transformer.backbone import check_tokens, init_weights
+from ode_transformer.layers import AttentionContext, KVCache, PreNormAttentionFFN
 from ode_transformer.tableau import TABLEAUX, Tableau
 
 from .heads import RegularizedField
@@ -110,7 +111,7 @@ class DepthField(nn.Module):
     ) -> torch.Tensor:
         for norm in self.timed:
             norm.s = torch.as_tensor(s, dtype=y.dtype, device=y.device)
-        return self.layer(y, cache) if cache is not None else self.layer(y)
+        return self.layer(y) if cache is None else self.layer(y, AttentionContext(cache))
 
 
 @dataclass(frozen=True)
@@ -397,6 +398,14 @@ class NODETransformerLM(nn.Module):
     def next_token_logits(self, tokens: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
         """Logits ``[B, V]`` at the last position (a cache needs a fixed grid)."""
         return self(tokens, cache)[0][:, -1]
+
+    @torch.no_grad()
+    def generate(self, tokens: torch.Tensor, max_new_tokens: int, **options: Any) -> torch.Tensor:
+        """Continue ``tokens`` with :func:`ode_transformer.generation.generate`: a fixed grid
+        keeps a key/value cache per (block, step, stage); an adaptive solve recomputes the
+        whole prefix at every token (its steps depend on the whole prefix)."""
+        options.setdefault("use_cache", isinstance(self.integration, FixedGrid))
+        return generation.generate(self, tokens, max_new_tokens, **options)
 
     # -------------------------------------------------------------------------------------
 

@@ -131,6 +131,19 @@ def test_fixed_grid_generation_with_a_per_stage_cache_equals_recomputation():
     assert len(cache.child(1)._children) == 2 * 3
 
 
+def test_generation_cached_on_a_grid_equals_recomputation_and_adaptive_recomputes():
+    grid = tiny(solver={"method": "midpoint"}, steps=2)
+    prompt = tokens(2, 3)
+    cached = grid.generate(prompt, 6, strategy="beam", num_beams=3)
+    assert torch.equal(
+        cached, grid.generate(prompt, 6, strategy="beam", num_beams=3, use_cache=False)
+    )
+    adaptive = tiny(solver={"method": "dopri5", "rtol": 1e-4})
+    adaptive.load_state_dict(grid.state_dict())
+    out = adaptive.generate(prompt, 4)
+    assert out.shape == (2, 7) and torch.equal(out[:, :3], prompt)
+
+
 def test_adaptive_solve_refuses_a_cache():
     with pytest.raises(ValueError, match="fixed grid"):
         tiny().next_token_logits(tokens(), KVCache())
