@@ -26,6 +26,8 @@ BENCHMARKS: dict[str, str] = {
     "ode-batching": "neuralode_lm.benchmarks:ode_batching",
     "adjoint-memory": "neuralode_lm.benchmarks:adjoint_memory",
     "solver-overhead": "neuralode_lm.benchmarks:solver_overhead",
+    "ct-step-overhead": "neuralode_lm.ct_benchmarks:ct_step_overhead",
+    "ct-adjoint-memory": "neuralode_lm.ct_benchmarks:ct_adjoint_memory",
 }
 
 

@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from experiments.data.corpora import CORPUS_NAMES, PROTOCOLS
+from experiments.discretize import register_discretize
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:
@@ -279,4 +280,10 @@ def register_compare(commands: Any) -> None:
     parser.set_defaults(func=cmd_compare)
 
 
-REGISTRARS = [register_train, register_eval, register_generate, register_compare]
+REGISTRARS = [
+    register_train,
+    register_eval,
+    register_generate,
+    register_compare,
+    register_discretize,
+]

@@ -33,7 +33,7 @@ from ode_transformer.layers import AttentionContext, KVCache, PreNormAttentionFF
 from ode_transformer.tableau import TABLEAUX, Tableau
 
 from .heads import RegularizedField
-from .solvers import FIXED_METHODS, SolverConfig, SolverStats
+from .solvers import FIXED_METHODS, SolverConfig, SolverStats, solve
 
 __all__ = ["TIME_CONDITIONINGS", "DepthField", "FixedGrid", "NODETransformerLM"]
 
@@ -47,7 +47,6 @@ GRID_TABLEAUX: dict[str, Tableau] = {
     "rk4": TABLEAUX["rk4"],
 }
 """Fixed-grid methods the model integrates itself, by name."""
-DEFAULT_MAX_STEPS = 1000
 
 
 class _TimedNorm(nn.Module):
@@ -179,7 +178,7 @@ def _integration(
     solver: SolverConfig | dict[str, Any] | None, steps: int | None
 ) -> SolverConfig | FixedGrid:
     """A :class:`FixedGrid` for ``euler``/``midpoint``/``rk2``/``rk3``/``rk4``, else the
-    facade's config (with a default step cap of ``DEFAULT_MAX_STEPS``)."""
+    facade's config (whose default step cap makes a runaway solve raise)."""
     if isinstance(solver, FixedGrid):
         return solver
     options = dict(solver or {}) if not isinstance(solver, SolverConfig) else None
@@ -197,8 +196,6 @@ def _integration(
             f"steps applies to fixed-grid methods ({', '.join(GRID_TABLEAUX)}), not to the "
             f"adaptive {method!r}; set solver.rtol/atol instead"
         )
-    if options is not None:
-        options.setdefault("max_num_steps", DEFAULT_MAX_STEPS)
     config = SolverConfig.coerce(options if options is not None else solver)
     if config.method in FIXED_METHODS:
         raise ValueError(f"fixed-grid methods are run by the model: solver: {{method: {method}}}")
@@ -328,7 +325,7 @@ class NODETransformerLM(nn.Module):
                     "adaptive solves generate by recomputing the prefix"
                 )
             times = torch.tensor([0.0, self.integration_time], dtype=y.dtype, device=y.device)
-            states, stats = self.integration.solve(target, x0, times)
+            states, stats = solve(target, x0, times, self.integration)
             final = states[-1]
         self.last_stats.append(stats)
         if regularized is None:

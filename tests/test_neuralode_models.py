@@ -28,6 +28,8 @@ def _model(name: str, solver: dict | None = None, **extra) -> nn.Module:
     options: dict = dict(extra)
     if name in ("lstm", "ode-lstm"):
         options.update(embed_dim=16, hidden_dim=16)
+    elif name == "node-transformer":
+        options.update(d_model=16, n_heads=2, d_ff=32)
     else:
         options.update(config=TINY_GPT2)
     if name.startswith(("ode", "aug")):
