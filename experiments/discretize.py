@@ -126,6 +126,7 @@ def discretize(
     run_dir: str | Path,
     *,
     max_batches: int = 4,
+    batch_size: int = 16,
     steps: list[int] | None = None,
     dtype: str = "float64",
 ) -> list[dict[str, Any]]:
@@ -149,7 +150,12 @@ def discretize(
     mode = "sentences" if config.data.batching == "sentences" else "stream"
     window = min(config.data.eval_window, model.max_positions - 1)
     batches = evaluation_batches(
-        data, "test", mode=mode, window=window, padding_side=config.data.padding_side
+        data,
+        "test",
+        mode=mode,
+        window=window,
+        batch_size=batch_size,
+        padding_side=config.data.padding_side,
     )[:max_batches]
     trained = model.integration
     model.set_integration(REFERENCE)
@@ -226,7 +232,13 @@ def plot_pareto(rows: list[dict[str, Any]], path: Path, title: str) -> None:
 def cmd_discretize(args: argparse.Namespace) -> int:
     if args.num_threads:
         torch.set_num_threads(args.num_threads)
-    rows = discretize(args.run, max_batches=args.max_batches, steps=args.steps, dtype=args.dtype)
+    rows = discretize(
+        args.run,
+        max_batches=args.max_batches,
+        batch_size=args.batch_size,
+        steps=args.steps,
+        dtype=args.dtype,
+    )
     out = Path(args.out or Path(args.run) / "discretize")
     out.mkdir(parents=True, exist_ok=True)
     table = write_table(rows, out / "discretize.md")
@@ -246,6 +258,7 @@ def register_discretize(commands: Any) -> None:
     parser.add_argument("run", help="a run directory of a node-transformer or ODE Transformer")
     parser.add_argument("--json", action="store_true", help="one JSON object per line")
     parser.add_argument("--max-batches", type=int, default=4, help="test batches to evaluate")
+    parser.add_argument("--batch-size", type=int, default=16, help="sequences per test batch")
     parser.add_argument("--steps", type=int, nargs="+", help="fixed-grid step counts (1 2 4 8)")
     parser.add_argument("--dtype", default="float64", choices=["float32", "float64"])
     parser.add_argument("--out", help="folder for discretize.md/.png (RUN_DIR/discretize)")

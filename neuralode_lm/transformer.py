@@ -396,12 +396,17 @@ class NODETransformerLM(nn.Module):
         """Logits ``[B, V]`` at the last position (a cache needs a fixed grid)."""
         return self(tokens, cache)[0][:, -1]
 
+    @property
+    def init_cache(self) -> type[KVCache] | None:
+        """On a fixed grid, the factory of an empty cache (one key/value leaf per block,
+        step and stage), which the shared decoding in :mod:`ode_transformer.generation`
+        feeds incrementally; None for adaptive solves, whose steps depend on the whole
+        prefix, so decoding recomputes it at every token."""
+        return KVCache if isinstance(self.integration, FixedGrid) else None
+
     @torch.no_grad()
     def generate(self, tokens: torch.Tensor, max_new_tokens: int, **options: Any) -> torch.Tensor:
-        """Continue ``tokens`` with :func:`ode_transformer.generation.generate`: a fixed grid
-        keeps a key/value cache per (block, step, stage); an adaptive solve recomputes the
-        whole prefix at every token (its steps depend on the whole prefix)."""
-        options.setdefault("use_cache", isinstance(self.integration, FixedGrid))
+        """Continue ``tokens`` with :func:`ode_transformer.generation.generate`."""
         return generation.generate(self, tokens, max_new_tokens, **options)
 
     # -------------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ import torch
 from neuralode_lm import MaxStepsExceeded, build_model
 from neuralode_lm.transformer import FixedGrid, NODETransformerLM
 from ode_transformer import KVCache, ODETransformerConfig, ODETransformerLM
+from ode_transformer.generation import StepFunction
 
 VOCAB = 23
 TINY = {"d_model": 16, "n_heads": 2, "d_ff": 32, "max_positions": 32, "dropout": 0.0}
@@ -140,6 +141,7 @@ def test_generation_cached_on_a_grid_equals_recomputation_and_adaptive_recompute
     )
     adaptive = tiny(solver={"method": "dopri5", "rtol": 1e-4})
     adaptive.load_state_dict(grid.state_dict())
+    assert StepFunction(grid).cached and not StepFunction(adaptive).cached
     out = adaptive.generate(prompt, 4)
     assert out.shape == (2, 7) and torch.equal(out[:, :3], prompt)
 
