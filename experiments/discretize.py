@@ -259,8 +259,12 @@ def register_discretize(commands: Any) -> None:
     parser.add_argument("--json", action="store_true", help="one JSON object per line")
     parser.add_argument("--max-batches", type=int, default=4, help="test batches to evaluate")
     parser.add_argument("--batch-size", type=int, default=16, help="sequences per test batch")
-    parser.add_argument("--steps", type=int, nargs="+", help="fixed-grid step counts (1 2 4 8)")
-    parser.add_argument("--dtype", default="float64", choices=["float32", "float64"])
-    parser.add_argument("--out", help="folder for discretize.md/.png (RUN_DIR/discretize)")
-    parser.add_argument("--num-threads", type=int, help="torch CPU threads")
+    parser.add_argument(
+        "--steps", type=int, nargs="+", help="fixed-grid step counts (default: 1 2 4 8)"
+    )
+    parser.add_argument(
+        "--dtype", default="float64", choices=["float32", "float64"], help="evaluation precision"
+    )
+    parser.add_argument("--out", help="folder for discretize.md/.png (default: RUN_DIR/discretize)")
+    parser.add_argument("--num-threads", type=int, help="torch CPU threads (default: torch's)")
     parser.set_defaults(func=cmd_discretize)

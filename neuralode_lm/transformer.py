@@ -32,6 +32,7 @@ from ode_transformer.backbone import check_tokens, init_weights
 from ode_transformer.layers import AttentionContext, KVCache, PreNormAttentionFFN
 from ode_transformer.tableau import TABLEAUX, Tableau
 
+from .errors import ModelConfigError
 from .heads import RegularizedField
 from .solvers import FIXED_METHODS, SolverConfig, SolverStats, solve
 
@@ -92,7 +93,7 @@ class DepthField(nn.Module):
     ) -> None:
         super().__init__()
         if time_conditioning not in TIME_CONDITIONINGS:
-            raise ValueError(
+            raise ModelConfigError(
                 f"unknown time_conditioning {time_conditioning!r}; valid: "
                 f"{', '.join(TIME_CONDITIONINGS)}"
             )
@@ -122,11 +123,11 @@ class FixedGrid:
 
     def __post_init__(self) -> None:
         if self.method not in GRID_TABLEAUX:
-            raise ValueError(
+            raise ModelConfigError(
                 f"unknown fixed-grid method {self.method!r}; valid: {', '.join(GRID_TABLEAUX)}"
             )
         if not isinstance(self.steps, int) or isinstance(self.steps, bool) or self.steps < 1:
-            raise ValueError(f"steps must be a positive integer, got {self.steps!r}")
+            raise ModelConfigError(f"steps must be a positive integer, got {self.steps!r}")
 
     @property
     def nfe(self) -> int:
@@ -186,21 +187,23 @@ def _integration(
     if method in GRID_TABLEAUX:
         extra = sorted(set(options or {}) - {"method"})
         if options is None or extra:
-            raise ValueError(
+            raise ModelConfigError(
                 f"the fixed-grid method {method!r} is integrated by the model itself and takes "
                 f"only `steps` (per block over [0, S]); drop solver options {extra}"
             )
         return FixedGrid(method, 1 if steps is None else steps)
     if steps is not None:
-        raise ValueError(
+        raise ModelConfigError(
             f"steps applies to fixed-grid methods ({', '.join(GRID_TABLEAUX)}), not to the "
             f"adaptive {method!r}; set solver.rtol/atol instead"
         )
     config = SolverConfig.coerce(options if options is not None else solver)
     if config.method in FIXED_METHODS:
-        raise ValueError(f"fixed-grid methods are run by the model: solver: {{method: {method}}}")
+        raise ModelConfigError(
+            f"fixed-grid methods are run by the model: solver: {{method: {method}}}"
+        )
     if config.backend == "torchode":
-        raise ValueError(
+        raise ModelConfigError(
             "the depth field mixes positions through attention, but torchode controls each "
             "row's step separately; use backend torchdiffeq or torchdyn"
         )
@@ -244,13 +247,13 @@ class NODETransformerLM(nn.Module):
         super().__init__()
         for name, value in (("vocab_size", vocab_size), ("n_blocks", n_blocks)):
             if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+                raise ModelConfigError(f"{name} must be a positive integer, got {value!r}")
         if not integration_time > 0:
-            raise ValueError(f"integration_time S must be positive, got {integration_time!r}")
+            raise ModelConfigError(f"integration_time S must be positive, got {integration_time!r}")
         if kinetic_weight < 0 or jacobian_weight < 0:
-            raise ValueError("kinetic_weight and jacobian_weight must be >= 0")
+            raise ModelConfigError("kinetic_weight and jacobian_weight must be >= 0")
         if causal_mode not in CAUSAL_MODES:
-            raise ValueError(
+            raise ModelConfigError(
                 f"unknown causal_mode {causal_mode!r}; valid: {', '.join(CAUSAL_MODES)}"
             )
         self.vocab_size, self.max_positions = vocab_size, max_positions
@@ -320,7 +323,7 @@ class NODETransformerLM(nn.Module):
             final = self.integration.integrate(target, x0, self.integration_time, cache)
         else:
             if cache is not None:
-                raise ValueError(
+                raise ModelConfigError(
                     "a key/value cache needs a fixed grid (its stages sit at fixed depths); "
                     "adaptive solves generate by recomputing the prefix"
                 )
@@ -420,7 +423,7 @@ class NODETransformerLM(nn.Module):
         :meth:`set_integration`."""
         config = lm.config
         if config.stack != "plain" or config.sublayer != "both":
-            raise ValueError(
+            raise ModelConfigError(
                 "only plain stacks with sublayer='both' have one field per block; got "
                 f"stack={config.stack!r}, sublayer={config.sublayer!r}"
             )
