@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import textwrap
 import time
 from pathlib import Path
 from typing import Any
@@ -222,7 +223,7 @@ def plot_pareto(rows: list[dict[str, Any]], path: Path, title: str) -> None:
     axes.set_xscale("log")
     axes.set_xlabel("NFE per forward pass (evaluations of F, all blocks)")
     axes.set_ylabel("test perplexity")
-    axes.set_title(title, fontsize=9)
+    axes.set_title("\n".join(textwrap.wrap(title, 80)), fontsize=8)
     axes.legend(fontsize=8)
     figure.tight_layout()
     figure.savefig(path, dpi=120)
@@ -242,7 +243,7 @@ def cmd_discretize(args: argparse.Namespace) -> int:
     out = Path(args.out or Path(args.run) / "discretize")
     out.mkdir(parents=True, exist_ok=True)
     table = write_table(rows, out / "discretize.md")
-    plot_pareto(rows, out / "discretize.png", f"{Path(args.run).name}: {rows[0]['protocol']}")
+    plot_pareto(rows, out / "discretize.png", f"{Path(args.run).name}\n{rows[0]['protocol']}")
     if args.json:
         for row in rows:
             print(json.dumps(row))
