@@ -31,8 +31,9 @@ import torch
 from experiments.data.batching import lm_nll
 from experiments.evaluate import evaluation_batches
 from experiments.flops import forward_flops_per_token
+from neuralode_lm.depth_field import FixedGrid
 from neuralode_lm.solvers import solve
-from neuralode_lm.transformer import FixedGrid, NODETransformerLM
+from neuralode_lm.transformer import NODETransformerLM
 from odelm.errors import OdelmError
 
 GRID_METHODS = ("euler", "midpoint", "rk3", "rk4")

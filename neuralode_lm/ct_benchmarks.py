@@ -25,8 +25,9 @@ from typing import Any
 
 import torch
 
+from .depth_field import DepthField, FixedGrid
 from .solvers import solve
-from .transformer import DepthField, FixedGrid, NODETransformerLM
+from .transformer import NODETransformerLM
 
 __all__ = ["ct_adjoint_memory", "ct_step_overhead"]
 

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from neuralode_lm import MaxStepsExceeded, build_model
-from neuralode_lm.transformer import FixedGrid, NODETransformerLM
+from neuralode_lm.depth_field import FixedGrid
+from neuralode_lm.transformer import NODETransformerLM
 from ode_transformer import KVCache, ODETransformerConfig, ODETransformerLM
 from ode_transformer.generation import StepFunction
 

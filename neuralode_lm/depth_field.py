@@ -1,0 +1,141 @@
+"""The depth vector field of the continuous-depth Transformer and its fixed-grid integrator.
+
+``DepthField`` is ``F_theta(s, y)``: the ODE Transformer's pre-norm attention + FFN function
+(:class:`ode_transformer.layers.PreNormAttentionFFN`, never including the residual),
+optionally conditioned on the depth ``s``. ``FixedGrid`` integrates it by an explicit
+Runge-Kutta tableau with equal steps, giving each (step, stage) its own key/value cache;
+its ``rk4`` is the classic RK4 of the ODE Transformer (torchdiffeq's ``rk4`` is the 3/8
+rule), so one step over one unit of depth is an ODE Transformer RK4 block.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from ode_transformer.layers import AttentionContext, KVCache, PreNormAttentionFFN
+from ode_transformer.tableau import TABLEAUX, Tableau
+
+from .errors import ModelConfigError
+
+__all__ = ["GRID_TABLEAUX", "TIME_CONDITIONINGS", "DepthField", "FixedGrid"]
+
+TIME_CONDITIONINGS = ("none", "concat", "film")
+GRID_TABLEAUX: dict[str, Tableau] = {
+    "euler": TABLEAUX["euler"],
+    "midpoint": Tableau(A=((0.0, 0.0), (0.5, 0.0)), b=(0.0, 1.0), name="midpoint"),
+    "rk2": TABLEAUX["rk2"],
+    "rk3": TABLEAUX["rk3"],
+    "rk4": TABLEAUX["rk4"],
+}
+"""Fixed-grid methods the model integrates itself, by name."""
+
+
+class _TimedNorm(nn.Module):
+    """A LayerNorm whose output is conditioned on the depth ``s`` set by the field.
+
+    ``concat``: ``LN(y) + s u`` (the time as an extra input channel of the sub-layer's first
+    linear maps, which is what concatenating ``s`` amounts to); ``film``:
+    ``LN(y) (1 + g(s)) + h(s)`` with ``[g, h]`` linear in ``s``. Both start at zero, so an
+    untrained conditioned field equals the autonomous one.
+    """
+
+    def __init__(self, norm: nn.LayerNorm, mode: str) -> None:
+        super().__init__()
+        self.norm, self.mode = norm, mode
+        width = norm.normalized_shape[0]
+        self.time = nn.Linear(1, width if mode == "concat" else 2 * width)
+        nn.init.zeros_(self.time.weight)
+        nn.init.zeros_(self.time.bias)
+        self.s: torch.Tensor | None = None
+
+    def forward(self, y: torch.Tensor) -> torch.Tensor:
+        x = self.norm(y)
+        code = self.time(self.s.reshape(1).to(x.dtype))
+        if self.mode == "concat":
+            return x + code
+        scale, shift = code.chunk(2, dim=-1)
+        return x * (1.0 + scale) + shift
+
+
+class DepthField(nn.Module):
+    """``F_theta(s, y)``: the ODE Transformer's ``PreNormAttentionFFN`` (attention then FFN as
+    one function, never including the residual), optionally conditioned on ``s``."""
+
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        d_ff: int,
+        *,
+        dropout: float = 0.0,
+        time_conditioning: str = "none",
+        eps: float = 1e-5,
+    ) -> None:
+        super().__init__()
+        if time_conditioning not in TIME_CONDITIONINGS:
+            raise ModelConfigError(
+                f"unknown time_conditioning {time_conditioning!r}; valid: "
+                f"{', '.join(TIME_CONDITIONINGS)}"
+            )
+        self.layer = PreNormAttentionFFN(
+            d_model, n_heads, d_ff, dropout, dropout, dropout, causal=True, eps=eps
+        )
+        self.timed: list[_TimedNorm] = []
+        if time_conditioning != "none":
+            for sub in (self.layer.attention, self.layer.ffn):
+                sub.norm = _TimedNorm(sub.norm, time_conditioning)
+                self.timed.append(sub.norm)
+
+    def forward(
+        self, s: torch.Tensor | float, y: torch.Tensor, cache: KVCache | None = None
+    ) -> torch.Tensor:
+        for norm in self.timed:
+            norm.s = torch.as_tensor(s, dtype=y.dtype, device=y.device)
+        return self.layer(y) if cache is None else self.layer(y, AttentionContext(cache))
+
+
+@dataclass(frozen=True)
+class FixedGrid:
+    """``steps`` equal steps of a named tableau over ``[0, S]`` (``GRID_TABLEAUX``)."""
+
+    method: str = "rk4"
+    steps: int = 1
+
+    def __post_init__(self) -> None:
+        if self.method not in GRID_TABLEAUX:
+            raise ModelConfigError(
+                f"unknown fixed-grid method {self.method!r}; valid: {', '.join(GRID_TABLEAUX)}"
+            )
+        if not isinstance(self.steps, int) or isinstance(self.steps, bool) or self.steps < 1:
+            raise ModelConfigError(f"steps must be a positive integer, got {self.steps!r}")
+
+    @property
+    def nfe(self) -> int:
+        return self.steps * GRID_TABLEAUX[self.method].stages
+
+    def integrate(
+        self, field: nn.Module, y: torch.Tensor, length: float, cache: KVCache | None = None
+    ) -> torch.Tensor:
+        """``y(S)`` by ``steps`` explicit RK steps; stage ``i`` of step ``n`` attends with
+        ``cache.child((n, i))``. Each step is an ODE Transformer ``RKBlock`` of step size
+        ``h`` (the block's increment scaled by ``h``, stage times ``s_n + c_i h``)."""
+        tableau, h = GRID_TABLEAUX[self.method], length / self.steps
+        for n in range(self.steps):
+            stage_times = [(n + c) * h for c in tableau.c]
+            values: list[torch.Tensor] = []
+            for i, row in enumerate(tableau.A):
+                y_i = y
+                for a, value in zip(row[:i], values):
+                    if a != 0.0:
+                        y_i = y_i + (a * h) * value
+                if cache is None:
+                    values.append(field(stage_times[i], y_i))
+                else:
+                    values.append(field(stage_times[i], y_i, cache.child((n, i))))
+            for b, value in zip(tableau.b, values):
+                if b != 0.0:
+                    y = y + (b * h) * value
+        return y
