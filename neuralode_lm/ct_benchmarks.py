@@ -80,7 +80,7 @@ def ct_step_overhead() -> list[dict[str, Any]]:
     dopri5's. dopri5's own bookkeeping (stage sums, error norm, dense-output fit) is
     elementwise work per step, so it weighs less as the field gets wider.
     """
-    repeats = 5
+    repeats = 7
     widths = {"paper width d512": (512, 8, 2048), "cpu width d128": (128, 4, 512)}
     measured = {name: _per_eval_times(*sizes, repeats) for name, sizes in widths.items()}
     for name, m in measured.items():
