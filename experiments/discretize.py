@@ -133,9 +133,10 @@ def discretize(
     dtype: str = "float64",
 ) -> list[dict[str, Any]]:
     """The rows of the discretisation table for a finished run."""
-    from experiments.train import load_run
+    from experiments.trained import load_run
 
-    lm, data, config = load_run(run_dir)
+    run = load_run(run_dir)
+    lm, data, config = run.model, run.data(), run.config
     lm = lm.to(getattr(torch, dtype)).eval()
     if isinstance(lm, NODETransformerLM):
         model, discrete = lm, None
