@@ -29,6 +29,7 @@ from torch import nn
 from ode_transformer import generation
 from ode_transformer.backbone import check_tokens, init_weights
 from ode_transformer.layers import KVCache
+from odelm.pretrained import PretrainedMixin
 
 from .depth_field import GRID_TABLEAUX, DepthField, FixedGrid
 from .errors import ModelConfigError
@@ -92,7 +93,7 @@ def _integration(
     return config
 
 
-class NODETransformerLM(nn.Module):
+class NODETransformerLM(PretrainedMixin, nn.Module):
     """Causal LM whose depth is ``n_blocks`` ODEs ``dy/ds = F_k(s, y)``, ``s in [0, S]``.
 
     ``solver``: a facade config or dict for adaptive solves (e.g. ``{"method": "dopri5",
