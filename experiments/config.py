@@ -163,13 +163,52 @@ def _type_name(annotation: Any) -> str:
     return getattr(annotation, "__name__", None) or str(annotation).replace("typing.", "")
 
 
+# pytorch/examples word_language_model: plain SGD at a high rate, gradient norm clipped at
+# 0.25, the rate divided by 4 whenever validation does not improve; recurrent models carry
+# their state across consecutive windows of contiguous streams.
+_WORD_LM_SGD = {
+    "optimizer": "sgd",
+    "momentum": 0.0,
+    "weight_decay": 0.0,
+    "grad_clip": 0.25,
+    "schedule": "plateau",
+    "anneal_factor": 4.0,
+    "anneal_patience": 1,
+}
+RECIPES: dict[str, dict[str, Any]] = {
+    "lstm-sgd": {"optim": {**_WORD_LM_SGD, "lr": 20.0}, "data": {"stateful": True}},
+    "transformer-sgd": {"optim": {**_WORD_LM_SGD, "lr": 5.0}, "data": {"stateful": False}},
+    # the library's Adam recipe (the quick grid's): inverse square-root decay after warmup
+    "adam": {
+        "optim": {
+            "optimizer": "adam",
+            "lr": 1e-3,
+            "betas": [0.9, 0.997],
+            "weight_decay": 0.0,
+            "schedule": "inverse_sqrt",
+            "warmup_steps": 100,
+            "grad_clip": 1.0,
+        },
+        "data": {"stateful": False},
+    },
+}
+
+
+def with_recipe(values: dict[str, Any]) -> dict[str, Any]:
+    """Config values with their named recipe merged underneath (the values win)."""
+    name = values.get("recipe")
+    if name is None:
+        return values
+    if name not in RECIPES:
+        raise ConfigError(f"recipe = {name!r} is not one of {', '.join(RECIPES)}")
+    return merge(RECIPES[name], values)
+
+
 def parse_config(values: dict[str, Any], *, where: str = "config") -> RunConfig:
     """Build a RunConfig from a plain dict, naming any unknown key or wrong type.
 
     A ``recipe`` lies underneath: the config's own settings win over the recipe's.
     """
-    from experiments.recipes import with_recipe
-
     config = _build(RunConfig, with_recipe(values), where)
     _check_values(config)
     return config

@@ -1,4 +1,5 @@
-"""Training recipes: named presets, the optimizers, plateau annealing and epoch budgets.
+"""Training recipes: the optimizers, plateau annealing and epoch budgets (the named presets,
+``RECIPES``, are configuration data and live in ``experiments.config``).
 
 A run config, a grid's ``shared`` section or one grid run says ``recipe: NAME``; the
 recipe's settings lie underneath the config, so whatever the config sets explicitly wins.
@@ -16,47 +17,7 @@ from typing import Any
 
 import torch
 
-from experiments.config import ConfigError, OptimConfig, RunConfig, TrainerConfig, merge
-
-# pytorch/examples word_language_model: plain SGD at a high rate, gradient norm clipped at
-# 0.25, the rate divided by 4 whenever validation does not improve; recurrent models carry
-# their state across consecutive windows of contiguous streams.
-_WORD_LM_SGD = {
-    "optimizer": "sgd",
-    "momentum": 0.0,
-    "weight_decay": 0.0,
-    "grad_clip": 0.25,
-    "schedule": "plateau",
-    "anneal_factor": 4.0,
-    "anneal_patience": 1,
-}
-RECIPES: dict[str, dict[str, Any]] = {
-    "lstm-sgd": {"optim": {**_WORD_LM_SGD, "lr": 20.0}, "data": {"stateful": True}},
-    "transformer-sgd": {"optim": {**_WORD_LM_SGD, "lr": 5.0}, "data": {"stateful": False}},
-    # the library's Adam recipe (the quick grid's): inverse square-root decay after warmup
-    "adam": {
-        "optim": {
-            "optimizer": "adam",
-            "lr": 1e-3,
-            "betas": [0.9, 0.997],
-            "weight_decay": 0.0,
-            "schedule": "inverse_sqrt",
-            "warmup_steps": 100,
-            "grad_clip": 1.0,
-        },
-        "data": {"stateful": False},
-    },
-}
-
-
-def with_recipe(values: dict[str, Any]) -> dict[str, Any]:
-    """Config values with their named recipe merged underneath (the values win)."""
-    name = values.get("recipe")
-    if name is None:
-        return values
-    if name not in RECIPES:
-        raise ConfigError(f"recipe = {name!r} is not one of {', '.join(RECIPES)}")
-    return merge(RECIPES[name], values)
+from experiments.config import OptimConfig, RunConfig, TrainerConfig
 
 
 def training_budget(trainer: TrainerConfig, batches_per_epoch: int) -> tuple[int, int]:

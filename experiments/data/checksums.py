@@ -18,7 +18,7 @@ import pooch
 from odelm.errors import OdelmError
 
 if TYPE_CHECKING:
-    from experiments.data.corpora import CorpusSpec
+    from experiments.data.registry import CorpusSpec
 
 MANIFEST = ".verified.json"
 

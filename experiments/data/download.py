@@ -39,7 +39,7 @@ from experiments.data.checksums import (
     verify_file,
     write_manifest,
 )
-from experiments.data.corpora import SPLITS, CorpusSpec, corpus_spec
+from experiments.data.registry import SPLITS, CorpusSpec, corpus_spec
 from odelm import __version__
 from odelm.errors import OdelmError
 
