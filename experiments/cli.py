@@ -141,6 +141,16 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 1 if failed and args.strict else 0
 
 
+def cmd_models(args: argparse.Namespace) -> int:
+    from experiments.models import model_keys, model_keys_markdown
+
+    if args.json:
+        print(json.dumps(model_keys(), default=str))
+    else:
+        print(model_keys_markdown(), end="")
+    return 0
+
+
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     """Appends each option's default to its help line; an option whose default is None
     says in its help what happens without it (e.g. "default: the config's")."""
@@ -218,6 +228,10 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--strict", action="store_true", help="exit 1 when a target is missed")
     bench.set_defaults(func=cmd_bench)
 
+    models = commands.add_parser("models", help="every model: key of each family, with defaults")
+    models.add_argument("--json", action="store_true", help="one JSON object instead of a table")
+    models.set_defaults(func=cmd_models)
+
     for register in REGISTRARS:
         register(commands)
     return parser
@@ -227,7 +241,10 @@ def main(argv: list[str] | None = None) -> int:
     """Run one subcommand. A user error (:class:`OdelmError`) prints one line and returns 2;
     ``--debug`` shows its traceback. Anything else is a bug and keeps its traceback."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    # train and compare hand their options to jsonargparse (--section.key for every key)
+    args, args.options = parser.parse_known_args(argv)
+    if args.options and not getattr(args, "options_parser", False):
+        parser.error(f"unrecognized arguments: {' '.join(args.options)}")
     try:
         return args.func(args)
     except OdelmError as error:

@@ -5,33 +5,77 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+from pathlib import Path
 from typing import Any
 
 import torch
+import yaml
 
-from experiments.data.corpora import CORPUS_NAMES, PROTOCOLS
+from experiments.config_checks import ConfigError, config_error, key_type
+from experiments.data.corpora import CORPUS_NAMES
 from experiments.discretize import register_discretize
 
+# Short flags kept beside the dotted options they stand for (``--max-steps`` is
+# ``--trainer.max_steps``): the settings a user changes most from the shell.
+ALIASES = {
+    "--max-steps": "trainer.max_steps",
+    "--max-time-s": "trainer.max_time_s",
+    "--num-threads": "trainer.num_threads",
+    "--data-dir": "data.data_dir",
+    "--protocol": "data.protocol",
+}
+COMMAND_KEYS = ("config", "overwrite", "quiet", "verbose", "print_config")
 
-def _overrides(args: argparse.Namespace) -> dict[str, Any]:
-    """Command-line settings that override a config (only those given)."""
-    values: dict[str, Any] = {}
-    if getattr(args, "data_dir", None):
-        values.setdefault("data", {})["data_dir"] = args.data_dir
-    if getattr(args, "protocol", None):
-        values.setdefault("data", {})["protocol"] = args.protocol
-    if getattr(args, "download", False):
-        values.setdefault("data", {})["download"] = True
-    trainer_keys = ("max_steps", "max_time_s", "devices", "num_nodes", "strategy", "accelerator")
-    for key in (*trainer_keys, "num_threads"):
-        value = getattr(args, key, None)
-        if value is not None:
-            values.setdefault("trainer", {})[key] = value
-    if getattr(args, "seed", None) is not None:
-        values["seed"] = args.seed
-    if getattr(args, "out_dir", None):
-        values["out_dir"] = args.out_dir
-    return values
+
+def options_parser(prog: str, description: str) -> Any:
+    """A jsonargparse parser for a subcommand that takes run-config options."""
+    from jsonargparse import ArgumentParser
+
+    description += (
+        " Defaults shown are the schema's: the config file's values replace them, and options "
+        "given here replace both."
+    )
+    return ArgumentParser(
+        prog=prog, description=description, exit_on_error=False, print_config=None
+    )
+
+
+def add_run_options(parser: Any, skip: set[str] | None = None) -> None:
+    """One typed, documented option per run-config key (``--optim.lr 3e-4``,
+    ``--trainer.max_steps 200``, ``--model.d_model 128``), the short aliases and
+    ``--print_config``."""
+    from experiments.config import RunConfig, add_run_arguments
+
+    parser.add_argument(
+        "--print_config", action="store_true", help="print the resolved config as YAML and exit"
+    )
+    for flag, key in ALIASES.items():
+        parser.add_argument(flag, dest=key, type=key_type(RunConfig, key), help=f"same as --{key}")
+    parser.add_argument(
+        "--download", dest="data.download", action="store_true", help="same as --data.download true"
+    )
+    add_run_arguments(parser, skip)
+
+
+def given_options(parser: Any, argv: list[str]) -> dict[str, Any]:
+    """The options given on the command line (defaults left out), as a nested mapping."""
+    from experiments.config import RunConfig
+
+    try:
+        return parser.parse_args(argv, defaults=False).as_dict()
+    except argparse.ArgumentError as error:
+        unknown = str(error).removeprefix("unrecognized arguments: ")
+        if unknown != str(error):
+            raise ConfigError(
+                f"unknown option {unknown.split()[0]}; {parser.prog} --help lists the options "
+                "(config keys as --section.key)"
+            ) from None
+        missing = str(error).removeprefix("the following arguments are required: ")
+        if missing != str(error):
+            raise ConfigError(
+                f"{parser.prog} needs --{missing}; see {parser.prog} --help"
+            ) from None
+        raise config_error(error, lambda key: f"--{key}", {}, RunConfig) from None
 
 
 def quiet_lightning() -> None:
@@ -44,13 +88,34 @@ def cmd_train(args: argparse.Namespace) -> int:
     from experiments.config import load_config
     from experiments.train import train
 
-    config = load_config(args.config, _overrides(args))
-    if not args.verbose:
+    parser = options_parser(
+        "odelm train",
+        "Train one model from a YAML run config; any config key may be overridden on the "
+        "command line as --section.key VALUE (e.g. --optim.lr 1e-3 --trainer.max_steps 20).",
+    )
+    parser.add_argument("--config", required=True, help="the run's YAML config file")
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="discard an existing run of this name (made with another config) and train afresh",
+    )
+    parser.add_argument("--quiet", action="store_true", help="no progress bar or Lightning chatter")
+    parser.add_argument(
+        "--verbose", action="store_true", help="show Lightning's hardware lines and tips"
+    )
+    add_run_options(parser)
+    given = given_options(parser, args.options)
+    command = {key: given.pop(key, None) for key in COMMAND_KEYS}
+    config = load_config(command["config"], given)
+    if command["print_config"]:
+        print(yaml.safe_dump(config.to_dict(), sort_keys=False, default_flow_style=None), end="")
+        return 0
+    if not command["verbose"]:
         quiet_lightning()
-    if args.quiet:
+    if command["quiet"]:
         logging.getLogger("pytorch_lightning").setLevel(logging.ERROR)
         config.trainer.progress_bar = False
-    result = train(config, overwrite=args.overwrite)
+    result = train(config, overwrite=bool(command["overwrite"]))
     if result:
         print(json.dumps(result))
         print(f"wrote {config.run_dir}")
@@ -110,78 +175,56 @@ def positive_int(text: str) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from experiments.compare import grid_path, run_grid
-    from experiments.config import ConfigError
+    from experiments.compare import expand_grid, grid_path, run_grid
+    from experiments.config import load_yaml, parse_config
 
-    if bool(args.grid) == bool(args.preset):
+    parser = options_parser(
+        "odelm compare",
+        "Train a grid of models on identical data, seeds and budget, then write tables and "
+        "plots. Any shared config key may be overridden for every run as --section.key VALUE "
+        "(e.g. --trainer.max_steps 200 --optim.lr 3e-4).",
+    )
+    parser.add_argument("--grid", help="grid YAML file (give this or --preset)")
+    parser.add_argument(
+        "--preset", help="a grid shipped in experiments/configs/grids (give this or --grid)"
+    )
+    parser.add_argument("--out", help="output directory, resumable (needed unless --print_config)")
+    parser.add_argument(
+        "--corpus", dest="data.corpus", choices=CORPUS_NAMES, help="same as --data.corpus"
+    )
+    parser.add_argument(
+        "--seeds",
+        type=int,
+        help="train every model with N seeds: S..S+N-1, S being --seed, else the grid's "
+        "first seed (null: the grid's seeds; results.md: mean ± sd, paired 95% intervals)",
+    )
+    add_run_options(parser, skip={"name", "out_dir"})
+    shared = given_options(parser, args.options)
+    grid, preset, out = (shared.pop(key, None) for key in ("grid", "preset", "out"))
+    num_seeds, print_config = shared.pop("seeds", None), shared.pop("print_config", False)
+    if bool(grid) == bool(preset):
         raise ConfigError("give exactly one of --grid FILE or --preset NAME")
-    grid = args.grid or grid_path(args.preset)
-    shared = _overrides(args)
-    shared.pop("out_dir", None)
-    if args.data_dir and not args.corpus:
-        shared["data"].setdefault("corpus", "ptb")
-        shared["data"].setdefault("protocol", "mini")
-    if args.corpus:
-        shared.setdefault("data", {})["corpus"] = args.corpus
-    results = run_grid(grid, args.out, shared, num_seeds=args.seeds)
-    print(f"[compare] {len(results)} runs; tables and plots in {args.out}")
-    print((__import__("pathlib").Path(args.out) / "results.md").read_text())
+    grid = grid or grid_path(preset)
+    if print_config:
+        plans = expand_grid(load_yaml(grid), Path(out or "OUT"), shared, num_seeds)
+        configs = [parse_config(plan.values).to_dict() for plan in plans]
+        print(yaml.safe_dump_all(configs, sort_keys=False, default_flow_style=None), end="")
+        return 0
+    if not out:
+        raise ConfigError("odelm compare needs --out DIR (where runs, tables and plots go)")
+    results = run_grid(grid, out, shared, num_seeds=num_seeds)
+    print(f"[compare] {len(results)} runs; tables and plots in {out}")
+    print((Path(out) / "results.md").read_text())
     return 0
 
 
-def _add_training_overrides(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--data-dir", help="folder holding the corpus (default: the config's, $ODELM_DATA_DIR)"
-    )
-    parser.add_argument(
-        "--protocol",
-        choices=PROTOCOLS,
-        help="full: train/valid/test; mini: train on the valid split (default: the config's)",
-    )
-    parser.add_argument(
-        "--download", action="store_true", help="fetch the PTB/WikiText-2 files a run needs"
-    )
-    parser.add_argument(
-        "--max-steps", type=int, help="optimizer steps per run (default: the config's)"
-    )
-    parser.add_argument(
-        "--max-time-s",
-        type=float,
-        help="wall-clock training budget per run, seconds (default: the config's)",
-    )
-    parser.add_argument("--seed", type=int, help="seed of the run (default: the config's)")
-    parser.add_argument(
-        "--accelerator", help="Lightning accelerator: cpu, gpu, auto (default: the config's)"
-    )
-    parser.add_argument(
-        "--devices",
-        type=lambda v: v if v == "auto" else int(v),
-        help="Lightning devices: a count or auto (default: the config's)",
-    )
-    parser.add_argument("--num-nodes", type=int, help="Lightning nodes (default: the config's)")
-    parser.add_argument("--strategy", help="Lightning strategy, e.g. ddp (default: the config's)")
-    parser.add_argument(
-        "--num-threads",
-        type=int,
-        help="torch CPU threads per run (default: the config's, else torch's choice)",
-    )
-
-
 def register_train(commands: Any) -> None:
-    parser = commands.add_parser("train", help="train one model from a YAML config")
-    parser.add_argument("--config", required=True, help="the run's YAML config file")
-    parser.add_argument("--out-dir", help="runs go to OUT_DIR/NAME (default: the config's)")
-    parser.add_argument("--quiet", action="store_true", help="no progress bar or Lightning chatter")
-    parser.add_argument(
-        "--verbose", action="store_true", help="show Lightning's hardware lines and tips"
+    parser = commands.add_parser(
+        "train",
+        help="train one model from a YAML config (--config, --section.key overrides)",
+        add_help=False,
     )
-    parser.add_argument(
-        "--overwrite",
-        action="store_true",
-        help="discard an existing run of this name (made with another config) and train afresh",
-    )
-    _add_training_overrides(parser)
-    parser.set_defaults(func=cmd_train)
+    parser.set_defaults(func=cmd_train, options_parser=True)
 
 
 def register_eval(commands: Any) -> None:
@@ -259,25 +302,12 @@ def register_generate(commands: Any) -> None:
 
 
 def register_compare(commands: Any) -> None:
-    parser = commands.add_parser("compare", help="train a grid of models side by side")
-    parser.add_argument("--grid", help="grid YAML file (no default: give this or --preset)")
-    parser.add_argument(
-        "--preset",
-        help="a grid shipped in experiments/configs/grids (no default: give this or --grid)",
+    parser = commands.add_parser(
+        "compare",
+        help="train a grid of models side by side (--grid or --preset, --out)",
+        add_help=False,
     )
-    parser.add_argument("--out", required=True, help="output directory (resumable)")
-    parser.add_argument(
-        "--corpus", choices=CORPUS_NAMES, help="corpus of every run (default: the grid's)"
-    )
-    parser.add_argument(
-        "--seeds",
-        type=positive_int,
-        metavar="N",
-        help="train every model with N seeds: S..S+N-1, S being --seed, else the grid's "
-        "first seed (default: the grid's seeds; results.md: mean ± sd, paired 95%% intervals)",
-    )
-    _add_training_overrides(parser)
-    parser.set_defaults(func=cmd_compare)
+    parser.set_defaults(func=cmd_compare, options_parser=True)
 
 
 REGISTRARS = [

@@ -1,59 +1,95 @@
-"""Run configuration: typed sections read from YAML, with unknown keys and wrong types named.
+"""Run configuration: typed sections, parsed by jsonargparse, with unknown keys and wrong
+types named in one line.
 
 A run config has five sections: ``data``, ``model`` (free-form: the model family's own
-keyword arguments), ``optim``, ``trainer`` and ``eval``, plus ``name``, ``seed`` and
-``out_dir``. ``model`` is passed to ``experiments.models.build_model``, which checks it.
+keyword arguments), ``optim``, ``trainer`` and ``eval``, plus ``name``, ``recipe``, ``seed``
+and ``out_dir``. ``model`` is passed to ``experiments.models.build_model``, which checks it.
+The dataclasses below are the schema: jsonargparse reads their types (``1e-3`` is a float)
+and their ``Attributes:`` docstrings (the help line of every ``--section.key`` option).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import types
+import functools
 import typing
+from argparse import ArgumentError
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
+from jsonargparse import ArgumentParser
 
-from odelm.errors import OdelmError
-
-
-class ConfigError(OdelmError, ValueError):
-    """A config has an unknown key, a wrong type or an invalid value."""
+from experiments.config_checks import ConfigError, check_values, config_error
 
 
 @dataclass
 class DataConfig:
+    """Data: which corpus, tokenized how, batched how.
+
+    Attributes:
+        corpus: the corpus: grammar (generated), ptb or wikitext2
+        data_dir: folder holding the corpus files (null: $ODELM_DATA_DIR, then the cache)
+        protocol: full (train/valid/test) or mini (train on 90% of valid; PTB-mini, WT2-mini)
+        download: fetch missing PTB / WikiText-2 files into the cache
+        verify_checksums: refuse a split file whose known checksum differs
+        tokenizer: word or bpe
+        bpe_vocab_size: vocabulary size of a trained BPE tokenizer
+        tokenizer_dir: a local GPT-2 tokenizer directory for bpe (null: train one)
+        batching: stream (BPTT windows over the token stream) or sentences (padded, masked)
+        batch_size: training rows per step (streams when stateful)
+        bptt: tokens per training window
+        padding_side: right or left padding of sentence batches
+        eval_window: tokens per evaluation window
+        eval_batch_size: evaluation rows (streams when stateful)
+        stateful: read the train split as batch_size contiguous streams in order, carrying
+            the model's state (detached) across windows; evaluation carries it over a split
+        seed: seed of the generated grammar corpus
+    """
+
     corpus: str = "grammar"
     data_dir: str | None = None
     protocol: str = "full"
-    download: bool = False  # fetch missing PTB / WikiText-2 files into the cache
-    verify_checksums: bool = True  # refuse a split file whose known checksum differs
-    tokenizer: str = "word"  # "word" or "bpe"
+    download: bool = False
+    verify_checksums: bool = True
+    tokenizer: str = "word"
     bpe_vocab_size: int = 4000
-    tokenizer_dir: str | None = None  # a local GPT-2 tokenizer directory for "bpe"
-    batching: str = "stream"  # "stream" (BPTT windows) or "sentences" (padded, masked)
+    tokenizer_dir: str | None = None
+    batching: str = "stream"
     batch_size: int = 16
     bptt: int = 35
     padding_side: str = "right"
     eval_window: int = 128
-    eval_batch_size: int = 16  # evaluation rows (streams when stateful)
-    # stateful: the train split as batch_size contiguous streams read in order, the model's
-    # state carried (detached) across windows; evaluation carries it over the whole split
+    eval_batch_size: int = 16
     stateful: bool = False
-    seed: int = 0  # seed of the generated grammar corpus
+    seed: int = 0
 
 
 @dataclass
 class OptimConfig:
-    optimizer: str = "adam"  # "adam", "adamw" or "sgd"
+    """Optimization: optimizer, learning-rate schedule, clipping.
+
+    Attributes:
+        optimizer: adam, adamw or sgd
+        lr: learning rate (peak rate after warmup)
+        betas: Adam's two betas
+        momentum: SGD momentum (sgd only)
+        weight_decay: L2 penalty (adam, sgd) or decoupled decay (adamw)
+        schedule: constant, inverse_sqrt (after a linear warmup) or plateau (the lr is
+            divided by anneal_factor after anneal_patience validations without a new best)
+        warmup_steps: steps of linear warmup
+        anneal_factor: plateau schedule: divide the lr by this
+        anneal_patience: plateau schedule: validations without a new best before dividing
+        grad_clip: clip the gradient norm at this (null: no clipping)
+        label_smoothing: label smoothing of the training loss
+    """
+
+    optimizer: str = "adam"
     lr: float = 1e-3
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
-    momentum: float = 0.0  # sgd only
+    momentum: float = 0.0
     weight_decay: float = 0.0
-    # "constant", "inverse_sqrt" (with linear warmup) or "plateau": the lr is divided by
-    # anneal_factor after anneal_patience validations in a row without a new best
     schedule: str = "constant"
     warmup_steps: int = 0
     anneal_factor: float = 4.0
@@ -64,14 +100,37 @@ class OptimConfig:
 
 @dataclass
 class TrainerConfig:
+    """Training loop: budget, validation, checkpoints, Lightning's hardware settings.
+
+    Attributes:
+        max_steps: optimizer steps (null: max_epochs decides; with both, the first reached)
+        max_epochs: passes over the train split (null: max_steps decides)
+        max_time_s: wall-clock budget in seconds (null: none)
+        val_every: validate every N steps, or epoch
+        val_batches: validation windows per validation (null: the whole split)
+        checkpoint_every: save a resumable checkpoint every N steps
+        early_stopping_patience: stop after N validations without a new best (null: never)
+        average_last: average the weights of the last N validation checkpoints (0: off)
+        log_every: log the training loss every N steps
+        accelerator: Lightning accelerator: cpu, gpu or auto
+        devices: Lightning devices: a count or auto
+        num_nodes: Lightning nodes
+        strategy: Lightning strategy, e.g. ddp
+        precision: Lightning precision, e.g. 32-true or bf16-mixed
+        deterministic: ask torch for deterministic algorithms
+        progress_bar: show Lightning's progress bar
+        logger: loggers: any of csv, tensorboard, wandb (offline)
+        num_threads: torch CPU threads (null: torch's default)
+    """
+
     max_steps: int | None = 1000
-    max_epochs: int | None = None  # passes over the train split; with max_steps, the first
+    max_epochs: int | None = None
     max_time_s: float | None = None
-    val_every: int | str = 100  # steps, or "epoch"
-    val_batches: int | None = None  # limit validation windows (None: the whole split)
+    val_every: int | str = 100
+    val_batches: int | None = None
     checkpoint_every: int = 100
     early_stopping_patience: int | None = None
-    average_last: int = 0  # average the weights of the last N validation checkpoints
+    average_last: int = 0
     log_every: int = 10
     accelerator: str = "cpu"
     devices: int | str = 1
@@ -80,22 +139,43 @@ class TrainerConfig:
     precision: str = "32-true"
     deterministic: bool = True
     progress_bar: bool = True
-    logger: list[str] = field(default_factory=lambda: ["csv", "tensorboard"])  # or wandb
-    num_threads: int | None = None  # CPU threads for torch (None: torch's default)
+    logger: list[str] = field(default_factory=lambda: ["csv", "tensorboard"])
+    num_threads: int | None = None
 
 
 @dataclass
 class EvalConfig:
-    bleu_sentences: int = 200  # teacher-forced BLEU over the first N test lines
-    continuation_sentences: int = 50  # continuation BLEU decodes, so it uses fewer
+    """Evaluation after training (also ``odelm eval``'s defaults).
+
+    Attributes:
+        bleu_sentences: teacher-forced BLEU over the first N test lines
+        continuation_sentences: continuation BLEU decodes, so it uses fewer lines
+        prompt_len: prompt tokens of continuation BLEU
+        decode: decoding of continuation BLEU: greedy or beam
+    """
+
+    bleu_sentences: int = 200
+    continuation_sentences: int = 50
     prompt_len: int = 3
     decode: str = "greedy"
 
 
 @dataclass
 class RunConfig:
+    """One training run.
+
+    Attributes:
+        name: the run's name; it is written to out_dir/name
+        recipe: a named recipe lying under this config: lstm-sgd, transformer-sgd or adam
+            (null: none; the config's own settings win over the recipe's)
+        seed: seed of initialization, batching and dropout
+        out_dir: folder of run directories
+        model: the model family's keyword arguments, e.g. {family: lstm, d_model: 128}
+            (README: each family's model keys); one key at a time: --model.d_model 128
+    """
+
     name: str = "run"
-    recipe: str | None = None  # a named recipe (experiments.recipes) under this config
+    recipe: str | None = None
     seed: int = 0
     out_dir: str = "runs"
     data: DataConfig = field(default_factory=DataConfig)
@@ -112,55 +192,25 @@ class RunConfig:
         return dataclasses.asdict(self)
 
 
-def _matches(value: Any, annotation: Any) -> bool:
-    """Whether ``value`` fits a (simple) type annotation."""
-    origin = typing.get_origin(annotation)
-    if origin in (typing.Union, types.UnionType):
-        return any(_matches(value, arg) for arg in typing.get_args(annotation))
-    if annotation is type(None):
-        return value is None
-    if annotation is Any:
-        return True
-    if origin is list:
-        (item,) = typing.get_args(annotation)
-        return isinstance(value, list) and all(_matches(v, item) for v in value)
-    if origin is dict:
-        return isinstance(value, dict)
-    if annotation is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    if annotation is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    return isinstance(value, annotation)
+SECTIONS = {
+    key: schema
+    for key, schema in typing.get_type_hints(RunConfig).items()
+    if dataclasses.is_dataclass(schema)
+}
+"""The config's sections that are dataclasses (``model`` is a free mapping)."""
 
 
-def _build(cls: type, values: dict[str, Any], where: str) -> Any:
-    if not isinstance(values, dict):
-        raise ConfigError(f"{where} must be a mapping, got {type(values).__name__}")
-    hints = typing.get_type_hints(cls)
-    known = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(values) - known)
-    if unknown:
-        raise ConfigError(
-            f"unknown key {where}.{unknown[0]}"
-            + (f" (and {unknown[1:]})" if unknown[1:] else "")
-            + f"; valid keys in {where}: {', '.join(sorted(known))}"
-        )
-    kwargs = {}
-    for key, value in values.items():
-        hint = hints[key]
-        if dataclasses.is_dataclass(hint):
-            kwargs[key] = _build(hint, value, f"{where}.{key}")
-            continue
-        if not _matches(value, hint):
-            raise ConfigError(
-                f"{where}.{key} must be {_type_name(hint)}, got {value!r} ({type(value).__name__})"
-            )
-        kwargs[key] = float(value) if hint is float else value
-    return cls(**kwargs)
+def add_run_arguments(parser: ArgumentParser, skip: set[str] | None = None) -> None:
+    """One option per config key (``--optim.lr``, ``--model.family``), typed and documented
+    by the dataclasses above; ``skip`` leaves out top-level keys (a grid sets ``name``)."""
+    parser.add_class_arguments(RunConfig, nested_key=None, skip=skip)
 
 
-def _type_name(annotation: Any) -> str:
-    return getattr(annotation, "__name__", None) or str(annotation).replace("typing.", "")
+@functools.cache
+def _parser() -> ArgumentParser:
+    parser = ArgumentParser(exit_on_error=False)
+    add_run_arguments(parser)
+    return parser
 
 
 # pytorch/examples word_language_model: plain SGD at a high rate, gradient norm clipped at
@@ -209,91 +259,19 @@ def parse_config(values: dict[str, Any], *, where: str = "config") -> RunConfig:
 
     A ``recipe`` lies underneath: the config's own settings win over the recipe's.
     """
-    config = _build(RunConfig, with_recipe(values), where)
-    _check_values(config)
+    values = with_recipe(values)
+    for key in SECTIONS.keys() & values.keys():
+        if not isinstance(values[key], dict):
+            got = type(values[key]).__name__
+            raise ConfigError(f"{where}.{key} must be a mapping, got {got}")
+    try:
+        parsed = _parser().parse_object(values).as_dict()
+    except ArgumentError as error:
+        raise config_error(error, lambda key: f"{where}.{key}".rstrip("."), values, RunConfig)
+    sections = {key: schema(**parsed.pop(key)) for key, schema in SECTIONS.items()}
+    config = RunConfig(**parsed, **sections)
+    check_values(config)
     return config
-
-
-def _check_values(config: RunConfig) -> None:
-    choices = {
-        "data.tokenizer": (config.data.tokenizer, ("word", "bpe")),
-        "data.batching": (config.data.batching, ("stream", "sentences")),
-        "data.padding_side": (config.data.padding_side, ("left", "right")),
-        "optim.optimizer": (config.optim.optimizer, ("adam", "adamw", "sgd")),
-        "optim.schedule": (config.optim.schedule, ("constant", "inverse_sqrt", "plateau")),
-        "eval.decode": (config.eval.decode, ("greedy", "beam")),
-    }
-    for key, (value, valid) in choices.items():
-        if value not in valid:
-            raise ConfigError(f"{key} = {value!r} is not one of {', '.join(valid)}")
-    for key, (value, low) in _lower_bounds(config).items():
-        if value is not None and value < low:
-            unset = " or null" if key in _NULLABLE else ""
-            raise ConfigError(f"{key} = {value!r} is out of range; it must be >= {low}{unset}")
-    if config.trainer.max_time_s is not None and config.trainer.max_time_s <= 0:
-        raise ConfigError(
-            f"trainer.max_time_s = {config.trainer.max_time_s!r} is out of range; it must be "
-            "> 0 or null"
-        )
-    for name in config.trainer.logger:
-        if name not in ("csv", "tensorboard", "wandb"):
-            raise ConfigError(f"trainer.logger {name!r} is not one of csv, tensorboard, wandb")
-    if len(config.optim.betas) != 2:
-        raise ConfigError(f"optim.betas must hold two numbers, got {config.optim.betas}")
-    if config.optim.anneal_factor <= 1 or config.optim.anneal_patience < 1:
-        raise ConfigError(
-            "optim.anneal_factor must be > 1 (the lr is divided by it) and "
-            f"optim.anneal_patience >= 1, got {config.optim.anneal_factor} and "
-            f"{config.optim.anneal_patience}"
-        )
-    trainer = config.trainer
-    if trainer.max_steps is None and trainer.max_epochs is None:
-        raise ConfigError("set a budget: trainer.max_steps or trainer.max_epochs (or both)")
-    if isinstance(trainer.val_every, str) and trainer.val_every != "epoch":
-        raise ConfigError(f"trainer.val_every = {trainer.val_every!r}: give steps or 'epoch'")
-    if config.data.stateful and config.data.batching != "stream":
-        raise ConfigError("data.stateful needs data.batching: stream (contiguous streams)")
-    if not config.model:
-        raise ConfigError("the config has no model section; e.g. model: {family: ode_transformer}")
-
-
-_NULLABLE = {
-    "trainer.max_steps",
-    "trainer.max_epochs",
-    "trainer.val_batches",
-    "trainer.early_stopping_patience",
-    "trainer.num_threads",
-}
-
-
-def _lower_bounds(config: RunConfig) -> dict[str, tuple[float | None, float]]:
-    """Budgets and sizes with the smallest value that means something (None: unset)."""
-    data, trainer = config.data, config.trainer
-    return {
-        "data.batch_size": (data.batch_size, 1),
-        "data.bptt": (data.bptt, 1),
-        "data.eval_batch_size": (data.eval_batch_size, 1),
-        "data.eval_window": (data.eval_window, 2),  # one token of context, one predicted
-        "data.bpe_vocab_size": (data.bpe_vocab_size, 1),
-        "optim.lr": (config.optim.lr, 0),
-        "optim.weight_decay": (config.optim.weight_decay, 0),
-        "optim.momentum": (config.optim.momentum, 0),
-        "optim.warmup_steps": (config.optim.warmup_steps, 0),
-        "optim.label_smoothing": (config.optim.label_smoothing, 0),
-        "trainer.max_steps": (trainer.max_steps, 1),
-        "trainer.max_epochs": (trainer.max_epochs, 1),
-        "trainer.val_every": (trainer.val_every if isinstance(trainer.val_every, int) else None, 1),
-        "trainer.val_batches": (trainer.val_batches, 1),
-        "trainer.checkpoint_every": (trainer.checkpoint_every, 1),
-        "trainer.early_stopping_patience": (trainer.early_stopping_patience, 1),
-        "trainer.average_last": (trainer.average_last, 0),
-        "trainer.log_every": (trainer.log_every, 1),
-        "trainer.num_nodes": (trainer.num_nodes, 1),
-        "trainer.num_threads": (trainer.num_threads, 1),
-        "eval.bleu_sentences": (config.eval.bleu_sentences, 0),
-        "eval.continuation_sentences": (config.eval.continuation_sentences, 0),
-        "eval.prompt_len": (config.eval.prompt_len, 1),
-    }
 
 
 def merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:

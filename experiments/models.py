@@ -65,3 +65,74 @@ def count_parameters(model: nn.Module) -> int:
     return sum(
         p.numel() for p in {id(p): p for p in model.parameters() if p.requires_grad}.values()
     )
+
+
+def _keywords(function: Any, skip: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Keyword parameters of ``function`` with their defaults (``**options`` left out)."""
+    import inspect
+
+    return {
+        name: param.default
+        for name, param in inspect.signature(function).parameters.items()
+        if name not in ("self", "vocab_size", *skip)
+        and param.kind in (param.POSITIONAL_OR_KEYWORD, param.KEYWORD_ONLY)
+    }
+
+
+def _fields(cls: type, skip: tuple[str, ...] = ()) -> dict[str, Any]:
+    import dataclasses
+
+    return {
+        f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        for f in dataclasses.fields(cls)
+        if f.name not in skip
+    }
+
+
+def model_keys() -> dict[str, dict[str, Any]]:
+    """Every ``model:`` key each family (and model name) takes, with its default, read from
+    the constructors and config dataclasses themselves (README "Model keys" is this)."""
+    from experiments.reference import WordLMTransformer
+    from neuralode_lm.encoders import LSTMConfig
+    from neuralode_lm.heads import CausalODEHead, _ODEHead
+    from neuralode_lm.models import MODELS
+    from neuralode_lm.solvers import SolverConfig
+    from ode_transformer.config import ODETransformerConfig
+    from ode_transformer.presets import PRESETS
+
+    lstm = _fields(LSTMConfig, skip=("embeddings",))
+    skip = ("dim", "field_hidden")  # field_hidden: the models' own keyword, listed with them
+    head = {**_keywords(_ODEHead.__init__, skip), **_keywords(CausalODEHead.__init__, skip)}
+    return {
+        "ode_transformer": {
+            "preset": f"small; or {', '.join(p for p in PRESETS if p != 'small')}",
+            **_fields(ODETransformerConfig, skip=("vocab_size",)),
+        },
+        "neuralode_lm: lstm": lstm,
+        "neuralode_lm: ode-lstm": {**lstm, **_keywords(MODELS["ode-lstm"].__init__, ("config",))},
+        "neuralode_lm: gpt2": _keywords(MODELS["gpt2"].__init__),
+        "neuralode_lm: ode-gpt2": _keywords(MODELS["ode-gpt2"].__init__),
+        "neuralode_lm: aug-ode-gpt2": _keywords(MODELS["aug-ode-gpt2"].__init__),
+        "neuralode_lm: node-transformer": _keywords(MODELS["node-transformer"].__init__),
+        "ODE heads (ode-lstm, ode-gpt2, aug-ode-gpt2)": head,
+        "solver: {...} (ODE heads, node-transformer)": _fields(SolverConfig),
+        "reference: bigram": {},
+        "reference: transformer": _keywords(WordLMTransformer.__init__),
+    }
+
+
+def model_keys_markdown() -> str:
+    """:func:`model_keys` as a Markdown table (one row per family or model name)."""
+    rows = ["| `family: name` | keys (default) |", "|---|---|"]
+    for model, keys in model_keys().items():
+        cells = ", ".join(f"`{key}` ({_short(value)})" for key, value in keys.items())
+        rows.append(f"| {model} | {cells or 'none'} |")
+    return "\n".join(rows) + "\n"
+
+
+def _short(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return str(value).lower()
+    return str(value)

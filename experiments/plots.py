@@ -271,16 +271,17 @@ def _params_figure(
             label=_label(name, runs),
         )
     handles, _ = axis.get_legend_handles_labels()
-    handles.append(
-        Line2D(
-            [],
-            [],
-            marker="x",
-            color="grey",
-            linestyle="none",
-            label="x: non-causal model (sees the tokens it predicts; not an LM perplexity)",
+    if not all(r.get("is_causal", True) for runs in groups.values() for r in runs):
+        handles.append(
+            Line2D(
+                [],
+                [],
+                marker="x",
+                color="grey",
+                linestyle="none",
+                label="x: non-causal model (sees the tokens it predicts; not an LM perplexity)",
+            )
         )
-    )
     if references:
         handles.append(_reference_line(axis, references["test_split"], "test_split"))
     counts = [runs[0]["parameters"] for runs in groups.values()]

@@ -269,7 +269,7 @@ def test_compare_names_a_failed_run_keeps_the_others_and_retrains_changed_config
         ("trainer", "num_threads", -1, ">= 1 or null"),
         ("trainer", "checkpoint_every", 0, ">= 1"),
         ("data", "batch_size", 0, ">= 1"),
-        ("trainer", "max_time_s", 0, "> 0 or null"),
+        ("trainer", "max_time_s", 0.0, "> 0 or null"),
     ],
 )
 def test_budgets_out_of_range_name_the_key_and_the_range(
@@ -399,7 +399,7 @@ def test_debug_shows_the_traceback_and_bugs_keep_theirs(tmp_path, capsys, monkey
     def bug(*args, **kwargs):
         raise KeyError("a programming error")
 
-    monkeypatch.setattr(commands, "_overrides", bug)
+    monkeypatch.setattr(commands, "given_options", bug)
     with pytest.raises(KeyError, match="a programming error"):
         main(["train", "--config", missing])
 
