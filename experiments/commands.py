@@ -11,6 +11,7 @@ from typing import Any
 import torch
 import yaml
 
+from experiments.config import merge
 from experiments.config_checks import ConfigError, config_error, key_type
 from experiments.data.corpora import CORPUS_NAMES
 from experiments.discretize import register_discretize
@@ -62,7 +63,7 @@ def given_options(parser: Any, argv: list[str]) -> dict[str, Any]:
     from experiments.config import RunConfig
 
     try:
-        return parser.parse_args(argv, defaults=False).as_dict()
+        given = parser.parse_args(argv, defaults=False).as_dict()
     except argparse.ArgumentError as error:
         unknown = str(error).removeprefix("unrecognized arguments: ")
         if unknown != str(error):
@@ -76,6 +77,15 @@ def given_options(parser: Any, argv: list[str]) -> dict[str, Any]:
                 f"{parser.prog} needs --{missing}; see {parser.prog} --help"
             ) from None
         raise config_error(error, lambda key: f"--{key}", {}, RunConfig) from None
+    # --model.solver.rtol 1e-4 arrives as the model key "solver.rtol": nest it
+    model: dict[str, Any] = {}
+    for key, value in given.get("model", {}).items():
+        for part in reversed(key.split(".")):
+            value = {part: value}
+        model = merge(model, value)
+    if model:
+        given["model"] = model
+    return given
 
 
 def quiet_lightning() -> None:

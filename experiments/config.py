@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from jsonargparse import ArgumentParser
+from jsonargparse import ArgumentParser, get_loader
 
 from experiments.config_checks import ConfigError, check_values, config_error
 
@@ -297,7 +297,7 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     if not path.is_file():
         raise ConfigError(f"config file {path} does not exist")
     try:
-        values = yaml.safe_load(path.read_text()) or {}
+        values = get_loader("yaml")(path.read_text()) or {}  # YAML 1.2 numbers: 1e-3
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
         where = f"{path}, line {mark.line + 1} column {mark.column + 1}" if mark else str(path)

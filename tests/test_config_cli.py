@@ -215,3 +215,15 @@ def test_the_example_config_builds_its_model():
     config = load_config(EXAMPLE)
     model = build_model(config.model, vocab_size=50)
     assert model.config.block == "rk2" and model.config.d_model == 64
+
+
+def test_nested_model_keys_override_one_at_a_time_and_read_exponents(tmp_path, capsys):
+    config = tmp_path / "c.yaml"
+    config.write_text(
+        "model: {family: neuralode_lm, name: ode-lstm, embed_dim: 8, hidden_dim: 8,\n"
+        "        solver: {method: dopri5, rtol: 1e-3, atol: 1e-4}}\n"
+    )
+    assert load_config(config).model["solver"] == {"method": "dopri5", "rtol": 1e-3, "atol": 1e-4}
+    (resolved,) = printed(capsys, "train", "--config", str(config), "--model.solver.rtol", "1e-6")
+    assert resolved["model"]["solver"] == {"method": "dopri5", "rtol": 1e-6, "atol": 1e-4}
+    assert resolved["model"]["embed_dim"] == 8
