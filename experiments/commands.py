@@ -10,8 +10,16 @@ from typing import Any
 
 import torch
 import yaml
+from jsonargparse import ArgumentParser
 
-from experiments.config import merge
+from experiments.config import (
+    RunConfig,
+    add_run_arguments,
+    load_config,
+    load_yaml,
+    merge,
+    parse_config,
+)
 from experiments.config_checks import ConfigError, config_error, key_type
 from experiments.data.corpora import CORPUS_NAMES
 from experiments.discretize import register_discretize
@@ -28,10 +36,8 @@ ALIASES = {
 COMMAND_KEYS = ("config", "overwrite", "quiet", "verbose", "print_config")
 
 
-def options_parser(prog: str, description: str) -> Any:
+def options_parser(prog: str, description: str) -> ArgumentParser:
     """A jsonargparse parser for a subcommand that takes run-config options."""
-    from jsonargparse import ArgumentParser
-
     description += (
         " Defaults shown are the schema's: the config file's values replace them, and options "
         "given here replace both."
@@ -41,12 +47,10 @@ def options_parser(prog: str, description: str) -> Any:
     )
 
 
-def add_run_options(parser: Any, skip: set[str] | None = None) -> None:
+def add_run_options(parser: ArgumentParser, skip: set[str] | None = None) -> None:
     """One typed, documented option per run-config key (``--optim.lr 3e-4``,
     ``--trainer.max_steps 200``, ``--model.d_model 128``), the short aliases and
     ``--print_config``."""
-    from experiments.config import RunConfig, add_run_arguments
-
     parser.add_argument(
         "--print_config", action="store_true", help="print the resolved config as YAML and exit"
     )
@@ -58,10 +62,8 @@ def add_run_options(parser: Any, skip: set[str] | None = None) -> None:
     add_run_arguments(parser, skip)
 
 
-def given_options(parser: Any, argv: list[str]) -> dict[str, Any]:
+def given_options(parser: ArgumentParser, argv: list[str]) -> dict[str, Any]:
     """The options given on the command line (defaults left out), as a nested mapping."""
-    from experiments.config import RunConfig
-
     try:
         given = parser.parse_args(argv, defaults=False).as_dict()
     except argparse.ArgumentError as error:
@@ -95,7 +97,6 @@ def quiet_lightning() -> None:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from experiments.config import load_config
     from experiments.train import train
 
     parser = options_parser(
@@ -186,7 +187,6 @@ def positive_int(text: str) -> int:
 
 def cmd_compare(args: argparse.Namespace) -> int:
     from experiments.compare import expand_grid, grid_path, run_grid
-    from experiments.config import load_yaml, parse_config
 
     parser = options_parser(
         "odelm compare",
