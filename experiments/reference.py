@@ -56,7 +56,7 @@ class BigramLM(PretrainedMixin, nn.Module):
         return [self.table]
 
 
-class WordLMTransformer(nn.Module):
+class WordLMTransformer(PretrainedMixin, nn.Module):
     """The word_language_model Transformer LM, written with ``torch.nn`` layers.
 
     Embeddings (uniform in ``[-init_range, init_range]``) scaled by ``sqrt(d_model)`` plus

@@ -129,7 +129,8 @@ class PretrainedMixin:
 
 
 def _with_dataclasses(init: Any, config: dict[str, Any]) -> dict[str, Any]:
-    """``config`` with dicts turned into the dataclasses the constructor's annotations name."""
+    """``config`` with dicts turned into the dataclasses the constructor's annotations name
+    (unless the annotation also takes a dict: the constructor then reads the dict itself)."""
     try:
         hints = typing.get_type_hints(inspect.unwrap(init))
     except (NameError, TypeError):
@@ -139,7 +140,8 @@ def _with_dataclasses(init: Any, config: dict[str, Any]) -> dict[str, Any]:
         hint = hints.get(key)
         options = typing.get_args(hint) if typing.get_args(hint) else (hint,)
         target = next((t for t in options if dataclasses.is_dataclass(t)), None)
-        if target is not None and isinstance(value, dict):
+        takes_dict = any(t is dict or typing.get_origin(t) is dict for t in options)
+        if target is not None and isinstance(value, dict) and not takes_dict:
             arguments[key] = target(**value)
     return arguments
 

@@ -13,7 +13,7 @@ import experiments
 from experiments.config import parse_config
 from experiments.data.corpora import CorpusError
 from experiments.data.tokenization import VocabularyMismatchError
-from experiments.reference import BigramLM
+from experiments.reference import BigramLM, WordLMTransformer
 from experiments.train import train
 from neuralode_lm.models import build_model as build_neural_ode
 from ode_transformer import ODETransformerLM
@@ -37,7 +37,26 @@ def every_model() -> dict[str, torch.nn.Module]:
             config_from_preset("small", vocab_size=VOCAB, block="rk2", d_model=16, d_ff=32)
         ),
         "bigram": BigramLM(VOCAB),
+        "reference-transformer": WordLMTransformer(VOCAB, d_model=16, d_ff=32, n_layers=1),
+        "node-transformer": build_neural_ode(
+            "node-transformer",
+            VOCAB,
+            d_model=16,
+            n_heads=2,
+            d_ff=32,
+            solver={"method": "rk4"},
+            steps=2,
+        ),
     }
+
+
+def test_every_registered_model_class_saves_and_loads():
+    """A model the harness can build but not save would crash at the end of training."""
+    from neuralode_lm.models import MODELS
+    from odelm.pretrained import PretrainedMixin
+
+    classes = [*MODELS.values(), ODETransformerLM, BigramLM, WordLMTransformer]
+    assert [c.__name__ for c in classes if not issubclass(c, PretrainedMixin)] == []
 
 
 @pytest.mark.parametrize("name", list(every_model()))
@@ -92,6 +111,7 @@ RUN_MODELS = {
         "field_hidden": 8,
         "solver": {"method": "rk4", "step_size": 0.5},
     },
+    "reference": {"family": "reference", "name": "transformer", "d_model": 16, "d_ff": 32},
 }
 
 
