@@ -4,9 +4,11 @@ included), RK4, LSTMs, the reference Transformer, GPT-2; and the sample they are
 import pytest
 import torch
 import torch.nn.functional as F
+import yaml
 from torch import nn
 
 from experiments.config import parse_config
+from experiments.config_flops import grid_flops
 from experiments.evaluate import evaluation_batches, perplexity
 from experiments.flops import counting_flops, forward_flops_per_token, is_adaptive
 from experiments.models import build_model
@@ -208,3 +210,38 @@ def test_is_adaptive_tells_adaptive_solves_from_fixed_depth():
     assert not is_adaptive(model(**node, solver={"method": "rk4"}, steps=2))
     assert not is_adaptive(model(name="lstm", embed_dim=16, hidden_dim=16))
     assert not is_adaptive(ode_transformer("rk4", 1))
+
+
+def test_grid_flops_recomputes_fixed_compute_runs_and_leaves_adaptive_ones_out(
+    tiny_config, tmp_path
+):
+    layer = {"family": "ode_transformer", "preset": "small", "d_model": 16, "d_ff": 32}
+    layer |= {"n_heads": 2, "n_layers": 1, "block": "residual"}
+    node = {"family": "neuralode_lm", "name": "node-transformer", "d_model": 16, "d_ff": 32}
+    node |= {"n_heads": 2, "solver": {"method": "dopri5"}}
+    shared = {k: v for k, v in tiny_config(tmp_path).items() if k in ("data", "trainer")}
+    grid = {"shared": shared, "seeds": [1, 2]}
+    grid["runs"] = [{"name": "residual", "model": layer}, {"name": "node", "model": node}]
+    grid_file = tmp_path / "grid.yaml"
+    grid_file.write_text(yaml.safe_dump(grid))
+    rows = grid_flops(grid_file)
+    assert [(r["name"], r["seed"], r["adaptive"]) for r in rows] == [
+        ("residual", 1, False), ("node", 1, True), ("residual", 2, False), ("node", 2, True)
+    ]  # fmt: skip
+    assert rows[1]["flops_per_token"] is None and rows[0] == {
+        **rows[2],
+        "seed": 1,
+        "run": "residual-seed1",
+    }
+    # closed form over the run's own test windows: [B, L] each (stream mode, eval_window 64)
+    data = prepare_data(parse_config(tiny_config(tmp_path)))
+    batches = evaluation_batches(data, "test", window=shared["data"]["eval_window"])
+    d, vocab = 16, data.tokenizer.vocab_size
+    flops = sum(
+        ids.shape[0] * (attention_layer(ids.shape[1], d, 2) + ffn(ids.shape[1], d, 32))
+        + ids.numel() * 2 * d * vocab
+        for ids, _ in batches
+    )
+    tokens = sum(ids[:, 1:].numel() for ids, _ in batches)
+    assert rows[0]["flops_batches"] == len(batches)
+    assert rows[0]["flops_per_token"] == pytest.approx(flops / tokens, rel=0.02)
