@@ -159,8 +159,9 @@ def evaluate(
     report's teacher-forced BLEU), ``bleu_cont`` (continuation BLEU after ``prompt_len``
     words, over ``continuation_sentences`` lines), ``tokens``, ``words``, ``seconds``, ``nfe`` (mean forward NFE when the model
     reports it), ``flops_per_token`` (forward FLOPs per predicted token, measured on the
-    same forward passes as ``ppl`` and ``nfe``: every batch of the split), ``is_causal`` and ``protocol``. BLEU uses the first ``bleu_sentences`` lines
-    of the split (0 skips BLEU). ``mode`` is ``stream`` (BPTT-style windows of ``window``
+    same forward passes as ``ppl`` and ``nfe``: every batch of the split), ``is_causal``
+    and ``protocol``. BLEU uses the first ``bleu_sentences`` lines of the split (0 skips
+    BLEU). ``mode`` is ``stream`` (BPTT-style windows of ``window``
     tokens) or ``sentences`` (each line alone, padded on ``padding_side``), matching how the
     model was trained; ``stateful`` carries a stateful model's state across the windows of
     ``batch_size`` contiguous streams.
