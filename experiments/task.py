@@ -283,7 +283,13 @@ class LMTask(pl.LightningModule):
     def on_validation_epoch_end(self) -> None:
         totals = torch.tensor([self.val_nll, float(self.val_tokens)], dtype=torch.float64)
         totals = self.trainer.strategy.reduce(totals, reduce_op="sum")
-        ppl = math.exp(float(totals[0] / max(totals[1], 1.0)))
+        mean_nll = float(totals[0] / max(totals[1], 1.0))
+        if not mean_nll < math.log(torch.finfo(torch.float64).max):  # NaN, or exp overflows
+            raise NonFiniteLossError(
+                f"validation loss is {mean_nll:.4g} nats per token at step {self.global_step}: "
+                "training diverged (the perplexity overflows); lower optim.lr"
+            )
+        ppl = math.exp(mean_nll)
         self.log("val/ppl", ppl, prog_bar=True)
         self.log("val/elapsed_s", self.elapsed())
         if self.annealer is not None and not self.trainer.sanity_checking:
