@@ -58,7 +58,7 @@ def estimate_parameters(
         sizes = {**keys["neuralode_lm: node-transformer"], **options}
         wanted, tied = ("d_model", "d_ff", "n_blocks", "max_positions"), True
     elif family == "reference" and name == "transformer":
-        sizes = {**keys["reference: transformer"], **options}
+        sizes = {**keys["reference: transformer"], **options, "max_positions": 0}  # sinusoidal
         wanted, tied = ("d_model", "d_ff", "n_layers", "max_positions"), False
     elif family == "reference" and name in (None, "bigram"):
         return vocab_size * vocab_size

@@ -68,9 +68,11 @@ def _key_error(spec: dict[str, Any], error: TypeError) -> ConfigError:
         return ConfigError(f"model section {spec}: {error}")
     if name in ("ode-lstm", "ode-gpt2", "aug-ode-gpt2"):
         valid = {**valid, **keys["ODE heads (ode-lstm, ode-gpt2, aug-ode-gpt2)"]}
+    unknown = [key for key in spec if key not in (*valid, "family", "name")] or [unexpected[1]]
+    verb = "is not a key" if len(unknown) == 1 else "are not keys"
     return ConfigError(
-        f"model.{unexpected[1]} is not a key of {family} {name}; its keys: family, name, "
-        f"{', '.join(valid)} (odelm models lists every family's keys)"
+        f"{', '.join(f'model.{key}' for key in unknown)} {verb} of {family} {name}; its keys: "
+        f"family, name, {', '.join(valid)} (odelm models lists every family's keys)"
     )
 
 
