@@ -294,3 +294,16 @@ def test_a_cache_dir_that_is_a_file_is_one_line(tmp_path, capsys):
         and err == f"odelm: error: the cache folder {cache} is a file; give --cache-dir a folder\n"
     )
     assert cache.read_text() == "not a folder"
+
+
+def test_a_staging_link_is_removed_without_touching_its_target(server, tmp_path):
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "precious.txt").write_text("keep")
+    dest = tmp_path / "cache" / "ptb"
+    dest.mkdir(parents=True)
+    (dest / STAGING).symlink_to(victim)
+    body = server.routes["/simple-examples.tgz"]
+    url = server.url("/simple-examples.tgz")
+    download_corpus("ptb", tmp_path / "cache", url=url, sha256=sha256(body), downloader=FAST)
+    assert (victim / "precious.txt").read_text() == "keep" and not (dest / STAGING).exists()

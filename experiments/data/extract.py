@@ -59,7 +59,9 @@ def remove_stale_files(dest: Path, spec: CorpusSpec) -> None:
     """Remove the staging folder's files and the partial files earlier versions left in
     ``dest`` (``.archive-*``, ``.<split file>.*.part``); nothing else is touched."""
     folder = dest / STAGING
-    if folder.is_dir():
+    if folder.is_symlink():  # never follow it: only the link is odelm's to remove
+        folder.unlink()
+    elif folder.is_dir():
         for path in folder.iterdir():
             if path.is_file() or path.is_symlink():
                 path.unlink()
