@@ -150,7 +150,5 @@ def extract_splits(
     if missing:
         raise DownloadError(f"archive {url} lacks {missing}; is it the right archive?")
     for name in digests:
-        part = staging / f"{name}.part"
-        os.chmod(part, 0o644)
-        os.replace(part, dest / name)
+        os.replace(staging / f"{name}.part", dest / name)
     return digests
