@@ -23,6 +23,7 @@ from torch.utils.data import DataLoader, Sampler
 from experiments.config import DataConfig, OptimConfig
 from experiments.contract import call_model, check_stateful, detach_state
 from experiments.data.batching import lm_nll, sentence_batches, stream_windows
+from experiments.data.registry import CorpusError
 from experiments.data.tokenization import LMData
 from experiments.recipes import (
     PlateauAnnealer,
@@ -102,6 +103,14 @@ class LMDataModule(pl.LightningDataModule):
     def train_batches(self) -> list[Any]:
         """One epoch of training batches (in stateful order when ``data.stateful``)."""
         split, cfg = self.data.split("train"), self.config
+        if not split.sentences:
+            hint = ""
+            if "-mini (" in self.data.protocol:
+                hint = (
+                    "; protocol mini trains on the first 90% of the valid split's lines: give "
+                    "a valid split of at least 2 lines, or use protocol full"
+                )
+            raise CorpusError(f"the train split of {self.data.protocol} is empty{hint}")
         if cfg.batching == "stream":
             windows = stream_windows(split.ids, cfg.batch_size, cfg.bptt)
             if cfg.stateful:

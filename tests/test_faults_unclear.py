@@ -87,7 +87,7 @@ CLI_CASES: dict[str, tuple[Callable[[Path], list[str]], str]] = {
         "model.block, model.d_ff, model.d_model, model.n_heads, model.n_layers, model.preset "
         + "are not keys of neuralode_lm ode-lstm; its keys: family, name, embed_dim",
     ),
-    "mini with one line": (_one_line_mini, "so the train split would be empty"),
+    "mini with one line": (_one_line_mini, "is empty; protocol mini trains on the first 90%"),
     "lr 1000 with clipping": (
         _train(optim={"lr": 1000.0, "grad_clip": 1.0}),
         "training diverged (the perplexity overflows); lower optim.lr",
