@@ -70,8 +70,13 @@ class ODETransformerConfig:
                 raise ODETransformerConfigError(f"{name} must lie in [0, 1), got {value!r}")
 
     def _check_names(self) -> None:
+        if self.block is not None and not isinstance(self.block, str):
+            raise ODETransformerConfigError(
+                f"block must be a block name ({', '.join(BLOCKS)}), got {self.block!r}; give "
+                "your own Butcher tableau as tableau: [A, b] instead"
+            )
         if self.tableau is not None:
-            if self.block not in ("residual", "custom"):
+            if self.block not in ("residual", "custom", None):
                 raise ODETransformerConfigError(
                     f"pass either block={self.block!r} or tableau=(A, b), not both "
                     "(a user tableau makes block='custom')"
