@@ -121,11 +121,19 @@ def fixed_grid(t: torch.Tensor, step_size: float) -> torch.Tensor:
 
     Each interval ``[t_i, t_{i+1}]`` between consecutive requested times is split into the
     fewest equal steps no longer than ``step_size``, so every requested time is a grid point
-    and no backend interpolates a readout.
+    and no backend interpolates a readout. "No longer" allows for rounding: the times (and a
+    ``step_size`` read off them) are off by up to an ulp of the largest time, in float32 at
+    least as times are often built in float32, so an interval within a few such ulps (at
+    most a tenth of a step) of ``n * step_size`` takes ``n`` steps. A ``step_size`` read off
+    a float32 ``torch.linspace`` thus steps once per interval, as the user meant.
     """
+    eps = max(torch.finfo(t.dtype).eps, torch.finfo(torch.float32).eps)
+    ulp = eps * max(abs(float(t[0])), abs(float(t[-1])))
     pieces = [t[:1]]
     for start, end in itertools.pairwise(t):
-        steps = max(1, math.ceil(float(end - start) / step_size * (1 - 1e-12)))
+        ratio = float(end - start) / step_size
+        slack = min(0.1, max(1e-12 * ratio, 2 * (1 + ratio) * ulp / step_size))
+        steps = max(1, math.ceil(ratio - slack))
         piece = torch.linspace(float(start), float(end), steps + 1, dtype=t.dtype, device=t.device)
         piece[-1] = end
         pieces.append(piece[1:])
