@@ -23,6 +23,7 @@ from experiments.config import (
 from experiments.config_checks import ConfigError, config_error, key_type
 from experiments.data.corpora import CORPUS_NAMES
 from experiments.discretize import register_discretize
+from experiments.threads import set_threads
 
 # Short flags kept beside the dotted options they stand for (``--max-steps`` is
 # ``--trainer.max_steps``): the settings a user changes most from the shell.
@@ -126,6 +127,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     if command["quiet"]:
         logging.getLogger("pytorch_lightning").setLevel(logging.ERROR)
         config.trainer.progress_bar = False
+    devices = config.trainer.devices
+    runs = devices if isinstance(devices, int) else 1
+    config.trainer.num_threads = set_threads(config.trainer.num_threads, runs)
     result = train(config, overwrite=bool(command["overwrite"]))
     if result:
         print(json.dumps(result))
@@ -139,8 +143,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from experiments.evaluate import evaluate_run
     from experiments.trained import load_run
 
-    if args.num_threads:
-        torch.set_num_threads(args.num_threads)
+    set_threads(args.num_threads)
     run = load_run(args.run)
     config = run.config
     settings = ("bleu_sentences", "continuation_sentences", "prompt_len", "decode")
@@ -222,6 +225,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
         return 0
     if not out:
         raise ConfigError("odelm compare needs --out DIR (where runs, tables and plots go)")
+    trainer = shared.setdefault("trainer", {})  # one run at a time: the policy's threads each
+    trainer["num_threads"] = set_threads(trainer.get("num_threads"))
     results = run_grid(grid, out, shared, num_seeds=num_seeds)
     print(f"[compare] {len(results)} runs; tables and plots in {out}")
     print((Path(out) / "results.md").read_text())
@@ -262,7 +267,9 @@ def register_eval(commands: Any) -> None:
         help="decoding of continuation BLEU (default: the run's eval setting)",
     )
     parser.add_argument(
-        "--num-threads", type=positive_int, help="torch CPU threads (default: torch's choice)"
+        "--num-threads",
+        type=positive_int,
+        help="torch CPU threads (default: the cores other work leaves free, printed)",
     )
     parser.add_argument(
         "--allow-noncausal",

@@ -120,7 +120,7 @@ class TrainerConfig:
         deterministic: ask torch for deterministic algorithms
         progress_bar: show Lightning's progress bar
         logger: loggers: any of csv, tensorboard, wandb (offline)
-        num_threads: torch CPU threads (null: torch's default)
+        num_threads: torch CPU threads (null: the cores other work leaves free, printed)
     """
 
     max_steps: int | None = 1000
