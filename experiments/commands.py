@@ -155,8 +155,16 @@ def cmd_eval(args: argparse.Namespace) -> int:
         print(json.dumps(result))
     else:
         for key, value in result.items():
-            print(f"{key:>14}: {value}")
+            print(f"{key:>14}: {rounded(key, value)}")
     return 0
+
+
+def rounded(key: str, value: Any) -> Any:
+    """A result value for people: perplexities (and numbers >= 100) to 2 decimals, other
+    floats to 4 significant digits (``--json`` keeps full precision)."""
+    if not isinstance(value, float):
+        return value
+    return f"{value:.2f}" if "ppl" in key or abs(value) >= 100 else f"{value:.4g}"
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
