@@ -98,7 +98,10 @@ def quiet_lightning() -> None:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from experiments.train import train
+    from datetime import datetime
+
+    from experiments.runs import config_sha256
+    from experiments.train import RESULT_FILE, train
 
     parser = options_parser(
         "odelm train",
@@ -119,6 +122,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     given = given_options(parser, args.options)
     command = {key: given.pop(key, None) for key in COMMAND_KEYS}
     config = load_config(command["config"], given)
+    if config.name == "auto":  # a run folder per config: trying an override needs no --overwrite
+        config.name = f"{Path(command['config']).stem}-{config_sha256(config)[:10]}"
     if command["print_config"]:
         print(yaml.safe_dump(config.to_dict(), sort_keys=False, default_flow_style=None), end="")
         return 0
@@ -130,10 +135,16 @@ def cmd_train(args: argparse.Namespace) -> int:
     devices = config.trainer.devices
     runs = devices if isinstance(devices, int) else 1
     config.trainer.num_threads = set_threads(config.trainer.num_threads, runs)
+    done = config.run_dir / RESULT_FILE
+    finished = done.is_file() and not command["overwrite"]
     result = train(config, overwrite=bool(command["overwrite"]))
     if result:
         print(json.dumps(result))
-        print(f"wrote {config.run_dir}")
+        if finished:
+            date = datetime.fromtimestamp(done.stat().st_mtime).strftime("%Y-%m-%d %H:%M")
+            print(f"{config.run_dir}: already finished, result from {date} (--overwrite retrains)")
+        else:
+            print(f"wrote {config.run_dir}")
     return 0
 
 

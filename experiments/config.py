@@ -165,7 +165,8 @@ class RunConfig:
     """One training run.
 
     Attributes:
-        name: the run's name; it is written to out_dir/name
+        name: the run's name; it is written to out_dir/name (auto: the config file's name
+            and the config's hash, so each changed config gets its own folder)
         recipe: a named recipe lying under this config: lstm-sgd, transformer-sgd or adam
             (null: none; the config's own settings win over the recipe's)
         seed: seed of initialization, batching and dropout
