@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from experiments.commands import REGISTRARS
+from experiments.commands import REGISTRARS, positive_int
 from experiments.data.corpora import (
     CORPUS_NAMES,
     DEFAULT_CACHE_DIR,
@@ -131,7 +131,9 @@ def cmd_data_download(args: argparse.Namespace) -> int:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     from experiments.bench import BENCHMARKS, run
+    from experiments.threads import set_threads
 
+    set_threads(args.num_threads)
     names = sorted(BENCHMARKS) if args.name == "all" else [args.name]
     failed = False
     for name in names:
@@ -226,6 +228,11 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("name", help=f"the benchmark: all, {', '.join(sorted(BENCHMARKS))}")
     bench.add_argument("--json", action="store_true", help="one JSON object per line")
     bench.add_argument("--strict", action="store_true", help="exit 1 when a target is missed")
+    bench.add_argument(
+        "--num-threads",
+        type=positive_int,
+        help="torch CPU threads (default: the free cores, printed)",
+    )
     bench.set_defaults(func=cmd_bench)
 
     models = commands.add_parser("models", help="every model: key of each family, with defaults")

@@ -23,6 +23,7 @@ from experiments.config import (
 from experiments.config_checks import ConfigError, check_range, config_error, key_type
 from experiments.data.corpora import CORPUS_NAMES
 from experiments.discretize import register_discretize
+from experiments.threads import set_threads
 
 # Short flags kept beside the dotted options they stand for (``--max-steps`` is
 # ``--trainer.max_steps``): the settings a user changes most from the shell.
@@ -97,7 +98,10 @@ def quiet_lightning() -> None:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from experiments.train import train
+    from datetime import datetime
+
+    from experiments.runs import config_sha256
+    from experiments.train import RESULT_FILE, train
 
     parser = options_parser(
         "odelm train",
@@ -118,6 +122,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     given = given_options(parser, args.options)
     command = {key: given.pop(key, None) for key in COMMAND_KEYS}
     config = load_config(command["config"], given)
+    if config.name == "auto":  # a run folder per config: trying an override needs no --overwrite
+        config.name = f"{Path(command['config']).stem}-{config_sha256(config)[:10]}"
     if command["print_config"]:
         print(yaml.safe_dump(config.to_dict(), sort_keys=False, default_flow_style=None), end="")
         return 0
@@ -126,10 +132,19 @@ def cmd_train(args: argparse.Namespace) -> int:
     if command["quiet"]:
         logging.getLogger("pytorch_lightning").setLevel(logging.ERROR)
         config.trainer.progress_bar = False
+    devices = config.trainer.devices
+    runs = devices if isinstance(devices, int) else 1
+    config.trainer.num_threads = set_threads(config.trainer.num_threads, runs)
+    done = config.run_dir / RESULT_FILE
+    finished = done.is_file() and not command["overwrite"]
     result = train(config, overwrite=bool(command["overwrite"]))
     if result:
         print(json.dumps(result))
-        print(f"wrote {config.run_dir}")
+        if finished:
+            date = datetime.fromtimestamp(done.stat().st_mtime).strftime("%Y-%m-%d %H:%M")
+            print(f"{config.run_dir}: already finished, result from {date} (--overwrite retrains)")
+        else:
+            print(f"wrote {config.run_dir}")
     return 0
 
 
@@ -144,8 +159,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     for key, value in given.items():
         if key != "decode":  # a choice argparse checks
             check_range(f"eval.{key}", value, "--" + key.replace("_", "-"))
-    if args.num_threads:
-        torch.set_num_threads(args.num_threads)
+    set_threads(args.num_threads)
     run = load_run(args.run)
     config = run.config
     config.eval = dataclasses.replace(config.eval, **given)
@@ -155,8 +169,16 @@ def cmd_eval(args: argparse.Namespace) -> int:
         print(json.dumps(result))
     else:
         for key, value in result.items():
-            print(f"{key:>14}: {value}")
+            print(f"{key:>14}: {rounded(key, value)}")
     return 0
+
+
+def rounded(key: str, value: Any) -> Any:
+    """A result value for people: perplexities (and numbers >= 100) to 2 decimals, other
+    floats to 4 significant digits (``--json`` keeps full precision)."""
+    if not isinstance(value, float):
+        return value
+    return f"{value:.2f}" if "ppl" in key or abs(value) >= 100 else f"{value:.4g}"
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -225,6 +247,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
         return 0
     if not out:
         raise ConfigError("odelm compare needs --out DIR (where runs, tables and plots go)")
+    trainer = shared.setdefault("trainer", {})  # one run at a time: the policy's threads each
+    trainer["num_threads"] = set_threads(trainer.get("num_threads"))
     results = run_grid(grid, out, shared, num_seeds=num_seeds)
     print(f"[compare] {len(results)} runs; tables and plots in {out}")
     print((Path(out) / "results.md").read_text())
@@ -265,7 +289,9 @@ def register_eval(commands: Any) -> None:
         help="decoding of continuation BLEU (default: the run's eval setting)",
     )
     parser.add_argument(
-        "--num-threads", type=positive_int, help="torch CPU threads (default: torch's choice)"
+        "--num-threads",
+        type=positive_int,
+        help="torch CPU threads (default: the cores other work leaves free, printed)",
     )
     parser.add_argument(
         "--allow-noncausal",

@@ -120,7 +120,7 @@ class TrainerConfig:
         deterministic: ask torch for deterministic algorithms
         progress_bar: show Lightning's progress bar
         logger: loggers: any of csv, tensorboard, wandb (offline)
-        num_threads: torch CPU threads (null: torch's default)
+        num_threads: torch CPU threads (null: the cores other work leaves free, printed)
     """
 
     max_steps: int | None = 1000
@@ -165,7 +165,8 @@ class RunConfig:
     """One training run.
 
     Attributes:
-        name: the run's name; it is written to out_dir/name
+        name: the run's name; it is written to out_dir/name (auto: the config file's name
+            and the config's hash, so each changed config gets its own folder)
         recipe: a named recipe lying under this config: lstm-sgd, transformer-sgd or adam
             (null: none; the config's own settings win over the recipe's)
         seed: seed of initialization, batching and dropout

@@ -251,6 +251,9 @@ def _params_figure(
 ) -> plt.Figure:
     """Test perplexity (mean, with the seeds' min-max as error bars) against parameters."""
     figure, axis = plt.subplots(figsize=(10, 4.5))
+    counts = [runs[0]["parameters"] for runs in groups.values()]
+    log_x = max(counts) / min(counts) > 10
+    positions = _spread(counts, log_x)
     for index, (name, runs) in enumerate(groups.items()):
         values = [r["test_ppl"] for r in runs if math.isfinite(r.get("test_ppl") or math.nan)]
         if not values:
@@ -260,7 +263,7 @@ def _params_figure(
         marker = style(index)["marker"] if causal else "x"
         error = [[mean - min(values)], [max(values) - mean]] if len(values) > 1 else None
         axis.errorbar(
-            runs[0]["parameters"],
+            positions[index],
             mean,
             yerr=error,
             marker=marker,
@@ -284,15 +287,28 @@ def _params_figure(
         )
     if references:
         handles.append(_reference_line(axis, references["test_split"], "test_split"))
-    counts = [runs[0]["parameters"] for runs in groups.values()]
-    axis.set(xlabel="parameters", ylabel="test perplexity", yscale="log")
-    if max(counts) / min(counts) > 10:
+    spread = len(set(positions)) > len(set(counts))
+    xlabel = "parameters" + (" (models of equal count side by side)" if spread else "")
+    axis.set(xlabel=xlabel, ylabel="test perplexity", yscale="log")
+    if log_x:
         axis.set_xscale("log")
         plain_log_ticks(axis, "x")
     axis.xaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value / 1e6:g}M"))
     plain_log_ticks(axis)
     _legend_outside(axis, handles)
     return figure
+
+
+def _spread(counts: list[float], log: bool) -> list[float]:
+    """x positions of the models: those within 1% of each other's parameter count side by
+    side, 3% of the axis apart around their count, so no marker hides another."""
+    span = math.log(max(counts) / min(counts)) if log else max(counts) - min(counts)
+    positions = []
+    for index, count in enumerate(counts):
+        same = [i for i, other in enumerate(counts) if abs(other - count) <= 0.01 * count]
+        offset = (same.index(index) - (len(same) - 1) / 2) * 0.03 * span
+        positions.append(count * math.exp(offset) if log else count + offset)
+    return positions
 
 
 def _nfe_figure(nfe: dict[str, list[Series]], order: list[str]) -> plt.Figure:

@@ -36,18 +36,14 @@ CSV_COLUMNS = [
     "recipe",
     "model",
 ]
-# results.md: columns averaged over seeds (after model, family, parameters, n, perplexity).
+# results.md: the headline columns averaged over seeds (after model, parameters, test
+# perplexity and Δ); per-word perplexity, BLEU, memory, steps, time, family, recipe and
+# configuration are per run in results.csv.
 MEAN_COLUMNS = [
-    ("test_ppl_per_word", "per-word perplexity"),
-    ("test_bleu_tf", "BLEU teacher-forced"),
-    ("test_bleu_cont", "BLEU continuation"),
+    ("valid_ppl", "valid perplexity"),
     ("test_nfe", "NFE"),
     ("test_flops_per_token", "forward FLOPs/token"),
     ("train_tokens_per_s", "train tokens/s"),
-    ("peak_memory_mb", "peak memory MB"),
-    ("valid_ppl", "valid perplexity"),
-    ("steps", "steps"),
-    ("train_seconds", "train seconds"),
 ]
 
 
@@ -56,7 +52,7 @@ NOTE = (
     "(seeds {seeds}); every other column is a mean over seeds. Δ is the model's test "
     "perplexity minus the baseline's ({baseline}), paired by seed, with a 95% Student-t "
     "interval over the paired differences; significant when the interval excludes 0 "
-    "(n/a with one seed). NFE: evaluations of the depth function F per forward pass "
+    "(n/a with one seed). Every other result of every run is in results.csv. NFE: evaluations of the depth function F per forward pass "
     "(docs/DESIGN.md): for Transformers F is one pre-norm attention+FFN layer (a residual "
     "layer costs 1, an RK block of s stages s, Macaron 1); for ODE heads F is the head's "
     "small vector field, so NFE is not a cost across families. Forward FLOPs/token "
@@ -92,30 +88,22 @@ def markdown_table(results: list[dict[str, Any]], baseline: str) -> str:
     mean_columns = [
         (key, title) for key, title in MEAN_COLUMNS if any(r.get(key) is not None for r in results)
     ]
-    header = ["model", "family", "parameters", "n", "test perplexity (mean ± sd)"]
-    header += [f"Δ vs {baseline} [95% CI]", "significant"]
-    header += [title for _, title in mean_columns] + ["causal"]
-    has_recipe = any(r.get("recipe") for r in results)
-    header += ["recipe"] * has_recipe + ["configuration"]
+    header = ["model", "parameters", "test perplexity (mean ± sd, n seeds)"]
+    header += [f"Δ vs {baseline} [95% CI]"] + [title for _, title in mean_columns]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for name, runs in groups.items():
         ppl = summarize([_number(r.get("test_ppl")) for r in runs])
         causal = all(r.get("is_causal", True) for r in runs)
-        ppl_cell = _mean_sd(ppl)
+        ppl_cell = f"{_mean_sd(ppl)} ({ppl.n})"
         if not causal:
             ppl_cell += " (non-causal: not an LM perplexity)"
         if name == baseline:
-            delta_cells = ["baseline", "-"]
+            delta_cells = ["baseline"]
         else:
             paired = paired_difference({r["seed"]: _number(r.get("test_ppl")) for r in runs}, base)
             delta_cells = _delta_cells(paired)
-        cells = [name, str(runs[0].get("family")), _format("parameters", _mean(runs, "parameters"))]
-        cells += [str(ppl.n), ppl_cell, *delta_cells]
+        cells = [name, _format("parameters", _mean(runs, "parameters")), ppl_cell, *delta_cells]
         cells += [_format(key, _mean(runs, key)) for key, _ in mean_columns]
-        cells += ["yes" if causal else "no"]
-        if has_recipe:
-            cells.append(" / ".join(sorted({str(r.get("recipe") or "-") for r in runs})))
-        cells.append(str(runs[0].get("model") or "-"))
         lines.append("| " + " | ".join(cells) + " |")
     protocols = "; ".join(sorted({str(r.get("protocol")) for r in results}))
     seeds = ", ".join(str(s) for s in sorted({r["seed"] for r in results}))
@@ -126,13 +114,11 @@ def markdown_table(results: list[dict[str, Any]], baseline: str) -> str:
 
 def _delta_cells(paired: PairedDifference | None) -> list[str]:
     if paired is None:
-        return ["-", "-"]
+        return ["-"]
     if paired.ci_low is None:
-        return [f"{paired.mean:+.2f} [n/a]", "n/a"]
-    return [
-        f"{paired.mean:+.2f} [{paired.ci_low:+.2f}, {paired.ci_high:+.2f}]",
-        "yes" if paired.significant else "no",
-    ]
+        return [f"{paired.mean:+.2f} [n/a]"]
+    verdict = "significant" if paired.significant else "not significant"
+    return [f"{paired.mean:+.2f} [{paired.ci_low:+.2f}, {paired.ci_high:+.2f}], {verdict}"]
 
 
 def _mean_sd(summary: Any) -> str:
@@ -162,6 +148,6 @@ def _format(key: str, value: float | None) -> str:
         if value >= 1e5:
             return f"{value / 1e6:.2f}M"
         return f"{value / 1e3:.1f}k" if value else "0"
-    if key == "steps":
+    if key in ("steps", "train_tokens_per_s"):
         return f"{value:.0f}"
     return f"{value:.3f}" if "bleu" in key else f"{value:.2f}"

@@ -21,10 +21,12 @@ from torch import nn
 from torch.utils.data import DataLoader, Sampler
 
 from experiments.config import DataConfig, OptimConfig
+from experiments.config_checks import ConfigError
 from experiments.contract import call_model, check_stateful, detach_state
 from experiments.data.batching import lm_nll, sentence_batches, stream_windows
+from experiments.data.loading import load_data
 from experiments.data.registry import CorpusError
-from experiments.data.tokenization import LMData
+from experiments.data.tokenization import LMData, Tokenizer
 from experiments.recipes import (
     PlateauAnnealer,
     build_optimizer,
@@ -92,13 +94,62 @@ class SeededResumableSampler(Sampler[int]):
 
 
 class LMDataModule(pl.LightningDataModule):
-    """Training batches in a resumable seeded order; validation windows in a fixed order."""
+    """Training batches in a resumable seeded order; validation and test windows in a fixed
+    order. Build one from a corpus name with :meth:`from_corpus`."""
 
     def __init__(
         self, data: LMData, config: DataConfig, seed: int, val_batches: int | None
     ) -> None:
         super().__init__()
         self.data, self.config, self.seed, self.val_batches = data, config, seed, val_batches
+
+    @classmethod
+    def from_corpus(
+        cls,
+        name: str,
+        data_dir: str | None = None,
+        protocol: str = "full",
+        tokenizer: str = "word",
+        batch_size: int = 16,
+        bptt: int = 35,
+        *,
+        val_batches: int | None = None,
+        corpus_seed: int = 0,
+        seed: int = 0,
+        **options: Any,
+    ) -> LMDataModule:
+        """Load corpus ``name`` (grammar, ptb, wikitext2, ...), build its tokenizer, encode it.
+
+        ``options`` are further :class:`DataConfig` fields (``batching``, ``eval_window``,
+        ``eval_batch_size``, ``download``, ...); ``corpus_seed`` generates the grammar corpus,
+        ``seed`` orders the training batches, ``val_batches`` caps validation batches. The
+        model's vocabulary size is :attr:`vocab_size`.
+        """
+        valid = [f.name for f in dataclasses.fields(DataConfig) if f.name != "seed"]
+        unknown = sorted(set(options) - set(valid))
+        if unknown:
+            raise ConfigError(f"unknown data option(s) {unknown}; valid: {', '.join(valid)}")
+        config = DataConfig(
+            corpus=name,
+            data_dir=data_dir,
+            protocol=protocol,
+            tokenizer=tokenizer,
+            batch_size=batch_size,
+            bptt=bptt,
+            seed=corpus_seed,
+            **options,
+        )
+        return cls(load_data(config), config, seed, val_batches)
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        """The tokenizer that encoded the data."""
+        return self.data.tokenizer
+
+    @property
+    def vocab_size(self) -> int:
+        """The vocabulary size a model of this data needs."""
+        return self.data.tokenizer.vocab_size
 
     def train_batches(self) -> list[Any]:
         """One epoch of training batches (in stateful order when ``data.stateful``)."""
@@ -141,20 +192,26 @@ class LMDataModule(pl.LightningDataModule):
         return DataLoader(batches, sampler=sampler, batch_size=None, generator=generator)
 
     def val_dataloader(self) -> DataLoader:
+        return self._evaluation_loader("valid", self.val_batches)
+
+    def test_dataloader(self) -> DataLoader:
+        return self._evaluation_loader("test", None)
+
+    def _evaluation_loader(self, split: str, limit: int | None) -> DataLoader:
         from experiments.evaluate import evaluation_batches
 
         cfg = self.config
         batches = evaluation_batches(
             self.data,
-            "valid",
+            split,
             mode=cfg.batching,
             window=cfg.eval_window,
             batch_size=cfg.eval_batch_size,
             padding_side=cfg.padding_side,
             stateful=cfg.stateful,
         )
-        if self.val_batches:
-            batches = batches[: self.val_batches]
+        if limit:
+            batches = batches[:limit]
         trainer = self.trainer
         if trainer is not None and trainer.world_size > 1:
             batches = batches[trainer.global_rank :: trainer.world_size]
@@ -287,9 +344,16 @@ class LMTask(pl.LightningModule):
         self.val_nll += float(nll)
         self.val_tokens += count
         if "nfe" in aux:
-            self.log("val/nfe", float(aux["nfe"]), batch_size=tokens.shape[0])
+            stage = "test" if self.trainer.testing else "val"
+            self.log(f"{stage}/nfe", float(aux["nfe"]), batch_size=tokens.shape[0])
 
-    def on_validation_epoch_end(self) -> None:
+    # trainer.test: the validation pass over the test split, logged as test/ppl
+    on_test_epoch_start, test_step = on_validation_epoch_start, validation_step
+
+    def on_test_epoch_end(self) -> None:
+        self.log("test/ppl", self._pooled_ppl())
+
+    def _pooled_ppl(self) -> float:
         totals = torch.tensor([self.val_nll, float(self.val_tokens)], dtype=torch.float64)
         totals = self.trainer.strategy.reduce(totals, reduce_op="sum")
         mean_nll = float(totals[0] / max(totals[1], 1.0))
@@ -298,7 +362,10 @@ class LMTask(pl.LightningModule):
                 f"validation loss is {mean_nll:.4g} nats per token at step {self.global_step}: "
                 "training diverged (the perplexity overflows); lower optim.lr"
             )
-        ppl = math.exp(mean_nll)
+        return math.exp(mean_nll)
+
+    def on_validation_epoch_end(self) -> None:
+        ppl = self._pooled_ppl()
         self.log("val/ppl", ppl, prog_bar=True)
         self.log("val/elapsed_s", self.elapsed())
         if self.annealer is not None and not self.trainer.sanity_checking:

@@ -43,8 +43,8 @@ from experiments.checkpoints import (
     read_checkpoint,
 )
 from experiments.config import RunConfig
-from experiments.data.corpora import load_corpus
-from experiments.data.tokenization import LMData, build_tokenizer, encode_corpus
+from experiments.data.loading import load_data
+from experiments.data.tokenization import LMData
 from experiments.evaluate import evaluate_run
 from experiments.loggers import build_loggers
 from experiments.models import build_model, count_parameters, depth_kind
@@ -111,19 +111,7 @@ class ThroughputMeter(Callback):
 
 def prepare_data(config: RunConfig) -> LMData:
     """Load, tokenize and encode the run's corpus."""
-    cfg = config.data
-    corpus = load_corpus(
-        cfg.corpus,
-        cfg.data_dir,
-        protocol=cfg.protocol,
-        seed=cfg.seed,
-        download=cfg.download,
-        verify_checksums=cfg.verify_checksums,
-    )
-    tokenizer = build_tokenizer(
-        corpus, cfg.tokenizer, bpe_vocab_size=cfg.bpe_vocab_size, tokenizer_dir=cfg.tokenizer_dir
-    )
-    return encode_corpus(corpus, tokenizer)
+    return load_data(config.data)
 
 
 def check_writable(folder: Path) -> None:

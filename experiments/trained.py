@@ -99,13 +99,18 @@ class TrainedRun:
         """Text of token ids; each ``<eos>`` (a line end in the corpus) becomes a newline."""
         return detokenize(self.tokenizer, ids)
 
-    def perplexity(self, texts: list[str], *, allow_noncausal: bool = False) -> float:
-        """Per-word perplexity of ``texts`` (each one a line ending with ``<eos>``), scored as
-        the run's evaluation scores its test split: ``exp(total NLL / (words + lines))``."""
+    def perplexity(
+        self, texts: list[str], *, per: str = "word", allow_noncausal: bool = False
+    ) -> float:
+        """Perplexity of ``texts`` (each one a line ending with ``<eos>``), scored as the
+        run's evaluation scores its test split: per word, ``exp(total NLL / (words +
+        lines))``; ``per="token"``, ``exp(total NLL / tokens)`` (the same for a word vocabulary)."""
         from experiments.evaluate import NonCausalModelError, perplexity
 
         if isinstance(texts, str) or not texts:
             raise ValueError("texts must be a non-empty list of strings")
+        if per not in ("word", "token"):
+            raise ValueError(f"per must be 'word' or 'token', got {per!r}")
         if not getattr(self.model, "is_causal", False) and not allow_noncausal:
             raise NonCausalModelError(
                 f"{type(self.model).__name__}.is_causal is False, so its perplexity is not a "
@@ -125,7 +130,7 @@ class TrainedRun:
             window=cfg.eval_window,
             padding_side=cfg.padding_side,
         )
-        return float(result["ppl_per_word"])
+        return float(result["ppl_per_word" if per == "word" else "ppl"])
 
     def generate(self, prompt: str, max_new_tokens: int = 20, **options: Any) -> str:
         """``prompt`` followed by the model's continuation, as text.

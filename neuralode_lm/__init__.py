@@ -1,6 +1,7 @@
 """Continuous-depth language models: ODE decoders over LSTM and GPT-2 encoders.
 
-The solver facade :func:`solve` (torchdiffeq, TorchDyn, torchode), vector fields, the causal
+The solver facade :func:`solve` (torchdiffeq, TorchDyn, torchode) and its
+``torchdiffeq.odeint``-compatible twin :func:`odeint`, vector fields, the causal
 ODE head and the NODE-LM report's reconstruction decoder, encoders, and the models
 (``build_model("ode-lstm", vocab_size)`` etc.), all trained in minibatches.
 """
@@ -26,6 +27,7 @@ from .solvers import (
     SolverError,
     SolverStats,
     StepSizeUnderflowError,
+    odeint,
     solve,
 )
 
@@ -57,5 +59,6 @@ __all__ = [
     "as_field",
     "build_model",
     "make_field",
+    "odeint",
     "solve",
 ]

@@ -300,7 +300,7 @@ def test_sinusoidal_positions_and_embedding_scale() -> None:
     torch.manual_seed(0)
     learned = ODETransformerLM(tiny_config(n_layers=1))
     model = ODETransformerLM(tiny_config(n_layers=1, positions="sinusoidal", scale_embeddings=True))
-    count = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731
+    count = lambda m: sum(p.numel() for p in m.parameters())
     assert count(learned) - count(model) == TINY["max_positions"] * D
     table = model.position_table
     pos, i = 7, 3  # odd column 2i+1 = 7 holds cos(pos / 10000^(2i/d))

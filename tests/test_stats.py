@@ -60,10 +60,8 @@ def test_markdown_table_aggregates_seeds_against_the_baseline():
     table = markdown_table(results, "base")
     rows = {line.split(" | ")[0].strip("| "): line for line in table.splitlines()}
     # base: mean 10.833, sd sqrt((0.694 + 0.111 + 1.361) / 2) = 1.041
-    assert "| 3 | 10.83 ± 1.04 | baseline | - |" in rows["base"]
+    assert "| 0.12M | 10.83 ± 1.04 (3) | baseline |" in rows["base"]
     # rk - base: 1.0, 1.5, 1.0 -> mean 1.1667, sd 0.2887, half 4.303 * 0.2887 / sqrt(3) = 0.717
-    assert "| 3 | 12.00 ± 1.00 | +1.17 [+0.45, +1.88] | yes |" in rows["rk"]
-    assert (
-        "| 1 | 9.00 ± n/a (non-causal: not an LM perplexity) | -1.00 [n/a] | n/a |" in rows["solo"]
-    )
+    assert "| 12.00 ± 1.00 (3) | +1.17 [+0.45, +1.88], significant |" in rows["rk"]
+    assert "| 9.00 ± n/a (1) (non-causal: not an LM perplexity) | -1.00 [n/a] |" in rows["solo"]
     assert "Data protocol: P." in table and "seeds 0, 1, 2" in table

@@ -2,7 +2,8 @@
 
 ``solve(field, y0, t, config)`` (or ``solve(field, y0, t, method=..., rtol=...)``)
 integrates ``dz/ds = field(s, z)`` from ``t[0]`` through every time in ``t`` and returns
-the states ``[len(t), *y0.shape]`` with a :class:`SolverStats`. The facade only translates
+the states ``[len(t), *y0.shape]`` with a :class:`SolverStats`; ``odeint(func, y0, t)``
+is the same with ``torchdiffeq.odeint``'s signature and defaults. The facade only translates
 names and options and watches the solve (function evaluations, steps, a step cap,
 non-finite states); every number is computed by the backend library.
 
@@ -30,7 +31,7 @@ from .errors import (
     SolverError,
     StepSizeUnderflowError,
 )
-from .facade import solve
+from .facade import odeint, solve
 from .monitor import SolverStats
 
 __all__ = [
@@ -48,5 +49,6 @@ __all__ = [
     "StepSizeUnderflowError",
     "fixed_grid",
     "grid_steps",
+    "odeint",
     "solve",
 ]

@@ -121,11 +121,16 @@ def fixed_grid(t: torch.Tensor, step_size: float) -> torch.Tensor:
 
     Each interval ``[t_i, t_{i+1}]`` between consecutive requested times is split into the
     fewest equal steps no longer than ``step_size``, so every requested time is a grid point
-    and no backend interpolates a readout.
+    and no backend interpolates a readout. "No longer" allows for rounding: the times (and a
+    ``step_size`` read off them) are off by up to an ulp of the largest time, in float32 at
+    least as times are often built in float32, so an interval within a few such ulps (at
+    most a tenth of a step) of ``n * step_size`` takes ``n`` steps. A ``step_size`` read off
+    a float32 ``torch.linspace`` thus steps once per interval, as the user meant.
     """
+    ulp = _time_ulp(t)
     pieces = [t[:1]]
     for start, end in itertools.pairwise(t):
-        steps = _interval_steps(start, end, step_size)
+        steps = _interval_steps(start, end, step_size, ulp)
         piece = torch.linspace(float(start), float(end), steps + 1, dtype=t.dtype, device=t.device)
         piece[-1] = end
         pieces.append(piece[1:])
@@ -135,12 +140,22 @@ def fixed_grid(t: torch.Tensor, step_size: float) -> torch.Tensor:
 def grid_steps(t: torch.Tensor, step_size: float) -> int:
     """The number of steps of ``fixed_grid(t, step_size)``, counted without building it (a
     tiny ``step_size`` is refused before a huge grid is allocated)."""
-    return sum(_interval_steps(start, end, step_size) for start, end in itertools.pairwise(t))
+    ulp = _time_ulp(t)
+    return sum(_interval_steps(a, b, step_size, ulp) for a, b in itertools.pairwise(t))
 
 
-def _interval_steps(start: torch.Tensor, end: torch.Tensor, step_size: float) -> int:
-    """The fewest equal steps no longer than ``step_size`` from ``start`` to ``end``."""
-    return max(1, math.ceil(float(end - start) / step_size * (1 - 1e-12)))
+def _time_ulp(t: torch.Tensor) -> float:
+    """The rounding of the times: an ulp of the largest, in float32 at least."""
+    eps = max(torch.finfo(t.dtype).eps, torch.finfo(torch.float32).eps)
+    return eps * max(abs(float(t[0])), abs(float(t[-1])))
+
+
+def _interval_steps(start: torch.Tensor, end: torch.Tensor, step_size: float, ulp: float) -> int:
+    """The fewest equal steps no longer than ``step_size`` (up to rounding, see
+    :func:`fixed_grid`) from ``start`` to ``end``."""
+    ratio = float(end - start) / step_size
+    slack = min(0.1, max(1e-12 * ratio, 2 * (1 + ratio) * ulp / step_size))
+    return max(1, math.ceil(ratio - slack))
 
 
 def _adjoint_kind(adjoint: bool | str) -> str:

@@ -9,11 +9,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from .config import SolverConfig, grid_steps
+from .config import FIXED_METHODS, SolverConfig, grid_steps
 from .errors import MaxStepsExceeded, NonFiniteStateError, SolverConfigError
 from .monitor import MonitoredField, SolverStats, StepMonitor
 
-__all__ = ["solve"]
+__all__ = ["odeint", "solve"]
 
 _INSTALL_HINT = {
     "torchdiffeq": "pip install torchdiffeq",
@@ -31,6 +31,11 @@ def solve(
     **options: Any,
 ) -> tuple[torch.Tensor, SolverStats]:
     """Integrate ``dz/ds = field(s, z)``, ``z(t[0]) = y0``; return ``(z(t), stats)``.
+
+    Defaults differ from ``torchdiffeq.odeint``: rtol 1e-3 / atol 1e-4 (torchdiffeq: 1e-7 /
+    1e-9), tolerances for training language models rather than for reference solutions, and
+    a step cap of :data:`DEFAULT_MAX_NUM_STEPS`. :func:`odeint` has torchdiffeq's signature
+    and defaults.
 
     Args:
         field: an ``nn.Module`` (or callable) ``field(s, z) -> dz/ds`` of ``z``'s shape; the
@@ -79,6 +84,57 @@ def solve(
         raise monitor.fail(NonFiniteStateError, "the final state is non-finite")
     monitor.enter_backward()
     return states, stats
+
+
+def odeint(
+    func: Callable[..., torch.Tensor],
+    y0: torch.Tensor,
+    t: torch.Tensor | Sequence[float],
+    rtol: float = 1e-7,
+    atol: float = 1e-9,
+    method: str | None = None,
+    options: dict[str, Any] | None = None,
+    *,
+    backend: str = "torchdiffeq",
+    adjoint: bool | str = False,
+    return_stats: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, SolverStats]:
+    """``torchdiffeq.odeint``'s signature and defaults over :func:`solve`'s backends.
+
+    Returns the states ``[len(t), *y0.shape]`` (and the :class:`SolverStats` with
+    ``return_stats=True``). ``method=None`` is dopri5; ``options`` takes torchdiffeq's
+    ``step_size`` and ``max_num_steps`` (no step cap unless given, as in torchdiffeq); a
+    fixed-grid method without ``step_size`` steps onto the times ``t``, as torchdiffeq's
+    does. Unlike torchdiffeq, ``y0`` is one tensor and ``t`` strictly increasing;
+    ``adjoint=True`` is ``odeint_adjoint`` (``func`` an ``nn.Module``).
+    """
+    options = dict(options or {})
+    unknown = set(options) - set(_ODEINT_OPTIONS)
+    if unknown:
+        raise SolverConfigError(
+            f"odeint option(s) {sorted(unknown)} are not supported; supported: "
+            f"{', '.join(_ODEINT_OPTIONS)} (use torchdiffeq.odeint for the others)"
+        )
+    method = method or "dopri5"
+    options.setdefault("max_num_steps", None)
+    if method in FIXED_METHODS and options.get("step_size") is None:
+        times = torch.as_tensor(t)
+        options["step_size"] = float((times[1:] - times[:-1]).max()) if times.numel() > 1 else 1.0
+    states, stats = solve(
+        func,
+        y0,
+        t,
+        rtol=rtol,
+        atol=atol,
+        method=method,
+        backend=backend,
+        adjoint=adjoint,
+        **options,
+    )
+    return (states, stats) if return_stats else states
+
+
+_ODEINT_OPTIONS = ("step_size", "max_num_steps")
 
 
 def _adapter(backend: str) -> Any:

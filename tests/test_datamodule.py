@@ -1,0 +1,68 @@
+"""``LMDataModule.from_corpus``: a corpus name to batches a plain ``pl.Trainer`` trains on."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import pytorch_lightning as pl
+import torch
+
+from experiments.config import ConfigError, DataConfig, OptimConfig, RunConfig
+from experiments.evaluate import perplexity
+from experiments.models import build_model
+from experiments.task import LMDataModule, LMTask
+from experiments.train import prepare_data
+
+TINY = {
+    "family": "ode_transformer",
+    "preset": "small",
+    "n_layers": 1,
+    "d_model": 16,
+    "d_ff": 32,
+    "n_heads": 2,
+    "dropout": 0.0,
+    "attention_dropout": 0.0,
+    "relu_dropout": 0.0,
+}
+
+
+def test_from_corpus_trains_and_tests_under_a_plain_trainer(tmp_path) -> None:
+    torch.manual_seed(0)
+    datamodule = LMDataModule.from_corpus("grammar", batch_size=8)
+    assert datamodule.vocab_size == datamodule.tokenizer.vocab_size > 10
+    assert datamodule.config.batch_size == 8 and datamodule.config.bptt == 35
+    assert datamodule.train_batches()[0].shape == (8, 36)  # bptt + 1 tokens per row
+    task = LMTask(build_model(TINY, datamodule.vocab_size), OptimConfig(lr=3e-3))
+    trainer = pl.Trainer(
+        max_steps=5,
+        default_root_dir=tmp_path,
+        enable_progress_bar=False,
+        enable_checkpointing=False,
+        logger=False,
+        limit_val_batches=2,
+    )
+    trainer.fit(task, datamodule=datamodule)
+    assert trainer.global_step == 5
+    (metrics,) = trainer.test(task, datamodule=datamodule, verbose=False)
+    # test/ppl is the exact perplexity of the whole test split, as the harness computes it
+    expected = perplexity(task.model.eval(), datamodule.data, "test", window=128)
+    assert metrics["test/ppl"] == pytest.approx(expected["ppl"], rel=1e-5)
+    assert 1 < metrics["test/ppl"] < datamodule.vocab_size
+    assert math.isfinite(metrics["test/nfe"])
+
+
+def test_from_corpus_encodes_as_odelm_train_does() -> None:
+    ours = LMDataModule.from_corpus("grammar", protocol="mini", corpus_seed=3, batching="sentences")
+    harness = prepare_data(
+        RunConfig(data=DataConfig(corpus="grammar", protocol="mini", seed=3, batching="sentences"))
+    )
+    assert ours.config.batching == "sentences" and "seed 3)-mini" in ours.data.protocol
+    assert ours.tokenizer.fingerprint() == harness.tokenizer.fingerprint()
+    for split in ("train", "valid", "test"):
+        assert torch.equal(ours.data.split(split).ids, harness.split(split).ids)
+
+
+def test_from_corpus_names_an_unknown_option() -> None:
+    with pytest.raises(ConfigError, match=r"unknown data option\(s\) \['bpt'\]; valid: .*bptt"):
+        LMDataModule.from_corpus("grammar", bpt=20)
