@@ -89,7 +89,7 @@ def test_sigkill_mid_run_then_resume_matches_uninterrupted(tmp_path, tiny_config
     os.kill(process.pid, signal.SIGKILL)
     process.wait()
     assert not (tmp_path / "killed" / "result.json").exists(), "the run finished before the kill"
-    state = torch.load(checkpoints / "last.ckpt", weights_only=False)
+    state = torch.load(checkpoints / "last.ckpt", weights_only=True)
     assert 0 < state["global_step"] < 40
     resumed = train(parse_config(config("killed")))
     assert resumed["steps"] == 40
@@ -160,7 +160,7 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, tiny_config
         train(parse_config(values))
     last = tmp_path / "nan" / "checkpoints" / "last.ckpt"
     assert last.is_file(), "the run diverged before its first checkpoint: nothing was checked"
-    state = torch.load(last, weights_only=False)["state_dict"]
+    state = torch.load(last, weights_only=True)["state_dict"]
     assert all(torch.isfinite(v).all() for v in state.values())
     assert not (tmp_path / "nan" / "result.json").exists()
 
