@@ -21,6 +21,7 @@ from experiments.cli import main
 from experiments.config import ConfigError, parse_config
 from experiments.data.tokenization import VocabularyMismatchError, WordTokenizer
 from experiments.models import build_model
+from experiments.runfolder import RUN_MARKER, RunFilesChangedError
 from experiments.task import NonFiniteLossError
 from experiments.train import OutputDirError, train
 from experiments.trained import load_run
@@ -183,8 +184,12 @@ def test_eval_and_generate_commands_and_vocabulary_check(tmp_path, capsys, tiny_
         main(["generate", str(tmp_path / "cli"), "--prompt", "a dog", "--max-new-tokens", "4"]) == 0
     )
     assert capsys.readouterr().out.startswith("a dog ")
-    # the run's model beside another vocabulary: the mismatch is refused
+    # the run's model beside another vocabulary: the mismatch is refused (by the fingerprint
+    # once the recorded checksum, which catches it first, is forgotten)
     WordTokenizer(["<eos>", "a", "dog", "runs"]).save(tmp_path / "cli" / "tokenizer")
+    with pytest.raises(RunFilesChangedError, match="tokenizer does not match"):
+        load_run(tmp_path / "cli")
+    (tmp_path / "cli" / RUN_MARKER).write_text("{}")
     with pytest.raises(VocabularyMismatchError, match="trained with tokenizer"):
         load_run(tmp_path / "cli")
     assert main(["train", "--config", str(tmp_path / "missing.yaml")]) == 2
