@@ -233,14 +233,15 @@ def _train_run(plan: PlannedRun, out_dir: Path, label: str) -> dict[str, Any] | 
 
 def _die_with_parent(parent: int) -> Any:
     """A ``preexec_fn`` that makes Linux kill the trainer when ``odelm compare`` dies, however
-    it dies (``PR_SET_PDEATHSIG``); elsewhere the child is left as it is."""
+    it dies (``PR_SET_PDEATHSIG``); elsewhere the child is left as it is. The C library is
+    opened here, before the fork: the child only makes the call."""
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
 
     def arm() -> None:
-        try:
-            libc = ctypes.CDLL(None, use_errno=True)
-            libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
-        except (OSError, AttributeError):
-            return
+        prctl(1, signal.SIGKILL, 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
         if os.getppid() != parent:  # the parent died before the signal was armed
             os._exit(1)
 

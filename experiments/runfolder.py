@@ -82,7 +82,7 @@ def check_not_foreign(folder: Path, marker: str = RUN_MARKER) -> None:
         raise ForeignFolderError(
             f"{folder} is not empty and odelm did not make it (no {marker} marker), so odelm "
             "will not write or delete anything there; choose another name or folder (a run "
-            f"made before odelm 0.3 can be adopted by creating {folder / marker})"
+            f"made by an older odelm is adopted by creating {folder / marker})"
         )
 
 
