@@ -24,6 +24,8 @@ import errno
 import os
 import pickle
 from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -75,6 +77,23 @@ def atomic_save(obj: Any, path: str | Path) -> None:
             ) from None
         raise
     os.replace(partial, path)
+
+
+@contextmanager
+def disk_full_is_one_line(folder: Path) -> Iterator[None]:
+    """Any other write of a run that fills the disk (logs, tokenizer, result) ends in
+    :class:`DiskFullError` naming the file, not in a traceback."""
+    try:
+        yield
+    except OSError as error:
+        if isinstance(error, OdelmError) or not _is_disk_full(error):
+            raise
+        where = error.filename or folder
+        raise DiskFullError(
+            errno.ENOSPC,
+            f"no space left on device writing {where}; free some space or choose another "
+            "out_dir (the run resumes from its last checkpoint)",
+        ) from None
 
 
 def _is_disk_full(error: BaseException) -> bool:

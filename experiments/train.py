@@ -42,6 +42,7 @@ from experiments.checkpoints import (
     CheckpointAverager,
     CorruptCheckpointError,
     RunCheckpoint,
+    disk_full_is_one_line,
     read_checkpoint,
 )
 from experiments.config import RunConfig
@@ -163,10 +164,11 @@ def train(
     refused, and the folder is locked while this process uses it
     (``experiments.runfolder``).
     """
+    run_dir = config.run_dir
     runfolder.check_run_name(config.name)
-    runfolder.check_not_foreign(config.run_dir)
-    check_writable(config.run_dir)
-    with runfolder.claimed_run(config.run_dir, overwrite=overwrite):
+    runfolder.check_not_foreign(run_dir)
+    check_writable(run_dir)
+    with runfolder.claimed_run(run_dir, overwrite=overwrite), disk_full_is_one_line(run_dir):
         return _train_locked(config, callbacks, data)
 
 

@@ -20,7 +20,9 @@ called on, the weights are safetensors (no pickle), their SHA-256 recorded in
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import errno
 import functools
 import hashlib
 import importlib
@@ -28,6 +30,7 @@ import inspect
 import json
 import os
 import typing
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -62,6 +65,10 @@ class PretrainedError(OdelmError, ValueError):
 
 class PretrainedNotFoundError(OdelmError, FileNotFoundError):
     """A directory does not hold a model saved by ``save_pretrained``."""
+
+
+class ModelDiskFullError(OdelmError, OSError):
+    """No space was left to write a saved model (the previous files are kept)."""
 
 
 class CorruptModelError(OdelmError, ValueError):
@@ -145,11 +152,13 @@ class PretrainedMixin:
         directory.mkdir(parents=True, exist_ok=True)
         config = {**self.model_spec(), "metadata": _json_ready(metadata or {}, "metadata")}
         partial = directory / (WEIGHTS_FILE + ".partial")
-        save_model(self, str(partial))  # type: ignore[arg-type]
+        with _no_space_named(partial, directory, WEIGHTS_FILE):
+            save_model(self, str(partial))  # type: ignore[arg-type]
         config["weights_sha256"] = file_sha256(partial)
         os.replace(partial, directory / WEIGHTS_FILE)
         partial = directory / (CONFIG_FILE + ".partial")
-        partial.write_text(json.dumps(config, indent=2) + "\n")
+        with _no_space_named(partial, directory, CONFIG_FILE):
+            partial.write_text(json.dumps(config, indent=2) + "\n")
         os.replace(partial, directory / CONFIG_FILE)
 
     @classmethod
@@ -162,6 +171,24 @@ class PretrainedMixin:
                 "with its own class or with odelm.pretrained.load_pretrained"
             )
         return model
+
+
+@contextlib.contextmanager
+def _no_space_named(partial: Path, directory: Path, name: str) -> Iterator[None]:
+    """A full disk while writing ``name`` (safetensors reports it as its own error) becomes
+    :class:`ModelDiskFullError`; the partial file is removed."""
+    try:
+        yield
+    except Exception as error:
+        partial.unlink(missing_ok=True)
+        full = getattr(error, "errno", None) in (errno.ENOSPC, errno.EDQUOT)
+        if full or "No space left on device" in str(error):
+            raise ModelDiskFullError(
+                errno.ENOSPC,
+                f"no space left on {directory} while writing {name}; free some space or "
+                "choose another out_dir (the previous file is kept)",
+            ) from None
+        raise
 
 
 def _with_dataclasses(init: Any, config: dict[str, Any]) -> dict[str, Any]:

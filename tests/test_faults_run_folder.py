@@ -146,16 +146,43 @@ def _fail_like_a_full_disk(obj, handle, *args, **kwargs):
     raise OSError(errno.ENOSPC, "No space left on device")
 
 
-def test_disk_full_while_checkpointing_is_one_line(tmp_path, tiny_config, capsys, monkeypatch):
+def _safetensors_full(*args, **kwargs):
+    from safetensors import SafetensorError
+
+    raise SafetensorError("Error while serializing: I/O error: No space left on device")
+
+
+def _json_full(path, values):
+    raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+
+DISK_FULL = {
+    # where the disk fills: (module, attribute, replacement, expected words)
+    "checkpoint": ("torch", "save", _fail_like_a_full_disk, "while writing last.ckpt"),
+    "model": (
+        "safetensors.torch",
+        "save_model",
+        _safetensors_full,
+        "while writing model.safetensors",
+    ),
+    "result": ("experiments.train", "write_json", _json_full, "writing "),
+}
+
+
+@pytest.mark.parametrize("point", list(DISK_FULL))
+def test_disk_full_is_one_line(tmp_path, tiny_config, capsys, monkeypatch, point):
+    import importlib
+
+    module, name, replacement, expected = DISK_FULL[point]
     config_file = tmp_path / "run.yaml"
     config_file.write_text(yaml.safe_dump(tiny_config(tmp_path, "full", trainer={"max_steps": 4})))
-    monkeypatch.setattr(torch, "save", _fail_like_a_full_disk)
+    monkeypatch.setattr(importlib.import_module(module), name, replacement)
     assert main(["train", "--config", str(config_file), "--quiet"]) == 2
     captured = capsys.readouterr()
     assert "Traceback" not in captured.err
     err = captured.err.strip()
     assert len(err.splitlines()) == 1 and err.startswith("odelm: error: no space left on ")
-    assert "while writing last.ckpt" in err
+    assert expected in err and not (tmp_path / "full" / "result.json").exists()
 
 
 def test_a_failed_first_attempt_does_not_block_the_corrected_config(tmp_path, tiny_config, capsys):
