@@ -275,8 +275,9 @@ def model_class(architecture: str, trusted: type | None = None) -> type[Pretrain
     if architecture not in ARCHITECTURES:
         raise PretrainedError(
             f"architecture {architecture!r} is not one of the library's models "
-            f"({', '.join(sorted(ARCHITECTURES))}); odelm loads no other code from a saved "
-            "model (load your own class with YourClass.from_pretrained)"
+            f"({', '.join(sorted(ARCHITECTURES))}); odelm imports no other code for a saved "
+            "model (load your own class with YourClass.from_pretrained, or pass model= to "
+            "LMTask.load_from_checkpoint)"
         )
     module_name, _, qualname = architecture.partition(":")
     target: Any = importlib.import_module(module_name)
