@@ -66,6 +66,12 @@ def _flip_weights(run: Path) -> None:
     weights.write_bytes(bytes(data))
 
 
+def _garbage_bpe_tokenizer(run: Path) -> None:
+    (run / "tokenizer").unlink()
+    (run / "tokenizer").mkdir()
+    (run / "tokenizer" / "tokenizer.json").write_text('{"model": 3}')
+
+
 def _small_tokenizer(run: Path) -> None:
     WordTokenizer(["<eos>", "a", "dog"]).save(run / "tokenizer")
     path = run / "model" / "config.json"
@@ -112,6 +118,11 @@ CASES: dict[str, tuple[Callable[[Path], None], bool, str]] = {
     ),
     "tokenizer JSON without tokens": (
         lambda run: (run / "tokenizer").write_text('{"kind": "word"}'),
+        True,
+        "is not a tokenizer odelm can read",
+    ),
+    "garbage BPE tokenizer.json": (
+        _garbage_bpe_tokenizer,
         True,
         "is not a tokenizer odelm can read",
     ),

@@ -33,6 +33,7 @@ from odelm.pretrained import (
     ARCHITECTURES,
     CorruptModelError,
     PretrainedError,
+    PretrainedMixin,
     load_pretrained,
 )
 
@@ -150,6 +151,21 @@ def test_the_registry_names_every_model_class_of_the_library():
     classes = [*MODELS.values(), ODETransformerLM, ODETransformerEncoder]
     classes += [BigramLM, WordLMTransformer]
     assert {f"{c.__module__}:{c.__qualname__}" for c in classes} == ARCHITECTURES
+
+
+class _UserModel(PretrainedMixin, torch.nn.Module):
+    """A user's own model class: loadable through itself, never by name from a file."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(width, width)
+
+
+def test_a_users_own_class_loads_through_itself_only(tmp_path):
+    _UserModel(3).save_pretrained(tmp_path)
+    assert isinstance(_UserModel.from_pretrained(tmp_path), _UserModel)
+    with pytest.raises(PretrainedError, match="_UserModel' is not one of the library's models"):
+        load_pretrained(tmp_path)
 
 
 # Security 3: a run name is one safe folder name.
