@@ -58,6 +58,10 @@ class ForeignFolderError(OdelmError, FileExistsError):
     """A non-empty folder odelm did not make (no marker) was to be written into."""
 
 
+class FolderWriteError(OdelmError, OSError):
+    """A run or comparison folder cannot be made or marked."""
+
+
 class RunInUseError(OdelmError, BlockingIOError):
     """Another process is training in the run folder."""
 
@@ -104,9 +108,14 @@ def read_marker(folder: Path, marker: str = RUN_MARKER) -> dict[str, Any]:
 def claim_folder(folder: Path, marker: str, kind: str) -> None:
     """Make ``folder`` (refusing a foreign one) and mark it as odelm's ``kind`` folder."""
     check_not_foreign(folder, marker)
-    folder.mkdir(parents=True, exist_ok=True)
-    if not (folder / marker).is_file():
-        _write_marker(folder, marker, {"kind": kind, "files": {}})
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        if not (folder / marker).is_file():
+            _write_marker(folder, marker, {"kind": kind, "files": {}})
+    except OSError as error:
+        raise FolderWriteError(
+            f"cannot make {kind} folder {folder} ({error.strerror}); choose another folder"
+        ) from None
 
 
 def clear_run(run_dir: Path) -> None:
@@ -184,6 +193,11 @@ def record_run_files(run_dir: Path, names: Iterable[str]) -> None:
 def verify_run_files(run_dir: Path) -> None:
     """Refuse a run whose recorded files changed (a run with no record is not checked)."""
     recorded = read_marker(run_dir).get("files") or {}
+    if not isinstance(recorded, dict):
+        raise RunFilesChangedError(
+            f"{run_dir / RUN_MARKER} is damaged (its file list is not a mapping); restore the "
+            "run from a copy, or retrain it"
+        )
     for name, expected in sorted(recorded.items()):
         path = run_dir / name
         if Path(name).is_absolute() or ".." in Path(name).parts:

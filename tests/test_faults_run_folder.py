@@ -127,6 +127,11 @@ CASES: dict[str, tuple[Callable[[Path], None], bool, str]] = {
         "is not a tokenizer odelm can read",
     ),
     "tokenizer smaller than the model": (_small_tokenizer, True, "the model's vocabulary has"),
+    "checksum list not a mapping": (
+        lambda run: (run / RUN_MARKER).write_text(json.dumps({"files": [1]})),
+        False,
+        "is damaged",
+    ),
     "checksum list pointing outside the run": (
         lambda run: (run / RUN_MARKER).write_text(json.dumps({"files": {"../x": "0"}})),
         False,
@@ -206,6 +211,17 @@ def test_a_failed_first_attempt_does_not_block_the_corrected_config(tmp_path, ti
     config_file.write_text(yaml.safe_dump(fixed))
     assert main(["train", "--config", str(config_file), "--quiet"]) == 0
     assert json.loads(capsys.readouterr().out.splitlines()[-2])["steps"] == 2
+
+
+def test_a_comparison_folder_that_is_a_file_is_one_line(tmp_path, tiny_model, capsys):
+    grid = tmp_path / "grid.yaml"
+    grid.write_text(
+        yaml.safe_dump({"shared": {"seed": 0}, "runs": [{"name": "a", "model": tiny_model}]})
+    )
+    (tmp_path / "out").write_text("a file")
+    assert main(["compare", "--grid", str(grid), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "cannot make comparison folder" in err
 
 
 def test_a_checkpoint_without_a_step_is_one_line(tmp_path, tiny_config, capsys):
