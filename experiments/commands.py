@@ -20,7 +20,7 @@ from experiments.config import (
     merge,
     parse_config,
 )
-from experiments.config_checks import ConfigError, config_error, key_type
+from experiments.config_checks import ConfigError, check_range, config_error, key_type
 from experiments.data.corpora import CORPUS_NAMES
 from experiments.discretize import register_discretize
 
@@ -139,12 +139,15 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from experiments.evaluate import evaluate_run
     from experiments.trained import load_run
 
+    settings = ("bleu_sentences", "continuation_sentences", "prompt_len", "decode")
+    given = {key: getattr(args, key) for key in settings if getattr(args, key) is not None}
+    for key, value in given.items():
+        if key != "decode":  # a choice argparse checks
+            check_range(f"eval.{key}", value, "--" + key.replace("_", "-"))
     if args.num_threads:
         torch.set_num_threads(args.num_threads)
     run = load_run(args.run)
     config = run.config
-    settings = ("bleu_sentences", "continuation_sentences", "prompt_len", "decode")
-    given = {key: getattr(args, key) for key in settings if getattr(args, key) is not None}
     config.eval = dataclasses.replace(config.eval, **given)
     overrides = {"data_dir": args.data_dir} if args.data_dir else {}
     data = run.data(allow_changed_data=args.allow_changed_data, **overrides)
@@ -284,11 +287,17 @@ def register_eval(commands: Any) -> None:
 
 def register_generate(commands: Any) -> None:
     from experiments.decoding import STRATEGIES
+    from ode_transformer.generation import MAX_NEW_TOKENS
 
     parser = commands.add_parser("generate", help="continue a prompt with a trained run")
     parser.add_argument("run", help="a run directory written by odelm train")
     parser.add_argument("--prompt", required=True, help="the text to continue (its words)")
-    parser.add_argument("--max-new-tokens", type=int, default=20, help="tokens to generate")
+    parser.add_argument(
+        "--max-new-tokens",
+        type=int,
+        default=20,
+        help=f"tokens to generate (at most {MAX_NEW_TOKENS})",
+    )
     parser.add_argument(
         "--strategy",
         default="greedy",

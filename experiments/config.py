@@ -291,9 +291,13 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Ru
     return parse_config(merge(values, overrides or {}), where=str(path))
 
 
-def load_yaml(path: str | Path) -> dict[str, Any]:
-    """A YAML mapping, with ``base:`` files merged underneath (paths relative to the file)."""
+def load_yaml(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """A YAML mapping, with ``base:`` files merged underneath (paths relative to the file);
+    a file that is its own base, through any chain, is an error naming the chain."""
     path = Path(path)
+    if path.resolve() in _seen:
+        chain = " -> ".join(str(p) for p in (*_seen, path.resolve()))
+        raise ConfigError(f"base: files form a cycle ({chain}); remove one base: line")
     if not path.is_file():
         raise ConfigError(f"config file {path} does not exist")
     try:
@@ -306,6 +310,8 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     if not isinstance(values, dict):
         raise ConfigError(f"{path} must hold a YAML mapping at the top level")
     base = values.pop("base", None)
+    if base is not None and not isinstance(base, str):
+        raise ConfigError(f"base: in {path} must be a file name, got {base!r}")
     if base:
-        values = merge(load_yaml(path.parent / base), values)
+        values = merge(load_yaml(path.parent / base, (*_seen, path.resolve())), values)
     return values

@@ -92,15 +92,10 @@ def check_values(config: RunConfig) -> None:
     for key, (value, valid) in choices.items():
         if value not in valid:
             raise ConfigError(f"{key} = {value!r} is not one of {', '.join(valid)}")
-    for key, (value, low) in _lower_bounds(config).items():
-        if value is not None and value < low:
-            unset = " or null" if key in _NULLABLE else ""
-            raise ConfigError(f"{key} = {value!r} is out of range; it must be >= {low}{unset}")
-    if config.trainer.max_time_s is not None and config.trainer.max_time_s <= 0:
-        raise ConfigError(
-            f"trainer.max_time_s = {config.trainer.max_time_s!r} is out of range; it must be "
-            "> 0 or null"
-        )
+    for key, value in _ranged_values(config).items():
+        check_range(key, value)
+    for index, beta in enumerate(config.optim.betas):
+        check_range("optim.betas", beta, f"optim.betas[{index}]")
     for name in config.trainer.logger:
         if name not in ("csv", "tensorboard", "wandb"):
             raise ConfigError(f"trainer.logger {name!r} is not one of csv, tensorboard, wandb")
@@ -123,40 +118,90 @@ def check_values(config: RunConfig) -> None:
         raise ConfigError("the config has no model section; e.g. model: {family: ode_transformer}")
 
 
+@dataclasses.dataclass(frozen=True)
+class Interval:
+    """The values a setting may take: ``low`` to ``high``, each end included or not."""
+
+    low: float
+    high: float | None = None
+    low_open: bool = False
+    high_open: bool = False
+
+    def __contains__(self, value: float) -> bool:
+        above = value > self.low if self.low_open else value >= self.low
+        if self.high is None:
+            return above
+        return above and (value < self.high if self.high_open else value <= self.high)
+
+    def __str__(self) -> str:
+        if self.high is None:
+            return f"{'>' if self.low_open else '>='} {self.low}"
+        left, right = "(" if self.low_open else "[", ")" if self.high_open else "]"
+        return f"in {left}{self.low}, {self.high}{right}"
+
+
+SEED_MAX = 2**32 - 1
+"""The largest seed numpy (and so Lightning's ``seed_everything``) accepts."""
+BPE_MIN_VOCAB = 258
+"""A trained byte-level BPE needs its 256 byte symbols plus ``<eos>`` and ``<unk>``."""
+RANGES: dict[str, Interval] = {
+    "seed": Interval(0, SEED_MAX),
+    "data.seed": Interval(0, SEED_MAX),
+    "data.batch_size": Interval(1),
+    "data.bptt": Interval(1),
+    "data.eval_batch_size": Interval(1),
+    "data.eval_window": Interval(2),  # one token of context, one predicted
+    "data.bpe_vocab_size": Interval(BPE_MIN_VOCAB),
+    "optim.lr": Interval(0),
+    "optim.betas": Interval(0, 1, high_open=True),
+    "optim.weight_decay": Interval(0),
+    "optim.momentum": Interval(0),
+    "optim.warmup_steps": Interval(0),
+    "optim.grad_clip": Interval(0, low_open=True),
+    "optim.label_smoothing": Interval(0, 1, high_open=True),
+    "trainer.max_steps": Interval(1),
+    "trainer.max_epochs": Interval(1),
+    "trainer.max_time_s": Interval(0, low_open=True),
+    "trainer.val_every": Interval(1),
+    "trainer.val_batches": Interval(1),
+    "trainer.checkpoint_every": Interval(1),
+    "trainer.early_stopping_patience": Interval(1),
+    "trainer.average_last": Interval(0),
+    "trainer.log_every": Interval(1),
+    "trainer.num_nodes": Interval(1),
+    "trainer.num_threads": Interval(1),
+    "eval.bleu_sentences": Interval(0),
+    "eval.continuation_sentences": Interval(0),
+    "eval.prompt_len": Interval(1),
+}
+"""The one range of every numeric setting: the config and the command line both check it."""
 _NULLABLE = {
+    "optim.grad_clip",
     "trainer.max_steps",
     "trainer.max_epochs",
+    "trainer.max_time_s",
     "trainer.val_batches",
     "trainer.early_stopping_patience",
     "trainer.num_threads",
 }
 
 
-def _lower_bounds(config: RunConfig) -> dict[str, tuple[float | None, float]]:
-    """Budgets and sizes with the smallest value that means something (None: unset)."""
-    data, trainer = config.data, config.trainer
-    return {
-        "data.batch_size": (data.batch_size, 1),
-        "data.bptt": (data.bptt, 1),
-        "data.eval_batch_size": (data.eval_batch_size, 1),
-        "data.eval_window": (data.eval_window, 2),  # one token of context, one predicted
-        "data.bpe_vocab_size": (data.bpe_vocab_size, 1),
-        "optim.lr": (config.optim.lr, 0),
-        "optim.weight_decay": (config.optim.weight_decay, 0),
-        "optim.momentum": (config.optim.momentum, 0),
-        "optim.warmup_steps": (config.optim.warmup_steps, 0),
-        "optim.label_smoothing": (config.optim.label_smoothing, 0),
-        "trainer.max_steps": (trainer.max_steps, 1),
-        "trainer.max_epochs": (trainer.max_epochs, 1),
-        "trainer.val_every": (trainer.val_every if isinstance(trainer.val_every, int) else None, 1),
-        "trainer.val_batches": (trainer.val_batches, 1),
-        "trainer.checkpoint_every": (trainer.checkpoint_every, 1),
-        "trainer.early_stopping_patience": (trainer.early_stopping_patience, 1),
-        "trainer.average_last": (trainer.average_last, 0),
-        "trainer.log_every": (trainer.log_every, 1),
-        "trainer.num_nodes": (trainer.num_nodes, 1),
-        "trainer.num_threads": (trainer.num_threads, 1),
-        "eval.bleu_sentences": (config.eval.bleu_sentences, 0),
-        "eval.continuation_sentences": (config.eval.continuation_sentences, 0),
-        "eval.prompt_len": (config.eval.prompt_len, 1),
-    }
+def check_range(key: str, value: float | None, label: str | None = None) -> None:
+    """Raise ``ConfigError`` naming ``label`` (default: ``key``) unless ``value`` lies in
+    ``RANGES[key]`` (None passes: the setting is unset)."""
+    if value is not None and value not in RANGES[key]:
+        unset = " or null" if key in _NULLABLE else ""
+        raise ConfigError(
+            f"{label or key} = {value!r} is out of range; it must be {RANGES[key]}{unset}"
+        )
+
+
+def _ranged_values(config: RunConfig) -> dict[str, float | None]:
+    """The value of every key of ``RANGES`` but the betas (None: unset)."""
+    values: dict[str, Any] = {"seed": config.seed}
+    for section in ("data", "optim", "trainer", "eval"):
+        for key, value in dataclasses.asdict(getattr(config, section)).items():
+            values[f"{section}.{key}"] = value
+    if isinstance(config.trainer.val_every, str):
+        values["trainer.val_every"] = None  # "epoch"
+    return {key: values[key] for key in RANGES if key != "optim.betas"}

@@ -135,6 +135,11 @@ def discretize(
     """The rows of the discretisation table for a finished run."""
     from experiments.trained import load_run
 
+    counts = [("--max-batches", max_batches), ("--batch-size", batch_size)]
+    for flag, value in [*counts, *(("--steps", n) for n in steps or [])]:
+        if value < 1:
+            raise DiscretizeError(f"{flag} must be >= 1, got {value}")
+
     run = load_run(run_dir)
     lm, data, config = run.model, run.data(), run.config
     lm = lm.to(getattr(torch, dtype)).eval()
@@ -233,6 +238,8 @@ def plot_pareto(rows: list[dict[str, Any]], path: Path, title: str) -> None:
 
 
 def cmd_discretize(args: argparse.Namespace) -> int:
+    if args.num_threads is not None and args.num_threads < 1:
+        raise DiscretizeError(f"--num-threads must be >= 1, got {args.num_threads}")
     if args.num_threads:
         torch.set_num_threads(args.num_threads)
     rows = discretize(

@@ -23,8 +23,10 @@ from experiments.data.batching import (
     stateful_evaluation_windows,
 )
 from experiments.data.tokenization import LMData
+from experiments.flops import counting_flops
 from odelm.errors import OdelmError
 
+FLOPS_SAMPLE = "every batch of the split, the forward passes of the perplexity and NFE"
 NONCAUSAL_LABEL = "non-causal (reconstruction) perplexity: not a valid language-model perplexity"
 
 
@@ -89,12 +91,14 @@ def perplexity(
     """Total NLL over every token of ``split`` (each predicted exactly once) and its ratios.
 
     ``stateful``: the model carries its state across consecutive windows of ``batch_size``
-    contiguous streams (the stateful extension of the contract).
+    contiguous streams (the stateful extension of the contract). The forward FLOPs per
+    predicted token (``experiments.flops``) and the mean NFE are measured on the same
+    forward passes, every batch of the split (``flops_sample``).
     """
     if stateful:
         check_stateful(model)
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
-    total_nll, total_tokens, nfe, state = 0.0, 0, [], None
+    total_nll, total_tokens, total_flops, nfe, state = 0.0, 0, 0, [], None
     batches = evaluation_batches(
         data,
         split,
@@ -107,12 +111,14 @@ def perplexity(
     for tokens, mask in batches:
         tokens = tokens.to(device)
         mask = None if mask is None else mask.to(device)
-        if stateful:
-            logits, aux = call_model(model, tokens[:, :-1], stateful=True, state=state)
-            state = aux["state"]
-        else:
-            logits, aux = call_model(model, tokens, mask)
+        with counting_flops(model) as flops:
+            if stateful:
+                logits, aux = call_model(model, tokens[:, :-1], stateful=True, state=state)
+                state = aux["state"]
+            else:
+                logits, aux = call_model(model, tokens, mask)
         nll, count = lm_nll(logits, tokens, mask)
+        total_flops += flops()
         total_nll += float(nll)
         total_tokens += count
         if "nfe" in aux:
@@ -125,6 +131,9 @@ def perplexity(
         "ppl": math.exp(total_nll / total_tokens),
         "ppl_per_word": math.exp(total_nll / words),
         "nfe": sum(nfe) / len(nfe) if nfe else None,
+        "flops_per_token": total_flops / total_tokens,
+        "flops_batches": len(batches),
+        "flops_sample": FLOPS_SAMPLE,
     }
 
 
@@ -149,8 +158,10 @@ def evaluate(
     Returns ``ppl`` (per token), ``ppl_per_word`` (total NLL / words), ``bleu_tf`` (the NODE-LM
     report's teacher-forced BLEU), ``bleu_cont`` (continuation BLEU after ``prompt_len``
     words, over ``continuation_sentences`` lines), ``tokens``, ``words``, ``seconds``, ``nfe`` (mean forward NFE when the model
-    reports it), ``is_causal`` and ``protocol``. BLEU uses the first ``bleu_sentences`` lines
-    of the split (0 skips BLEU). ``mode`` is ``stream`` (BPTT-style windows of ``window``
+    reports it), ``flops_per_token`` (forward FLOPs per predicted token, measured on the
+    same forward passes as ``ppl`` and ``nfe``: every batch of the split), ``is_causal``
+    and ``protocol``. BLEU uses the first ``bleu_sentences`` lines of the split (0 skips
+    BLEU). ``mode`` is ``stream`` (BPTT-style windows of ``window``
     tokens) or ``sentences`` (each line alone, padded on ``padding_side``), matching how the
     model was trained; ``stateful`` carries a stateful model's state across the windows of
     ``batch_size`` contiguous streams.

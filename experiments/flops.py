@@ -2,25 +2,71 @@
 
 Counted with PyTorch's public ``torch.utils.flop_counter.FlopCounterMode`` while the model
 runs on real evaluation batches, so an adaptive solver reports the FLOPs of the steps it
-actually took (its average over the batches), and a discrete model reports what its
-tableau costs. Matrix products and attention are counted; elementwise work is not
-(PyTorch's counter ignores it), which is the usual convention for Transformer FLOPs.
-Recurrent layers (``nn.LSTM``, ``nn.GRU``, ``nn.RNN``) run as fused kernels the counter
-does not see, so their matrix products are added in closed form by a forward hook:
-``2 x gates x hidden x (input + hidden)`` per token, layer and direction.
+actually took, and a discrete model what its tableau costs. Matrix products are counted
+(``2 x m x n x k`` for an ``[m, k] @ [k, n]`` product; bias additions and other elementwise
+work are not, the usual convention for Transformer FLOPs). Three kinds of fused kernel the
+counter alone would miss are covered:
+
+* attention: ``scaled_dot_product_attention`` on CPU runs as
+  ``_scaled_dot_product_flash_attention_for_cpu``, which PyTorch's counter scores 0; it is
+  given PyTorch's own SDPA formula (the one it uses for the GPU kernels): the ``QK^T``
+  scores ``2 x T_q x T_k x d_head`` and the scores-times-``V`` product
+  ``2 x T_q x T_k x d_head`` per head. Convention: the **full** ``T x T`` score matrix is
+  counted under a causal mask too, as the kernels compute it (no halving for the masked
+  half); the eager-attention path (explicit ``matmul``) is counted the same way;
+* the fused fast paths of ``nn.TransformerEncoderLayer`` / ``nn.MultiheadAttention``
+  (``_transformer_encoder_layer_fwd``, ``_native_multi_head_attention``), invisible to the
+  counter, are switched off while counting (``torch.backends.mha``), so their projections
+  and attention run as counted ops; the values computed are the same;
+* recurrent layers (``nn.LSTM``, ``nn.GRU``, ``nn.RNN``) run as fused kernels, so their
+  matrix products are added in closed form by a forward hook:
+  ``2 x gates x hidden x (input + hidden)`` per token, layer and direction.
+
+``evaluate`` counts during its own perplexity pass, so FLOPs, perplexity and NFE come from
+the same forward passes over the whole split. :func:`grid_flops` recomputes a grid's
+fixed-compute FLOPs from the configs alone (they do not depend on the weights).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 
 import torch
 from torch import nn
-from torch.utils.flop_counter import FlopCounterMode
+from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 
 from experiments.contract import call_model
-from experiments.data.tokenization import LMData
+
+aten = torch.ops.aten
+
+
+def _sdpa_flops(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
+    """PyTorch's SDPA formula (``QK^T`` plus scores-times-``V``, full ``T x T``)."""
+    return sdpa_flop_count(query_shape, key_shape, value_shape)
+
+
+# Fused attention kernels PyTorch's counter scores 0 (the GPU kernels it already counts).
+ATTENTION_FORMULAS = {aten._scaled_dot_product_flash_attention_for_cpu: _sdpa_flops}
+
+
+@contextmanager
+def counting_flops(model: nn.Module) -> Iterator[Callable[[], int]]:
+    """Count the forward FLOPs of everything ``model`` runs inside the block.
+
+    Yields a function returning the total so far (matrix products, attention included,
+    plus the closed form of recurrent kernels); valid after the block too.
+    """
+    fastpath = torch.backends.mha.get_fastpath_enabled()
+    torch.backends.mha.set_fastpath_enabled(False)
+    try:
+        with (
+            FlopCounterMode(display=False, custom_mapping=ATTENTION_FORMULAS) as counter,
+            recurrent_flops(model) as extra,
+        ):
+            yield lambda: counter.get_total_flops() + extra[0]
+    finally:
+        torch.backends.mha.set_fastpath_enabled(fastpath)
 
 
 @torch.no_grad()
@@ -43,9 +89,9 @@ def forward_flops_per_token(
             if max_batches is not None and index >= max_batches:
                 break
             ids, mask = batch if isinstance(batch, (tuple, list)) else (batch, None)
-            with FlopCounterMode(display=False) as counter, recurrent_flops(model) as extra:
+            with counting_flops(model) as counted:
                 call_model(model, ids)
-            flops += counter.get_total_flops() + extra[0]
+            flops += counted()
             if mask is None:
                 tokens += ids[:, 1:].numel()
             else:
@@ -90,31 +136,12 @@ def recurrent_flops(model: nn.Module) -> Iterator[list[int]]:
             handle.remove()
 
 
-TEST_FLOPS_BATCHES = 4  # adaptive solvers are slow: a few evaluation batches give the average
-
-
-def split_flops_per_token(
-    model: nn.Module,
-    data: LMData,
-    split: str = "test",
-    *,
-    mode: str = "stream",
-    window: int = 128,
-    padding_side: str = "right",
-    max_batches: int = TEST_FLOPS_BATCHES,
-) -> dict[str, float | int]:
-    """``{"flops_per_token", "flops_batches"}`` over the first ``max_batches`` of the
-    batches ``evaluate`` scores ``split`` with (same windows, padding and masks)."""
-    from experiments.evaluate import evaluation_batches, window_length
-
-    batches = evaluation_batches(
-        data, split, mode=mode, window=window_length(model, window), padding_side=padding_side
-    )[:max_batches]
-    device = next((p.device for p in model.parameters()), torch.device("cpu"))
-    on_device = [
-        (ids.to(device), None if mask is None else mask.to(device)) for ids, mask in batches
-    ]
-    return {
-        "flops_per_token": forward_flops_per_token(model, on_device),
-        "flops_batches": len(on_device),
-    }
+def is_adaptive(model: nn.Module) -> bool:
+    """Whether some ODE solve of ``model`` picks its own steps (its FLOPs depend on the
+    weights and the data, not on the config alone)."""
+    for module in model.modules():
+        for name in ("solver", "eval_solver", "integration"):
+            solver = getattr(module, name, None)
+            if hasattr(solver, "fixed") and hasattr(solver, "method") and not solver.fixed:
+                return True
+    return False

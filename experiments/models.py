@@ -14,6 +14,7 @@ from typing import Any
 from torch import nn
 
 from experiments.config import ConfigError
+from experiments.model_size import check_model_size
 
 FAMILIES = ("ode_transformer", "neuralode_lm", "reference")
 
@@ -24,6 +25,7 @@ def build_model(spec: dict[str, Any], vocab_size: int) -> nn.Module:
     family = options.pop("family", None)
     if family not in FAMILIES:
         raise ConfigError(f"model.family = {family!r}; valid: {', '.join(FAMILIES)}")
+    check_model_size(spec, vocab_size, model_keys())
     try:
         if family == "ode_transformer":
             from ode_transformer import ODETransformerLM
@@ -50,7 +52,28 @@ def build_model(spec: dict[str, Any], vocab_size: int) -> nn.Module:
             raise ConfigError(f"the reference bigram model takes no options, got {sorted(options)}")
         return BigramLM(vocab_size)
     except TypeError as error:
-        raise ConfigError(f"model section {spec}: {error}") from None
+        raise _key_error(spec, error) from None
+
+
+def _key_error(spec: dict[str, Any], error: TypeError) -> ConfigError:
+    """A constructor's "unexpected keyword argument" as one line naming the valid keys of
+    the model's family (a key of another family, e.g. ``preset`` for an ODE-LSTM)."""
+    import re
+
+    unexpected = re.search(r"unexpected keyword argument '(\w+)'", str(error))
+    family, name = spec.get("family"), spec.get("name", "bigram")
+    keys = model_keys()
+    valid = keys.get(f"{family}: {name}")
+    if unexpected is None or valid is None:
+        return ConfigError(f"model section {spec}: {error}")
+    if name in ("ode-lstm", "ode-gpt2", "aug-ode-gpt2"):
+        valid = {**valid, **keys["ODE heads (ode-lstm, ode-gpt2, aug-ode-gpt2)"]}
+    unknown = [key for key in spec if key not in (*valid, "family", "name")] or [unexpected[1]]
+    verb = "is not a key" if len(unknown) == 1 else "are not keys"
+    return ConfigError(
+        f"{', '.join(f'model.{key}' for key in unknown)} {verb} of {family} {name}; its keys: "
+        f"family, name, {', '.join(valid)} (odelm models lists every family's keys)"
+    )
 
 
 def depth_kind(spec: dict[str, Any], model: nn.Module) -> str:

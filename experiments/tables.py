@@ -59,9 +59,11 @@ NOTE = (
     "(n/a with one seed). NFE: evaluations of the depth function F per forward pass "
     "(docs/DESIGN.md): for Transformers F is one pre-norm attention+FFN layer (a residual "
     "layer costs 1, an RK block of s stages s, Macaron 1); for ODE heads F is the head's "
-    "small vector field, so NFE is not a cost across families. Forward FLOPs/token: PyTorch's FlopCounterMode over the first "
-    "test batches (matrix products and attention; elementwise work is not counted), per "
-    "predicted token."
+    "small vector field, so NFE is not a cost across families. Forward FLOPs/token "
+    "(experiments/flops.py): matrix products, attention's score and value products included "
+    "(the full T x T scores, under a causal mask too) and fused kernels in closed form; "
+    "elementwise work is not counted; per predicted token over every test batch, the forward "
+    "passes the perplexity and NFE come from."
 )
 
 
@@ -117,12 +119,7 @@ def markdown_table(results: list[dict[str, Any]], baseline: str) -> str:
         lines.append("| " + " | ".join(cells) + " |")
     protocols = "; ".join(sorted({str(r.get("protocol")) for r in results}))
     seeds = ", ".join(str(s) for s in sorted({r["seed"] for r in results}))
-    flops_batches = sorted(
-        {r["test_flops_batches"] for r in results if r.get("test_flops_batches")}
-    )
     note = NOTE.format(seeds=seeds, baseline=baseline)
-    if flops_batches:
-        note = note.replace("the first test", f"the first {_join(flops_batches)} test")
     lines += ["", f"Data protocol: {protocols}.", "", note]
     return "\n".join(lines) + "\n"
 
@@ -152,10 +149,6 @@ def _mean(runs: list[dict[str, Any]], key: str) -> float | None:
 
 def _number(value: Any) -> float:
     return float(value) if isinstance(value, (int, float)) else math.nan
-
-
-def _join(values: list[Any]) -> str:
-    return " or ".join(str(v) for v in values)
 
 
 def _csv_value(value: Any) -> Any:

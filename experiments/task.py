@@ -23,6 +23,7 @@ from torch.utils.data import DataLoader, Sampler
 from experiments.config import DataConfig, OptimConfig
 from experiments.contract import call_model, check_stateful, detach_state
 from experiments.data.batching import lm_nll, sentence_batches, stream_windows
+from experiments.data.registry import CorpusError
 from experiments.data.tokenization import LMData
 from experiments.recipes import (
     PlateauAnnealer,
@@ -102,6 +103,14 @@ class LMDataModule(pl.LightningDataModule):
     def train_batches(self) -> list[Any]:
         """One epoch of training batches (in stateful order when ``data.stateful``)."""
         split, cfg = self.data.split("train"), self.config
+        if not split.sentences:
+            hint = ""
+            if "-mini (" in self.data.protocol:
+                hint = (
+                    "; protocol mini trains on the first 90% of the valid split's lines: give "
+                    "a valid split of at least 2 lines, or use protocol full"
+                )
+            raise CorpusError(f"the train split of {self.data.protocol} is empty{hint}")
         if cfg.batching == "stream":
             windows = stream_windows(split.ids, cfg.batch_size, cfg.bptt)
             if cfg.stateful:
@@ -283,7 +292,13 @@ class LMTask(pl.LightningModule):
     def on_validation_epoch_end(self) -> None:
         totals = torch.tensor([self.val_nll, float(self.val_tokens)], dtype=torch.float64)
         totals = self.trainer.strategy.reduce(totals, reduce_op="sum")
-        ppl = math.exp(float(totals[0] / max(totals[1], 1.0)))
+        mean_nll = float(totals[0] / max(totals[1], 1.0))
+        if not mean_nll < math.log(torch.finfo(torch.float64).max):  # NaN, or exp overflows
+            raise NonFiniteLossError(
+                f"validation loss is {mean_nll:.4g} nats per token at step {self.global_step}: "
+                "training diverged (the perplexity overflows); lower optim.lr"
+            )
+        ppl = math.exp(mean_nll)
         self.log("val/ppl", ppl, prog_bar=True)
         self.log("val/elapsed_s", self.elapsed())
         if self.annealer is not None and not self.trainer.sanity_checking:

@@ -49,7 +49,6 @@ from experiments.config import RunConfig
 from experiments.data.corpora import load_corpus
 from experiments.data.tokenization import LMData, build_tokenizer, encode_corpus
 from experiments.evaluate import evaluate_run
-from experiments.flops import split_flops_per_token
 from experiments.loggers import build_loggers
 from experiments.models import build_model, count_parameters, depth_kind
 from experiments.recipes import with_budget
@@ -199,16 +198,6 @@ def _train_locked(
         parts.checkpoint.reload_state()
     selected = select_weights(model, parts.checkpoint, parts.averager)
     metrics = evaluate_run(model, data, config)
-    metrics.update(
-        split_flops_per_token(
-            model,
-            data,
-            "test",
-            mode=config.data.batching,
-            window=config.data.eval_window,
-            padding_side=config.data.padding_side,
-        )
-    )
     result = {
         "name": config.name,
         "family": depth_kind(config.model, model),

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
@@ -17,6 +18,8 @@ from typing import Any
 
 import torch
 from torch import nn
+
+from ode_transformer.backbone import TokenInputError, check_tokens
 
 from .errors import ModelConfigError
 
@@ -66,6 +69,19 @@ class LSTMConfig:
         names = {f.name for f in fields(cls)}
         mine = {k: v for k, v in options.items() if k in names}
         return mine, {k: v for k, v in options.items() if k not in names}
+
+
+def check_token_batch(
+    tokens: torch.Tensor, vocab_size: int, max_positions: float = math.inf, offset: int = 0
+) -> None:
+    """``TokenInputError`` for tokens a model cannot read: not ``[batch, time]`` integer ids
+    in ``[0, vocab_size)``, too long, or empty (no row or no position: nothing to predict)."""
+    check_tokens(tokens, vocab_size, max_positions, offset)  # type: ignore[arg-type]
+    if tokens.numel() == 0:
+        raise TokenInputError(
+            f"tokens must hold at least one sequence of at least one token, got shape "
+            f"{tuple(tokens.shape)}"
+        )
 
 
 class LSTMEncoder(nn.Module):
@@ -118,6 +134,7 @@ class LSTMEncoder(nn.Module):
         self, tokens: torch.Tensor, state: tuple[torch.Tensor, torch.Tensor] | None = None
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
         """Hidden states ``[B, T, hidden_dim]`` and the ``(h, c)`` after the last token."""
+        check_token_batch(tokens, self.embedding.num_embeddings)
         out, state = self.lstm(self.input_dropout(self.embedding(tokens)), state)
         return self.dropout(out), state
 

@@ -27,11 +27,12 @@ import torch
 from torch import nn
 
 from ode_transformer import generation
-from ode_transformer.backbone import check_tokens, init_weights
+from ode_transformer.backbone import init_weights
 from ode_transformer.layers import KVCache
 from odelm.pretrained import PretrainedMixin
 
 from .depth_field import GRID_TABLEAUX, DepthField, FixedGrid
+from .encoders import check_token_batch
 from .errors import ModelConfigError
 from .heads import RegularizedField
 from .solvers import FIXED_METHODS, SolverConfig, SolverStats, solve
@@ -227,7 +228,7 @@ class NODETransformerLM(PretrainedMixin, nn.Module):
         """The state after the last block (before the final LayerNorm) and the regulariser;
         with a ``cache`` the tokens continue the cached sequence."""
         start = 0 if cache is None else cache.position
-        check_tokens(tokens, self.vocab_size, self.max_positions, offset=start)
+        check_token_batch(tokens, self.vocab_size, self.max_positions, offset=start)
         positions = torch.arange(start, start + tokens.shape[1], device=tokens.device)
         y = self.dropout(self.token_embedding(tokens) + self.position_embedding(positions))
         self.last_stats = []

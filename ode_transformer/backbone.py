@@ -8,6 +8,8 @@ LayerNorm, GPT-style initialisation and the input checks.
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 
@@ -52,6 +54,16 @@ def init_weights(module: nn.Module) -> None:
         nn.init.zeros_(module.bias)
 
 
+def sinusoids(config: ODETransformerConfig) -> torch.Tensor:
+    """The fixed ``[max_positions, d_model]`` sin/cos table of Vaswani et al. (2017)."""
+    position = torch.arange(config.max_positions, dtype=torch.float).unsqueeze(1)
+    rate = torch.exp(torch.arange(0, config.d_model, 2).float() * (-math.log(1e4) / config.d_model))
+    table = torch.zeros(config.max_positions, config.d_model)
+    table[:, 0::2] = torch.sin(position * rate)
+    table[:, 1::2] = torch.cos(position * rate)[:, : config.d_model // 2]
+    return table
+
+
 def build_stack(config: ODETransformerConfig, causal: bool) -> LayerStack:
     """The stack of ``config.n_layers`` layers that ``config.stack`` names."""
     common = {
@@ -89,7 +101,11 @@ class Backbone(PretrainedMixin, nn.Module):
         self.vocab_size = config.vocab_size
         self.max_positions = config.max_positions
         self.token_embedding = nn.Embedding(config.vocab_size, config.d_model)
-        self.position_embedding = nn.Embedding(config.max_positions, config.d_model)
+        if config.positions == "learned":
+            self.position_embedding = nn.Embedding(config.max_positions, config.d_model)
+        else:
+            self.register_buffer("position_table", sinusoids(config), persistent=False)
+        self.embedding_scale = math.sqrt(config.d_model) if config.scale_embeddings else 1.0
         self.dropout = nn.Dropout(config.dropout)
         self.stack = build_stack(config, causal=causal)
         self.norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
@@ -105,11 +121,18 @@ class Backbone(PretrainedMixin, nn.Module):
         """The per-layer modules, in depth order (for per-block gradient-norm logging)."""
         return list(self.stack.layers)
 
+    def position(self, positions: torch.Tensor) -> torch.Tensor:
+        """Position vectors ``[T, d_model]``: the learned table's rows or the sinusoids."""
+        if self.config.positions == "learned":
+            return self.position_embedding(positions)
+        return self.position_table[positions]
+
     def states(
         self, tokens: torch.Tensor, start: int = 0, context: AttentionContext = NO_CONTEXT
     ) -> torch.Tensor:
         """Final-LayerNorm states ``[B, T, d_model]`` of ``tokens`` at positions ``start...``."""
         check_tokens(tokens, self.vocab_size, self.max_positions, offset=start)
         positions = torch.arange(start, start + tokens.shape[1], device=tokens.device)
-        x = self.dropout(self.token_embedding(tokens) + self.position_embedding(positions))
+        x = self.token_embedding(tokens) * self.embedding_scale + self.position(positions)
+        x = self.dropout(x)
         return self.norm(self.stack(x, context))

@@ -15,6 +15,9 @@ from .errors import ODETransformerConfigError
 from .stacks import STACKS, SUBLAYERS
 from .tableau import Tableau
 
+POSITIONS = ("learned", "sinusoidal")
+"""How position enters the input: a learned table or the fixed sinusoids of Vaswani et al."""
+
 
 @dataclass
 class ODETransformerConfig:
@@ -23,7 +26,10 @@ class ODETransformerConfig:
     ``block`` names a block of :data:`ode_transformer.blocks.BLOCKS`; alternatively pass
     ``tableau=(A, b)`` (explicit, fixed weights), which sets ``block="custom"``.
     ``sublayer`` picks ``F`` (attention, FFN, or both as one function) and ``stack`` how
-    layers combine (:data:`ode_transformer.stacks.STACKS`).
+    layers combine (:data:`ode_transformer.stacks.STACKS`). ``positions`` (``learned`` or
+    ``sinusoidal``) and ``scale_embeddings`` (token embeddings times ``sqrt(d_model)``, as
+    in Vaswani et al.) shape the input to the first block only, so every block compares on
+    the same input.
     """
 
     vocab_size: int = 10000
@@ -41,6 +47,8 @@ class ODETransformerConfig:
     stack: str = "plain"
     tie_embeddings: bool = True
     layer_norm_eps: float = 1e-5
+    positions: str = "learned"
+    scale_embeddings: bool = False
 
     def __post_init__(self) -> None:
         self._check_sizes()
@@ -62,8 +70,13 @@ class ODETransformerConfig:
                 raise ODETransformerConfigError(f"{name} must lie in [0, 1), got {value!r}")
 
     def _check_names(self) -> None:
+        if self.block is not None and not isinstance(self.block, str):
+            raise ODETransformerConfigError(
+                f"block must be a block name ({', '.join(BLOCKS)}), got {self.block!r}; give "
+                "your own Butcher tableau as tableau: [A, b] instead"
+            )
         if self.tableau is not None:
-            if self.block not in ("residual", "custom"):
+            if self.block not in ("residual", "custom", None):
                 raise ODETransformerConfigError(
                     f"pass either block={self.block!r} or tableau=(A, b), not both "
                     "(a user tableau makes block='custom')"
@@ -77,6 +90,10 @@ class ODETransformerConfig:
             raise ODETransformerConfigError(
                 f"unknown block {self.block!r}; valid: {', '.join(BLOCKS)} "
                 "(or pass tableau=(A, b) for your own explicit Runge-Kutta method)"
+            )
+        if self.positions not in POSITIONS:
+            raise ODETransformerConfigError(
+                f"unknown positions {self.positions!r}; valid: {', '.join(POSITIONS)}"
             )
         if self.sublayer not in SUBLAYERS:
             raise ODETransformerConfigError(

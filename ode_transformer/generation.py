@@ -26,6 +26,7 @@ package (``neuralode_lm`` included) may use it.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -34,6 +35,9 @@ import torch.nn.functional as F
 from odelm.errors import OdelmError
 
 STRATEGIES = ("greedy", "sample", "beam")
+MAX_NEW_TOKENS = 10_000
+"""The most tokens one call generates: the output is returned whole, so a bound keeps a
+typo such as ``max_new_tokens=1000000000`` from running for hours with nothing shown."""
 
 
 class DecodingError(OdelmError, ValueError):
@@ -131,13 +135,14 @@ def _check_options(
 ) -> None:
     if strategy not in STRATEGIES:
         raise DecodingError(f"unknown strategy {strategy!r}; valid: {', '.join(STRATEGIES)}")
-    if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+    if not isinstance(max_new_tokens, int) or not 0 <= max_new_tokens <= MAX_NEW_TOKENS:
         raise DecodingError(
-            f"max_new_tokens must be a non-negative integer, got {max_new_tokens!r}"
+            f"max_new_tokens must be an integer in [0, {MAX_NEW_TOKENS}], got {max_new_tokens!r}"
         )
-    if temperature <= 0:
+    if not math.isfinite(temperature) or temperature <= 0:
         raise DecodingError(
-            f"temperature must be > 0 (use strategy='greedy' for argmax), got {temperature}"
+            "temperature must be a finite number > 0 (use strategy='greedy' for argmax), "
+            f"got {temperature}"
         )
     if top_k is not None and (not isinstance(top_k, int) or top_k < 1):
         raise DecodingError(f"top_k must be a positive integer or None, got {top_k!r}")

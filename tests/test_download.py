@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import dataclasses
+import io
+import tarfile
 from pathlib import Path
 
 import pytest
 from loopback import TEXTS, LoopbackServer, ptb_tgz, sha256, wikitext_raw_zip
 
+from experiments.cli import main
 from experiments.data.checksums import MANIFEST, ChecksumError, sha256_file, verify_file
 from experiments.data.corpora import SPECS, CorpusError
 from experiments.data.download import DownloadError, StallGuardDownloader, download_corpus
+from experiments.data.extract import MAX_MEMBER_BYTES, STAGING
 
 FAST = StallGuardDownloader(timeout=5, progressbar=False)
 
@@ -154,3 +158,152 @@ def test_load_corpus_with_download_fetches_missing_files_into_the_cache(
     corpus = corpora.load_corpus("wikitext2-raw", download=True)
     assert corpus.split("valid") == [["the", "dog", "ran", "<eos>"]]
     assert server.requests == ["/wikitext-2-raw-v1.zip"]
+
+
+# Issue 16, security item 5: downloads are bounded, checked before extraction and cleaned.
+
+
+class _Zeros(io.RawIOBase):
+    """A readable stream of ``size`` zero bytes (a member built without holding it)."""
+
+    def __init__(self, size: int) -> None:
+        self.left = size
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        n = min(len(buffer), self.left)
+        buffer[:n] = bytes(n)
+        self.left -= n
+        return n
+
+
+def _bomb_tgz(size: int) -> bytes:
+    """A PTB-shaped tar.gz whose train file is ``size`` zero bytes (small compressed)."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz", compresslevel=1) as tar:
+        info = tarfile.TarInfo("./simple-examples/data/ptb.train.txt")
+        info.size = size
+        tar.addfile(info, io.BufferedReader(_Zeros(size)))
+    return buffer.getvalue()
+
+
+def _bytes_written() -> int:
+    """Bytes this process has written so far (Linux: ``wchar`` of /proc/self/io)."""
+    text = Path("/proc/self/io").read_text()
+    return int(next(line for line in text.splitlines() if line.startswith("wchar:")).split()[1])
+
+
+def _largest_file(folder: Path) -> int:
+    return max((p.stat().st_size for p in folder.rglob("*") if p.is_file()), default=0)
+
+
+@pytest.mark.parametrize(
+    "archive_sha,error,message",
+    [
+        (None, DownloadError, "over the limit of 67108864 bytes per split file"),  # PTB: no hash
+        ("0" * 64, ChecksumError, "expected sha256 " + "0" * 64),
+    ],
+)
+def test_oversize_archive_is_refused_before_anything_is_expanded(
+    server, tmp_path, archive_sha, error, message
+):
+    body = _bomb_tgz(MAX_MEMBER_BYTES + 1)
+    assert len(body) < MAX_MEMBER_BYTES // 100  # small compressed, huge expanded
+    server.routes["/bomb.tgz"] = body
+    before = _bytes_written()
+    with pytest.raises(error, match=message):
+        download_corpus(
+            "ptb", tmp_path, url=server.url("/bomb.tgz"), sha256=archive_sha, downloader=FAST
+        )
+    # The archive itself was written (and removed); nothing of its expansion was.
+    assert _bytes_written() - before < 4 * len(body) + (1 << 20)
+    assert _largest_file(tmp_path) == 0
+    assert _finals(tmp_path / "ptb") == []
+
+
+def test_splits_over_the_total_cap_are_refused(server, tmp_path, monkeypatch):
+    from experiments.data import extract
+
+    monkeypatch.setattr(extract, "MAX_TOTAL_BYTES", len(TEXTS["train"]) + 1)
+    body = server.routes["/simple-examples.tgz"]
+    with pytest.raises(DownloadError, match="refused before extracting"):
+        download_corpus(
+            "ptb",
+            tmp_path,
+            url=server.url("/simple-examples.tgz"),
+            sha256=sha256(body),
+            downloader=FAST,
+        )
+    assert _finals(tmp_path / "ptb") == []
+
+
+def test_stale_partial_files_of_a_killed_download_are_removed_by_the_next(server, tmp_path):
+    dest = tmp_path / "ptb"
+    (dest / STAGING).mkdir(parents=True)
+    # What a kill leaves: the staging folder's files, and the older versions' hidden files.
+    stale = [
+        dest / STAGING / "ptb.train.txt.part",
+        dest / STAGING / "archive-simple-examples.tgz",
+        dest / ".ptb.train.txt.k3j2x9.part",
+        dest / ".archive-simple-examples.tgz",
+    ]
+    for path in stale:
+        path.write_bytes(b"x" * 1000)
+    (dest / "notes.txt").write_text("mine")  # not odelm's: left alone
+    body = server.routes["/simple-examples.tgz"]
+    download_corpus(
+        "ptb",
+        tmp_path,
+        url=server.url("/simple-examples.tgz"),
+        sha256=sha256(body),
+        downloader=FAST,
+    )
+    assert _finals(dest) == sorted([*SPECS["ptb"].files.values(), MANIFEST, "notes.txt"])
+    assert not any(path.exists() for path in stale)
+
+
+def test_an_html_page_served_as_the_archive_is_named_as_such(server, tmp_path):
+    page = b"<!DOCTYPE html>\n<html><body>Not found</body></html>\n"
+    server.routes["/page.tgz"] = page
+    with pytest.raises(DownloadError) as info:
+        download_corpus("ptb", tmp_path, url=server.url("/page.tgz"), downloader=FAST)
+    message = str(info.value)
+    assert "web page (HTML)" in message and "\n" not in message
+    assert STAGING not in message and ".archive" not in message  # no deleted temp file named
+    assert _finals(tmp_path / "ptb") == []
+
+
+@pytest.mark.parametrize("url", ["file:///etc/passwd", "ftp://example.org/a.tgz", "/etc/passwd"])
+def test_a_url_that_is_not_http_is_refused_up_front(tmp_path, capsys, url):
+    code = main(["data", "download", "--corpus", "ptb", "--cache-dir", str(tmp_path), "--url", url])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1
+    assert err.startswith("odelm: error: --url") and "only http:// and https://" in err
+    assert "checksum" not in err and list(tmp_path.iterdir()) == []
+
+
+def test_a_cache_dir_that_is_a_file_is_one_line(tmp_path, capsys):
+    cache = tmp_path / "cache"
+    cache.write_text("not a folder")
+    code = main(["data", "download", "--corpus", "ptb", "--cache-dir", str(cache)])
+    err = capsys.readouterr().err
+    assert (
+        code == 2
+        and err == f"odelm: error: the cache folder {cache} is a file; give --cache-dir a folder\n"
+    )
+    assert cache.read_text() == "not a folder"
+
+
+def test_a_staging_link_is_removed_without_touching_its_target(server, tmp_path):
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "precious.txt").write_text("keep")
+    dest = tmp_path / "cache" / "ptb"
+    dest.mkdir(parents=True)
+    (dest / STAGING).symlink_to(victim)
+    body = server.routes["/simple-examples.tgz"]
+    url = server.url("/simple-examples.tgz")
+    download_corpus("ptb", tmp_path / "cache", url=url, sha256=sha256(body), downloader=FAST)
+    assert (victim / "precious.txt").read_text() == "keep" and not (dest / STAGING).exists()

@@ -1,9 +1,18 @@
-"""FLOPs per token against the closed form of a linear model."""
+"""FLOPs per token against closed forms: a linear model, Transformer stacks (attention
+included), RK4, LSTMs, the reference Transformer, GPT-2; and the sample they are taken on."""
 
+import pytest
 import torch
+import torch.nn.functional as F
+import yaml
 from torch import nn
 
-from experiments.flops import forward_flops_per_token
+from experiments.config import parse_config
+from experiments.config_flops import grid_flops
+from experiments.evaluate import evaluation_batches, perplexity
+from experiments.flops import counting_flops, forward_flops_per_token, is_adaptive
+from experiments.models import build_model
+from experiments.train import prepare_data
 
 
 class LinearLM(nn.Module):
@@ -49,3 +58,190 @@ def test_flops_per_token_adds_the_fused_lstm_in_closed_form():
     # per position: layer 1 2*4*6*(8+6), layer 2 2*4*6*(6+6), output 2*6*10; 15 run, 12 predicted
     per_position = 2 * 4 * 6 * (8 + 6) + 2 * 4 * 6 * (6 + 6) + 2 * 6 * 10
     assert forward_flops_per_token(LSTMLM(), [tokens]) == per_position * 15 / 12
+
+
+# Closed forms, from the mathematics: an [m, k] @ [k, n] product costs 2 m k n FLOPs;
+# embeddings (lookups), biases, norms and softmax cost 0. For T positions of width d:
+def attention_layer(T: int, d: int, heads: int) -> int:
+    """QKV and output projections, QK^T scores (full T x T, causal or not) and scores x V.
+
+    Per head the scores are [T, d/h] @ [d/h, T] and the output [T, T] @ [T, d/h]; summed over
+    the h heads each is 2 T T d, independent of the head count."""
+    return 2 * T * d * 3 * d + 2 * T * d * d + 2 * T * T * d + 2 * T * T * d
+
+
+def ffn(T: int, d: int, d_ff: int) -> int:
+    return 2 * T * d * d_ff + 2 * T * d_ff * d
+
+
+T, D, HEADS, FFN, VOCAB = 16, 64, 2, 128, 100
+
+
+def per_token(total_over_positions: int, positions: int = T) -> float:
+    """One window of ``positions`` tokens predicts ``positions - 1`` of them."""
+    return total_over_positions / (positions - 1)
+
+
+def ode_transformer(block: str, n_layers: int) -> nn.Module:
+    spec = {
+        "family": "ode_transformer",
+        "preset": "small",
+        "d_model": D,
+        "d_ff": FFN,
+        "n_heads": HEADS,
+    }
+    return build_model({**spec, "n_layers": n_layers, "block": block}, VOCAB)
+
+
+def one_window(seed: int = 0) -> torch.Tensor:
+    return torch.randint(0, VOCAB, (1, T), generator=torch.Generator().manual_seed(seed))
+
+
+def test_residual_transformer_stack_counts_attention_within_two_percent():
+    layer = attention_layer(T, D, HEADS) + ffn(T, D, FFN)  # one evaluation of F
+    closed = per_token(2 * layer + 2 * T * D * VOCAB)  # 2 residual layers, then the head
+    counted = forward_flops_per_token(ode_transformer("residual", 2), [one_window()])
+    assert counted == pytest.approx(closed, rel=0.02)
+    # the attention products alone are 4 T^2 d per layer: leaving them out misses > 2%
+    assert closed - per_token(2 * 4 * T * T * D) < 0.98 * counted
+
+
+def test_rk4_block_counts_four_evaluations_of_f_per_layer():
+    layer = attention_layer(T, D, HEADS) + ffn(T, D, FFN)
+    closed = per_token(2 * 4 * layer + 2 * T * D * VOCAB)
+    counted = forward_flops_per_token(ode_transformer("rk4", 2), [one_window()])
+    assert counted == pytest.approx(closed, rel=0.02)
+
+
+def test_neuralode_lm_lstm_counts_its_fused_recurrence():
+    model = build_model(
+        {
+            "family": "neuralode_lm",
+            "name": "lstm",
+            "embed_dim": 32,
+            "hidden_dim": 48,
+            "num_layers": 2,
+        },
+        VOCAB,
+    )
+    # per token and layer: 4 gates x [input + hidden] -> hidden, then the output layer
+    lstm = 2 * 4 * 48 * (32 + 48) + 2 * 4 * 48 * (48 + 48)
+    closed = per_token(T * (lstm + 2 * 48 * VOCAB))
+    assert forward_flops_per_token(model, [one_window()]) == pytest.approx(closed, rel=0.02)
+
+
+def test_reference_transformer_counts_its_fused_eval_path():
+    model = build_model(
+        {"family": "reference", "name": "transformer", "d_model": D, "n_heads": HEADS, "d_ff": FFN},
+        VOCAB,
+    ).eval()  # eval mode: nn.TransformerEncoderLayer would take its fused fast path
+    layer = attention_layer(T, D, HEADS) + ffn(T, D, FFN)  # post-norm, same products
+    closed = per_token(2 * layer + 2 * T * D * VOCAB)
+    fastpath = torch.backends.mha.get_fastpath_enabled()
+    assert forward_flops_per_token(model, [one_window()]) == pytest.approx(closed, rel=0.02)
+    assert torch.backends.mha.get_fastpath_enabled() == fastpath  # restored
+
+
+def test_gpt2_from_a_config_counts_its_attention():
+    config = {"n_layer": 2, "n_embd": D, "n_head": HEADS, "n_positions": 32}
+    model = build_model({"family": "neuralode_lm", "name": "gpt2", "config": config}, VOCAB)
+    layer = attention_layer(T, D, HEADS) + ffn(T, D, 4 * D)  # GPT-2's MLP is 4d wide
+    closed = per_token(2 * layer + 2 * T * D * VOCAB)  # the tied LM head is a product too
+    assert forward_flops_per_token(model, [one_window()]) == pytest.approx(closed, rel=0.02)
+
+
+def test_counting_flops_scores_cpu_attention_with_full_scores_under_a_causal_mask():
+    q = torch.randn(3, 2, 10, 8)
+    for causal in (False, True):
+        with counting_flops(nn.Identity()) as flops:
+            F.scaled_dot_product_attention(q, q, q, is_causal=causal)
+        assert flops() == 2 * (2 * 3 * 2 * 10 * 10 * 8)
+
+
+class VariableDepthLM(nn.Module):
+    """Applies its square layer a batch-dependent number of times and reports it as NFE,
+    like an adaptive solver: its cost differs from batch to batch."""
+
+    is_causal = True
+
+    def __init__(self, vocab: int, width: int = 8) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, width)
+        self.layer = nn.Linear(width, width, bias=False)
+        self.out = nn.Linear(width, vocab, bias=False)
+
+    @staticmethod
+    def depth(tokens: torch.Tensor) -> int:
+        return 1 + int(tokens.sum()) % 4
+
+    def forward(self, tokens: torch.Tensor):
+        x = self.embed(tokens)
+        for _ in range(self.depth(tokens)):
+            x = self.layer(x)
+        return self.out(x), {"nfe": self.depth(tokens)}
+
+
+def test_perplexity_measures_flops_and_nfe_on_the_same_batches_over_the_whole_split(
+    tiny_config,
+    tmp_path,
+):
+    data = prepare_data(parse_config(tiny_config(tmp_path)))
+    vocab = data.tokenizer.vocab_size
+    batches = evaluation_batches(data, "test", window=8)
+    assert len(batches) > 4  # more batches than the old 4-batch sample
+    depths = [VariableDepthLM.depth(ids) for ids, _ in batches]
+    flops = sum(
+        ids.numel() * (2 * 8 * 8 * k + 2 * 8 * vocab) for (ids, _), k in zip(batches, depths)
+    )
+    tokens = sum(ids[:, 1:].numel() for ids, _ in batches)
+    scored = perplexity(VariableDepthLM(vocab), data, "test", window=8)
+    assert scored["nfe"] == pytest.approx(sum(depths) / len(depths))
+    assert scored["flops_per_token"] == pytest.approx(flops / tokens)
+    assert scored["flops_batches"] == len(batches) and scored["tokens"] == tokens
+
+
+def test_is_adaptive_tells_adaptive_solves_from_fixed_depth():
+    def model(**spec):
+        return build_model({"family": "neuralode_lm", **spec}, VOCAB)
+
+    node = {"name": "node-transformer", "d_model": 16, "d_ff": 32, "n_heads": 2}
+    assert is_adaptive(model(**node, solver={"method": "dopri5"}))
+    assert is_adaptive(model(name="ode-lstm", embed_dim=16, hidden_dim=16))
+    assert not is_adaptive(model(**node, solver={"method": "rk4"}, steps=2))
+    assert not is_adaptive(model(name="lstm", embed_dim=16, hidden_dim=16))
+    assert not is_adaptive(ode_transformer("rk4", 1))
+
+
+def test_grid_flops_recomputes_fixed_compute_runs_and_leaves_adaptive_ones_out(
+    tiny_config, tmp_path
+):
+    layer = {"family": "ode_transformer", "preset": "small", "d_model": 16, "d_ff": 32}
+    layer |= {"n_heads": 2, "n_layers": 1, "block": "residual"}
+    node = {"family": "neuralode_lm", "name": "node-transformer", "d_model": 16, "d_ff": 32}
+    node |= {"n_heads": 2, "solver": {"method": "dopri5"}}
+    shared = {k: v for k, v in tiny_config(tmp_path).items() if k in ("data", "trainer")}
+    grid = {"shared": shared, "seeds": [1, 2]}
+    grid["runs"] = [{"name": "residual", "model": layer}, {"name": "node", "model": node}]
+    grid_file = tmp_path / "grid.yaml"
+    grid_file.write_text(yaml.safe_dump(grid))
+    rows = grid_flops(grid_file)
+    assert [(r["name"], r["seed"], r["adaptive"]) for r in rows] == [
+        ("residual", 1, False), ("node", 1, True), ("residual", 2, False), ("node", 2, True)
+    ]  # fmt: skip
+    assert rows[1]["flops_per_token"] is None and rows[0] == {
+        **rows[2],
+        "seed": 1,
+        "run": "residual-seed1",
+    }
+    # closed form over the run's own test windows: [B, L] each (stream mode, eval_window 64)
+    data = prepare_data(parse_config(tiny_config(tmp_path)))
+    batches = evaluation_batches(data, "test", window=shared["data"]["eval_window"])
+    d, vocab = 16, data.tokenizer.vocab_size
+    flops = sum(
+        ids.shape[0] * (attention_layer(ids.shape[1], d, 2) + ffn(ids.shape[1], d, 32))
+        + ids.numel() * 2 * d * vocab
+        for ids, _ in batches
+    )
+    tokens = sum(ids[:, 1:].numel() for ids, _ in batches)
+    assert rows[0]["flops_batches"] == len(batches)
+    assert rows[0]["flops_per_token"] == pytest.approx(flops / tokens, rel=0.02)

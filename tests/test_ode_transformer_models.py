@@ -291,3 +291,35 @@ def test_user_errors_are_odelm_errors() -> None:
     ):
         with pytest.raises(OdelmError):
             make()
+
+
+def test_sinusoidal_positions_and_embedding_scale() -> None:
+    """The sinusoidal table is Vaswani et al.'s formula, it adds no parameters, the embedding
+    scale multiplies token vectors by sqrt(d_model), and both keep the model causal and its
+    cached decoding equal to a full forward."""
+    torch.manual_seed(0)
+    learned = ODETransformerLM(tiny_config(n_layers=1))
+    model = ODETransformerLM(tiny_config(n_layers=1, positions="sinusoidal", scale_embeddings=True))
+    count = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731
+    assert count(learned) - count(model) == TINY["max_positions"] * D
+    table = model.position_table
+    pos, i = 7, 3  # odd column 2i+1 = 7 holds cos(pos / 10000^(2i/d))
+    assert table[pos, 2 * i].item() == pytest.approx(
+        torch.sin(torch.tensor(pos / 1e4 ** (2 * i / D))).item(), abs=1e-6
+    )
+    assert table[pos, 2 * i + 1].item() == pytest.approx(
+        torch.cos(torch.tensor(pos / 1e4 ** (2 * i / D))).item(), abs=1e-6
+    )
+    tokens = torch.randint(0, VOCAB, (2, 12))
+    model.eval()
+    expected = model.token_embedding(tokens) * D**0.5 + table[:12]
+    assert torch.allclose(model.states(tokens), model.norm(model.stack(expected)), atol=1e-6)
+    full, _ = model(tokens)
+    cache = model.init_cache()
+    pieces = [model(tokens[:, :5], cache)[0], model(tokens[:, 5:], cache)[0]]
+    assert torch.allclose(torch.cat(pieces, 1), full, atol=1e-5)
+    changed = tokens.clone()
+    changed[:, 8] = (changed[:, 8] + 1) % VOCAB
+    assert torch.allclose(model(changed)[0][:, :8], full[:, :8], atol=1e-6)
+    with pytest.raises(Exception, match="unknown positions"):
+        tiny_config(positions="rotary")

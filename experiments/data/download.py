@@ -1,16 +1,18 @@
 """Fetch a named corpus's published archive into a cache dir, verified and atomically.
 
-The transfer is ``pooch``'s: the archive is streamed to a temporary file beside its
-destination, hash-checked against the archive's published SHA-256 (when one exists), and
-only then moved into place; a failed or interrupted transfer leaves nothing behind. The
-downloader below adds what a stalling mirror needs: connect/read timeouts, a minimum rate
-(a server that trickles bytes ends in ``DownloadStallError``, never an endless wait) and a
-progress bar on a terminal.
+The transfer is ``pooch``'s: the archive is streamed to a temporary file, hash-checked
+against the archive's SHA-256 (the published one or ``--sha256``, when one exists) before
+anything is extracted, and only then moved into place. The downloader below adds what a
+stalling mirror needs: connect/read timeouts, a minimum rate (a server that trickles bytes
+ends in ``DownloadStallError``, never an endless wait) and a progress bar on a terminal.
+Only ``http://`` and ``https://`` addresses are fetched.
 
-The split files are then extracted to temporary files, checked against their published
-hashes (``CorpusSpec.file_sha256``, only when the archive is the canonical one), and renamed
-into place; their hashes go to the folder's manifest, so a cached file that was truncated or
-altered later is never taken as valid (it is fetched again).
+The split files are then extracted (``experiments.data.extract``: sizes bounded before
+anything is written, all transient files in one staging folder that the next download
+cleans), checked against their published hashes (``CorpusSpec.file_sha256``, only when the
+archive is the canonical one), and renamed into place; their hashes go to the folder's
+manifest, so a cached file that was truncated or altered later is never taken as valid (it
+is fetched again).
 """
 
 from __future__ import annotations
@@ -18,36 +20,27 @@ from __future__ import annotations
 import logging
 import os
 import re
-import shutil
 import sys
 import tarfile
-import tempfile
 import time
+import urllib.parse
 import zipfile
 import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import pooch
 
-from experiments.data.checksums import (
-    ChecksumError,
-    read_manifest,
-    sha256_file,
-    verify_file,
-    write_manifest,
-)
-from experiments.data.registry import SPLITS, CorpusSpec, corpus_spec
+from experiments.data.checksums import ChecksumError, read_manifest, verify_file, write_manifest
+from experiments.data.extract import extract_splits, staging_folder
+from experiments.data.registry import SPLITS, CorpusSpec, DownloadError, corpus_spec
 from odelm import __version__
-from odelm.errors import OdelmError
+
+__all__ = ["DownloadError", "DownloadStallError", "StallGuardDownloader", "download_corpus"]
 
 _CHUNK = 1 << 20
-
-
-class DownloadError(OdelmError, RuntimeError):
-    """An archive could not be fetched (offline, HTTP error, truncated transfer)."""
 
 
 class DownloadStallError(DownloadError):
@@ -113,25 +106,6 @@ def _manual_hint(spec: CorpusSpec, url: str, dest: Path, names: Iterable[str]) -
     )
 
 
-def _open_members(archive: Path) -> Iterator[tuple[str, IO[bytes]]]:
-    """Yield ``(member name without leading './', readable stream)`` for every regular file."""
-    if zipfile.is_zipfile(archive):
-        with zipfile.ZipFile(archive) as zf:
-            for info in zf.infolist():
-                if not info.is_dir():
-                    with zf.open(info) as stream:
-                        yield info.filename.removeprefix("./"), stream
-    elif tarfile.is_tarfile(archive):
-        with tarfile.open(archive) as tf:
-            for member in tf:
-                stream = tf.extractfile(member) if member.isfile() else None
-                if stream is not None:
-                    with stream:
-                        yield member.name.removeprefix("./"), stream
-    else:
-        raise DownloadError(f"{archive} is neither a zip nor a tar archive")
-
-
 def _expected_hashes(spec: CorpusSpec, archive_sha: str | None, dest: Path) -> dict[str, str]:
     """Hashes the files in ``dest`` must have: published ones, then the manifest's."""
     expected = dict(spec.file_sha256) if archive_sha == spec.archive.sha256 else {}
@@ -157,44 +131,6 @@ def _cache_problem(names: list[str], expected: dict[str, str], dest: Path) -> st
     return None
 
 
-def _extract(
-    spec: CorpusSpec, names: list[str], archive: Path, url: str, archive_sha: str | None
-) -> dict[str, str]:
-    """Extract ``names`` beside ``archive``, verify them, rename them into place; their hashes."""
-    dest = archive.parent
-    prefix = spec.archive.member_dir.removeprefix("./")
-    wanted = {prefix + name: name for name in names}
-    expected = dict(spec.file_sha256) if archive_sha == spec.archive.sha256 else {}
-    staged: dict[str, Path] = {}
-    digests: dict[str, str] = {}
-    try:
-        for member, stream in _open_members(archive):
-            if member not in wanted:
-                continue
-            name = wanted[member]
-            fd, staged_name = tempfile.mkstemp(dir=dest, prefix=f".{name}.", suffix=".part")
-            staged[name] = Path(staged_name)
-            with os.fdopen(fd, "wb") as handle:
-                shutil.copyfileobj(stream, handle, _CHUNK)
-            os.chmod(staged[name], 0o644)
-            digests[name] = sha256_file(staged[name])
-            if name in expected and digests[name] != expected[name]:
-                raise ChecksumError(
-                    f"checksum mismatch for {name} (member {member} of {url}): expected sha256 "
-                    f"{expected[name]}, got {digests[name]}; the archive is not the canonical one"
-                )
-        missing = sorted(set(wanted.values()) - set(staged))
-        if missing:
-            raise DownloadError(f"archive {url} lacks {missing}; is it the right archive?")
-        for name, path in staged.items():
-            os.replace(path, dest / name)
-        staged.clear()
-    finally:
-        for path in staged.values():
-            path.unlink(missing_ok=True)
-    return digests
-
-
 def download_corpus(
     name: str,
     cache_dir: str | os.PathLike[str],
@@ -206,33 +142,59 @@ def download_corpus(
 ) -> Path:
     """Return ``cache_dir/<corpus dir>`` holding the verified ``splits``, fetching if needed.
 
-    ``url`` overrides the archive's location (a mirror); ``sha256`` overrides its expected
-    checksum, and then the published per-file hashes of the canonical archive do not apply
-    (the files are recorded from the archive the caller vouched for). Only the files of
-    ``splits`` are extracted. No network access happens when they are present and verified.
+    ``url`` overrides the archive's location (a mirror, http or https only); ``sha256``
+    overrides its expected checksum, and then the published per-file hashes of the canonical
+    archive do not apply (the files are recorded from the archive the caller vouched for).
+    Only the files of ``splits`` are extracted. No network access happens when they are
+    present and verified.
     """
     spec = corpus_spec(name)
     url = url or spec.archive.url
+    scheme = urllib.parse.urlsplit(url).scheme
+    if scheme not in ("http", "https"):
+        raise DownloadError(
+            f"--url {url!r}: only http:// and https:// addresses are downloaded; for files "
+            "you already have, put them in a folder and point --data-dir at it"
+        )
     archive_sha = (sha256 or spec.archive.sha256 or "").lower() or None
     names = [spec.files[split] for split in splits]
-    dest = Path(cache_dir) / spec.cache_subdir
-    dest.mkdir(parents=True, exist_ok=True)
+    dest = _cache_folder(Path(cache_dir), spec)
     problem = _cache_problem(names, _expected_hashes(spec, archive_sha, dest), dest)
     if problem is None:
         return dest
     hint = _manual_hint(spec, url, dest, names)
-    archive = dest / f".archive-{Path(url).name}"
-    try:
+    with staging_folder(dest, spec) as staging:
+        problem = _cache_problem(names, _expected_hashes(spec, archive_sha, dest), dest)
+        if problem is None:  # another process fetched them while this one waited
+            return dest
+        archive = staging / f"archive-{Path(urllib.parse.urlsplit(url).path).name}"
+        print(f"downloading {url} to {dest}", file=sys.stderr)
         _retrieve(url, archive, archive_sha, downloader or StallGuardDownloader(), problem, hint)
+        # the published per-file hashes are those of the canonical archive's files
+        expected = dict(spec.file_sha256) if archive_sha == spec.archive.sha256 else {}
         try:
-            digests = _extract(spec, names, archive, url, archive_sha)
+            digests = extract_splits(spec, names, archive, url, expected, dest)
         except (tarfile.TarError, zipfile.BadZipFile, EOFError, zlib.error) as error:
             raise DownloadError(f"archive from {url} is corrupt ({error}). " + hint) from error
-    finally:
-        archive.unlink(missing_ok=True)
-    recorded_archive, recorded = read_manifest(dest)
-    kept = recorded if recorded_archive == archive_sha else {}
-    write_manifest(dest, archive_sha, {**kept, **digests})
+        recorded_archive, recorded = read_manifest(dest)
+        kept = recorded if recorded_archive == archive_sha else {}
+        write_manifest(dest, archive_sha, {**kept, **digests})
+    return dest
+
+
+def _cache_folder(cache_dir: Path, spec: CorpusSpec) -> Path:
+    """``cache_dir/<corpus dir>``, created; a cache dir that is a file is one clear error."""
+    dest = cache_dir / spec.cache_subdir
+    for folder in (cache_dir, dest):
+        if folder.exists() and not folder.is_dir():
+            raise DownloadError(f"the cache folder {folder} is a file; give --cache-dir a folder")
+    try:
+        dest.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise DownloadError(
+            f"cannot create the cache folder {dest} ({error.strerror}); give --cache-dir a "
+            "writable folder"
+        ) from None
     return dest
 
 
@@ -245,7 +207,6 @@ def _retrieve(
     hint: str,
 ) -> None:
     """Download ``url`` to ``archive`` through pooch, turning its failures into ours."""
-    print(f"downloading {url} to {archive.parent}", file=sys.stderr)
     logger = pooch.get_logger()
     level = logger.level
     logger.setLevel(logging.WARNING)  # pooch's INFO lines advise on pooch's own API

@@ -22,6 +22,10 @@ class CorpusError(OdelmError, ValueError):
     """A corpus cannot be read: unknown name, missing split, empty or undecodable file."""
 
 
+class DownloadError(OdelmError, RuntimeError):
+    """An archive could not be fetched (offline, HTTP error, truncated transfer) or used."""
+
+
 @dataclass(frozen=True)
 class Archive:
     """Where a named corpus is published: one archive and the folder of its split files."""

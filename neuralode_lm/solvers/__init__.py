@@ -20,8 +20,10 @@ from .config import (
     FIXED_METHODS,
     SolverConfig,
     fixed_grid,
+    grid_steps,
 )
 from .errors import (
+    FieldOutputError,
     MaxStepsExceeded,
     NonFiniteStateError,
     SolverConfigError,
@@ -36,6 +38,7 @@ __all__ = [
     "BACKEND_METHODS",
     "DEFAULT_MAX_NUM_STEPS",
     "FIXED_METHODS",
+    "FieldOutputError",
     "MaxStepsExceeded",
     "NonFiniteStateError",
     "SolverConfig",
@@ -44,5 +47,6 @@ __all__ = [
     "SolverStats",
     "StepSizeUnderflowError",
     "fixed_grid",
+    "grid_steps",
     "solve",
 ]

@@ -125,11 +125,22 @@ def fixed_grid(t: torch.Tensor, step_size: float) -> torch.Tensor:
     """
     pieces = [t[:1]]
     for start, end in itertools.pairwise(t):
-        steps = max(1, math.ceil(float(end - start) / step_size * (1 - 1e-12)))
+        steps = _interval_steps(start, end, step_size)
         piece = torch.linspace(float(start), float(end), steps + 1, dtype=t.dtype, device=t.device)
         piece[-1] = end
         pieces.append(piece[1:])
     return torch.cat(pieces)
+
+
+def grid_steps(t: torch.Tensor, step_size: float) -> int:
+    """The number of steps of ``fixed_grid(t, step_size)``, counted without building it (a
+    tiny ``step_size`` is refused before a huge grid is allocated)."""
+    return sum(_interval_steps(start, end, step_size) for start, end in itertools.pairwise(t))
+
+
+def _interval_steps(start: torch.Tensor, end: torch.Tensor, step_size: float) -> int:
+    """The fewest equal steps no longer than ``step_size`` from ``start`` to ``end``."""
+    return max(1, math.ceil(float(end - start) / step_size * (1 - 1e-12)))
 
 
 def _adjoint_kind(adjoint: bool | str) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from odelm.errors import OdelmError
 
 __all__ = [
+    "FieldOutputError",
     "MaxStepsExceeded",
     "NonFiniteStateError",
     "SolverConfigError",
@@ -20,6 +21,10 @@ class SolverConfigError(OdelmError, ValueError):
 
 class UnknownSolverOptionError(SolverConfigError, TypeError):
     """A solver option name that :class:`SolverConfig` does not have."""
+
+
+class FieldOutputError(OdelmError, ValueError):
+    """The vector field returned something other than a tensor of the state's shape."""
 
 
 class SolverError(OdelmError, RuntimeError):

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .config import SolverConfig, fixed_grid
+from .config import SolverConfig, grid_steps
 from .errors import MaxStepsExceeded, NonFiniteStateError, SolverConfigError
 from .monitor import MonitoredField, SolverStats, StepMonitor
 
@@ -66,7 +66,7 @@ def solve(
         raise TypeError("the adjoint needs the field to be an nn.Module (to find its parameters)")
     times = _as_time(t, y0)
     if cfg.fixed and cfg.max_num_steps is not None:
-        steps = fixed_grid(times, cfg.step_size).numel() - 1
+        steps = grid_steps(times, cfg.step_size)
         if steps > cfg.max_num_steps:
             raise monitor.fail(
                 MaxStepsExceeded,
@@ -101,11 +101,11 @@ def _as_time(t: torch.Tensor | Sequence[float] | float, y0: torch.Tensor) -> tor
         )
     if not bool(torch.isfinite(t).all()):
         raise SolverConfigError(f"t must be finite, got {t.tolist()}")
-    if float(t[-1] - t[0]) == 0.0:
-        raise SolverConfigError(
-            f"the integration interval has zero length (t0 = t1 = {float(t[0])}); "
-            "integrate over s in [0, S] with S > 0"
-        )
     if not bool((t[1:] > t[:-1]).all()):
+        if t.numel() == 2 and float(t[1] - t[0]) == 0.0:
+            raise SolverConfigError(
+                f"the integration interval has zero length (t0 = t1 = {float(t[0])}); "
+                "integrate over s in [0, S] with S > 0"
+            )
         raise SolverConfigError(f"t must be strictly increasing, got {t.tolist()}")
     return t

@@ -16,7 +16,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from .errors import MaxStepsExceeded, NonFiniteStateError, SolverError, StepSizeUnderflowError
+from .errors import (
+    FieldOutputError,
+    MaxStepsExceeded,
+    NonFiniteStateError,
+    SolverError,
+    StepSizeUnderflowError,
+)
 
 __all__ = ["MonitoredField", "SolverStats", "StepMonitor"]
 
@@ -156,9 +162,14 @@ class MonitoredField(nn.Module):
         # torchode flattens the state to [rows, features] with one time per row; restore the
         # caller's shape so the field sees what it would see with the other backends.
         flat = x.shape != self.shape and x.dim() == 2 and x.numel() == math.prod(self.shape)
-        if flat:
-            out = self.field(t.reshape(self.shape[:-1]), x.reshape(self.shape)).reshape(x.shape)
-        else:
-            out = self.field(t, x)
+        state = x.reshape(self.shape) if flat else x
+        out = self.field(t.reshape(self.shape[:-1]) if flat else t, state)
+        if not isinstance(out, torch.Tensor) or out.shape != state.shape:
+            got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+            raise FieldOutputError(
+                f"the vector field returned {got} for a state of shape {tuple(state.shape)}; "
+                "field(s, z) must return dz/ds, a tensor of z's shape"
+            )
+        out = out.reshape(x.shape) if flat else out
         self.monitor.on_eval(out)
         return out
