@@ -12,13 +12,20 @@ on a step that validates: a ``last.ckpt`` written before its step's validation w
 a stale best score. A process killed anywhere in the cycle leaves ``last.ckpt`` at an
 earlier point of the same deterministic trajectory; resuming replays the lost steps,
 repeats the validation and rewrites ``best.ckpt`` with the same weights.
+
+Checkpoints are read weights-only (:func:`read_checkpoint`): everything in them is
+tensors, numbers, strings, lists and dicts, so no pickle of a class or function is ever
+loaded, and a checkpoint that would need one (a malicious file) is refused, not run.
 """
 
 from __future__ import annotations
 
 import errno
 import os
+import pickle
 from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +46,10 @@ class DiskFullError(OdelmError, OSError):
 
 class CorruptCheckpointError(OdelmError, RuntimeError):
     """A checkpoint or weights file cannot be read."""
+
+
+class UnsafeCheckpointError(CorruptCheckpointError):
+    """A checkpoint holds pickled objects that only an unsafe (code-running) load could read."""
 
 
 def atomic_save(obj: Any, path: str | Path) -> None:
@@ -68,6 +79,23 @@ def atomic_save(obj: Any, path: str | Path) -> None:
     os.replace(partial, path)
 
 
+@contextmanager
+def disk_full_is_one_line(folder: Path) -> Iterator[None]:
+    """Any other write of a run that fills the disk (logs, tokenizer, result) ends in
+    :class:`DiskFullError` naming the file, not in a traceback."""
+    try:
+        yield
+    except OSError as error:
+        if isinstance(error, OdelmError) or not _is_disk_full(error):
+            raise
+        where = error.filename or folder
+        raise DiskFullError(
+            errno.ENOSPC,
+            f"no space left on device writing {where}; free some space or choose another "
+            "out_dir (the run resumes from its last checkpoint)",
+        ) from None
+
+
 def _is_disk_full(error: BaseException) -> bool:
     while error is not None:
         if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
@@ -77,9 +105,15 @@ def _is_disk_full(error: BaseException) -> bool:
 
 
 def read_checkpoint(path: str | Path) -> dict[str, Any]:
-    """Load a checkpoint on the CPU, naming the file when it is truncated or corrupt."""
+    """Load a checkpoint on the CPU, weights-only (no code runs), naming the file when it is
+    truncated, corrupt, or would need an unsafe load."""
     try:
-        return torch.load(path, map_location="cpu", weights_only=False)
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
+        raise UnsafeCheckpointError(
+            f"{path} holds pickled objects other than tensors and plain data, which could run "
+            "code when loaded; odelm refuses it. Delete it, or retrain with --overwrite"
+        ) from None
     except (RuntimeError, EOFError, OSError, ValueError) as error:
         if isinstance(error, FileNotFoundError):
             raise
@@ -87,6 +121,12 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
             f"{path} is corrupt or truncated ({str(error).splitlines()[0]}); delete it to "
             "restart from an earlier checkpoint, or retrain with --overwrite"
         ) from None
+    if not isinstance(checkpoint, dict):
+        raise CorruptCheckpointError(
+            f"{path} is not a checkpoint (it holds a {type(checkpoint).__name__}, not a dict); "
+            "delete it, or retrain with --overwrite"
+        )
+    return checkpoint
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -96,6 +136,12 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         self, checkpoint: dict[str, Any], path: Any, storage_options: Any = None
     ) -> None:
         atomic_save(checkpoint, path)
+
+    def load_checkpoint(
+        self, path: Any, map_location: Any = None, weights_only: bool | None = None
+    ) -> dict[str, Any]:
+        """Resuming reads through :func:`read_checkpoint`: weights-only, whatever is asked."""
+        return read_checkpoint(path)
 
 
 class RunCheckpoint(Checkpoint):

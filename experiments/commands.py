@@ -163,7 +163,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     run = load_run(args.run)
     config = run.config
     config.eval = dataclasses.replace(config.eval, **given)
-    data = run.data(**({"data_dir": args.data_dir} if args.data_dir else {}))
+    overrides = {"data_dir": args.data_dir} if args.data_dir else {}
+    data = run.data(allow_changed_data=args.allow_changed_data, **overrides)
     result = evaluate_run(run.model, data, config, args.split, allow_noncausal=args.allow_noncausal)
     if args.json:
         print(json.dumps(result))
@@ -300,6 +301,11 @@ def register_eval(commands: Any) -> None:
     )
     parser.add_argument(
         "--data-dir", help="where the run's corpus is now (default: where it was trained)"
+    )
+    parser.add_argument(
+        "--allow-changed-data",
+        action="store_true",
+        help="score splits that differ from those the run recorded (data_sha256)",
     )
     parser.add_argument("--json", action="store_true", help="one JSON object instead of lines")
     parser.set_defaults(func=cmd_eval)

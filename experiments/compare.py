@@ -16,8 +16,11 @@ the baseline with a 95% Student-t interval (``experiments.stats``).
 
 from __future__ import annotations
 
+import ctypes
 import json
 import math
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -28,6 +31,12 @@ from typing import Any
 import yaml
 
 from experiments.config import ConfigError, load_yaml, merge, parse_config
+from experiments.runfolder import (
+    COMPARISON_MARKER,
+    check_not_foreign,
+    check_run_name,
+    claim_folder,
+)
 from experiments.runs import config_changes
 from experiments.tables import write_tables
 from experiments.train import RESULT_FILE
@@ -121,8 +130,10 @@ def expand_grid(
         if run.get("name") in names or "name" not in run:
             raise ConfigError(f"runs[{index}] needs a unique name, got {run.get('name')!r}")
         names.append(run["name"])
+        check_run_name(run["name"], f"runs[{index}] name")
         for seed in seeds:
             run_name = run["name"] if len(seeds) == 1 else f"{run['name']}-seed{seed}"
+            check_run_name(run_name, f"runs[{index}] name")
             values = merge(
                 shared, {**run, "name": run_name, "seed": seed, "out_dir": str(out_dir / "runs")}
             )
@@ -154,6 +165,10 @@ def run_grid(
     out_dir = Path(out_dir)
     grid = load_yaml(grid_file)
     planned = expand_grid(grid, out_dir, shared_override or {}, num_seeds)
+    check_not_foreign(out_dir, COMPARISON_MARKER)
+    for plan in planned:
+        check_not_foreign(out_dir / "runs" / plan.run)
+    claim_folder(out_dir, COMPARISON_MARKER, "comparison")
     (out_dir / "configs").mkdir(parents=True, exist_ok=True)
     results, failed = [], []
     for index, plan in enumerate(planned, start=1):
@@ -198,7 +213,11 @@ def _train_run(plan: PlannedRun, out_dir: Path, label: str) -> dict[str, Any] | 
     started = time.perf_counter()
     with log.open("w") as handle:
         status = subprocess.run(
-            command, check=False, stdout=handle, stderr=subprocess.STDOUT
+            command,
+            check=False,
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+            preexec_fn=_die_with_parent(os.getpid()),
         ).returncode
     if status != 0:
         print(f"{label}: FAILED (exit {status}); see {log}", flush=True)
@@ -210,3 +229,20 @@ def _train_run(plan: PlannedRun, out_dir: Path, label: str) -> dict[str, Any] | 
         flush=True,
     )
     return result
+
+
+def _die_with_parent(parent: int) -> Any:
+    """A ``preexec_fn`` that makes Linux kill the trainer when ``odelm compare`` dies, however
+    it dies (``PR_SET_PDEATHSIG``); elsewhere the child is left as it is. The C library is
+    opened here, before the fork: the child only makes the call."""
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+    def arm() -> None:
+        prctl(1, signal.SIGKILL, 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
+        if os.getppid() != parent:  # the parent died before the signal was armed
+            os._exit(1)
+
+    return arm

@@ -3,7 +3,9 @@
 A run directory is made by one config. ``config.yaml`` records it and ``result.json`` its
 SHA-256 (``config_sha256``). Training again under the same name resumes only when the
 config is the same; a different one is refused with the keys that differ
-(:class:`RunConfigChangedError`), unless the caller overwrites the run.
+(:class:`RunConfigChangedError`), unless the caller overwrites the run. A run that never
+got to a checkpoint or a result (e.g. a first attempt that failed) holds nothing to keep:
+its config may change freely.
 
 Keys in :data:`IDENTITY_EXCLUDED` do not change what a run computes (where files live, how
 many CPU threads run it, whether a progress bar shows), so they are left out of the
@@ -20,7 +22,6 @@ import csv
 import hashlib
 import json
 import os
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -74,9 +75,11 @@ def config_sha256(config: RunConfig) -> str:
 
 
 def config_changes(run_dir: Path, config: RunConfig) -> list[str]:
-    """Keys whose values differ from the config ``run_dir`` was made with ([] if none or new)."""
+    """Keys whose values differ from the config ``run_dir`` was made with ([] if none, new,
+    or with no checkpoint and no result yet)."""
     path = run_dir / CONFIG_FILE
-    if not path.is_file():
+    progress = (run_dir / "result.json", run_dir / "checkpoints" / "last.ckpt")
+    if not path.is_file() or not any(p.is_file() for p in progress):
         return []
     try:
         old = identity(load_config(path))
@@ -98,12 +101,6 @@ def check_same_config(run_dir: Path, config: RunConfig) -> None:
             f"run {run_dir} was made with another config ({'; '.join(changes)}); give the run a "
             "new name, or pass --overwrite to discard it and train afresh"
         )
-
-
-def discard_run(run_dir: Path) -> None:
-    """Delete a run directory (only one that holds a run's config)."""
-    if (run_dir / CONFIG_FILE).is_file():
-        shutil.rmtree(run_dir)
 
 
 def write_json(path: Path, values: dict[str, Any]) -> None:

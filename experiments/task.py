@@ -385,6 +385,16 @@ class LMTask(pl.LightningModule):
         )
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
 
+    @classmethod
+    def load_from_checkpoint(cls, checkpoint_path: Any, *args: Any, **kwargs: Any) -> LMTask:  # type: ignore[override]
+        """Lightning's loader, always weights-only: reading a checkpoint runs no code, and a
+        file that would need pickle is refused (:func:`read_checkpoint`)."""
+        from experiments.checkpoints import read_checkpoint
+
+        read_checkpoint(checkpoint_path)
+        kwargs["weights_only"] = True
+        return super().load_from_checkpoint(checkpoint_path, *args, **kwargs)
+
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["rng_state"] = torch.get_rng_state()
         checkpoint["elapsed_s"] = self.elapsed()

@@ -35,11 +35,14 @@ from lightning_fabric.utilities.exceptions import MisconfigurationException
 from pytorch_lightning.callbacks import Callback, EarlyStopping, LearningRateMonitor
 from torch import nn
 
+from experiments import runfolder
 from experiments.checkpoints import (
     LAST_FILE,
     AtomicCheckpointIO,
     CheckpointAverager,
+    CorruptCheckpointError,
     RunCheckpoint,
+    disk_full_is_one_line,
     read_checkpoint,
 )
 from experiments.config import RunConfig
@@ -53,11 +56,10 @@ from experiments.runs import (
     CONFIG_FILE,
     check_same_config,
     config_sha256,
-    discard_run,
     write_json,
 )
 from experiments.task import LMDataModule, LMTask
-from experiments.trained import save_run_model
+from experiments.trained import save_run_model, split_checksums
 from neuralode_lm.solvers import SolverError
 from odelm.errors import OdelmError
 
@@ -144,12 +146,23 @@ def train(
     """Train, select, evaluate on test, and write the run directory; returns the result.
 
     A finished run with the same config returns its stored result; a half-finished one
-    resumes; a run directory made by another config is refused unless ``overwrite``.
+    resumes; a run directory made by another config is refused unless ``overwrite``. The
+    run's name must be one safe folder name, a non-empty folder odelm did not make is
+    refused, and the folder is locked while this process uses it
+    (``experiments.runfolder``).
     """
     run_dir = config.run_dir
-    if overwrite:
-        discard_run(run_dir)
+    runfolder.check_run_name(config.name)
+    runfolder.check_not_foreign(run_dir)
     check_writable(run_dir)
+    with runfolder.claimed_run(run_dir, overwrite=overwrite), disk_full_is_one_line(run_dir):
+        return _train_locked(config, callbacks, data)
+
+
+def _train_locked(
+    config: RunConfig, callbacks: list[Callback] | None, data: LMData | None
+) -> dict[str, Any]:
+    run_dir = config.run_dir
     check_same_config(run_dir, config)
     result_path = run_dir / RESULT_FILE
     if result_path.is_file():
@@ -194,9 +207,11 @@ def train(
         "peak_memory_mb": peak_memory_mb(next(model.parameters()).device),
         "seed": config.seed,
         "config_sha256": config_sha256(config),
+        "data_sha256": split_checksums(data),
     }
     check_finite(result, parts.trainer.global_step)
     save_run_model(model, run_dir, data.tokenizer)
+    runfolder.record_run_files(run_dir, [CONFIG_FILE, "tokenizer", "model"])
     write_json(result_path, result)
     return result
 
@@ -266,7 +281,10 @@ def resume_point(run_dir: Path) -> tuple[Path | None, int | None]:
     last = folder / LAST_FILE
     if not last.is_file():
         return None, None
-    return last, int(read_checkpoint(last)["global_step"])
+    step = read_checkpoint(last).get("global_step")
+    if not isinstance(step, int):
+        raise CorruptCheckpointError(f"{last} has no global_step; delete it or use --overwrite")
+    return last, step
 
 
 def fit(

@@ -11,11 +11,19 @@ A finished run directory holds everything needed to use its model: ``model/``
     run.generate("the cat", max_new_tokens=20)  # prompt + continuation, as text
 
 ``run.model`` and ``run.tokenizer`` are the trained model (eval mode) and its tokenizer;
-``run.data()`` loads the run's own corpus, encoded with that tokenizer, for evaluation.
+``run.data()`` loads the run's own corpus, encoded with that tokenizer, for evaluation,
+refusing a split whose tokens differ from those the run recorded (``data_sha256``).
+
+Loading checks the run before using it: the files odelm recorded must be unchanged
+(``experiments.runfolder``), the model must be one of the library's architectures with
+intact, finite weights (``odelm.pretrained``), and the tokenizer must be readable and
+match the model's vocabulary. Each failure is one :class:`~odelm.errors.OdelmError`.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +43,7 @@ from experiments.data.tokenization import (
     encode_corpus,
     load_tokenizer,
 )
+from experiments.runfolder import verify_run_files
 from odelm.errors import OdelmError
 from odelm.pretrained import load_pretrained, read_config
 
@@ -46,6 +55,22 @@ UNK = "<unk>"  # the out-of-vocabulary word of PTB-style corpora
 
 class RunNotFoundError(OdelmError, FileNotFoundError):
     """A directory is not a finished run (no saved model, tokenizer or config)."""
+
+
+class CorruptTokenizerError(OdelmError, ValueError):
+    """A run's tokenizer file cannot be read."""
+
+
+class DataChangedError(OdelmError, ValueError):
+    """A split of the run's corpus differs from the one the run was trained and tested on."""
+
+
+def split_checksums(data: LMData) -> dict[str, str]:
+    """SHA-256 of each split's token ids (int64) under the run's tokenizer."""
+    return {
+        name: hashlib.sha256(split.ids.to(torch.int64).numpy().tobytes()).hexdigest()
+        for name, split in sorted(data.splits.items())
+    }
 
 
 def save_run_model(model: nn.Module, run_dir: Path, tokenizer: Tokenizer) -> None:
@@ -146,9 +171,10 @@ class TrainedRun:
         text = self.decode(new).rstrip("\n")
         return prompt + ("" if text.startswith("\n") else " ") + text
 
-    def data(self, **overrides: Any) -> LMData:
+    def data(self, *, allow_changed_data: bool = False, **overrides: Any) -> LMData:
         """The run's corpus encoded with the run's tokenizer (needs the corpus on disk);
-        ``overrides`` replace ``data`` settings such as ``data_dir``."""
+        ``overrides`` replace ``data`` settings such as ``data_dir``. A split whose tokens
+        differ from the run's record is refused unless ``allow_changed_data``."""
         cfg = self.config.data
         settings = {
             "data_dir": cfg.data_dir,
@@ -158,7 +184,26 @@ class TrainedRun:
             **overrides,
         }
         corpus = load_corpus(cfg.corpus, **settings)
-        return encode_corpus(corpus, self.tokenizer)
+        data = encode_corpus(corpus, self.tokenizer)
+        if not allow_changed_data:
+            self.check_data(data)
+        return data
+
+    def check_data(self, data: LMData) -> None:
+        """Refuse splits whose checksums differ from those in the run's ``result.json``."""
+        path = self.run_dir / "result.json"
+        try:
+            recorded = json.loads(path.read_text()).get("data_sha256") or {}
+        except (OSError, ValueError, AttributeError):
+            recorded = {}
+        actual = split_checksums(data)
+        changed = [k for k, v in recorded.items() if k in actual and actual[k] != v]
+        if changed:
+            raise DataChangedError(
+                f"the {', '.join(changed)} split of {data.corpus_name} differs from the one "
+                f"run {self.run_dir} was trained and tested on (its SHA-256 changed); restore "
+                "the data, or pass --allow-changed-data to score the new data anyway"
+            )
 
 
 def load_run(run_dir: str | os.PathLike[str], map_location: str = "cpu") -> TrainedRun:
@@ -172,9 +217,30 @@ def load_run(run_dir: str | os.PathLike[str], map_location: str = "cpu") -> Trai
             f"{run_dir} is not a finished run (missing {', '.join(missing)}); train it first "
             "(odelm train), or retrain a run written before models were saved in RUN/model"
         )
-    tokenizer = load_tokenizer(run_dir / TOKENIZER_FILE)
-    saved = read_config(run_dir / MODEL_DIR).get("metadata", {})
-    if "tokenizer" in saved:
-        check_tokenizer(saved["tokenizer"], tokenizer)
+    verify_run_files(run_dir)
+    tokenizer = _read_tokenizer(run_dir / TOKENIZER_FILE)
+    saved = read_config(run_dir / MODEL_DIR)
+    if "tokenizer" in saved.get("metadata", {}):
+        check_tokenizer(saved["metadata"]["tokenizer"], tokenizer)
+    vocab = saved["config"].get("vocab_size")
+    if isinstance(vocab, int) and vocab != tokenizer.vocab_size:
+        raise VocabularyMismatchError(
+            f"{run_dir / TOKENIZER_FILE} has {tokenizer.vocab_size} tokens but the model's "
+            f"vocabulary has {vocab}; restore the run's own tokenizer"
+        )
     model = load_pretrained(run_dir / MODEL_DIR, map_location)
     return TrainedRun(model, tokenizer, load_config(run_dir / CONFIG_FILE), run_dir)
+
+
+def _read_tokenizer(path: Path) -> Tokenizer:
+    """The run's tokenizer, or one line naming the file when it cannot be read."""
+    try:
+        return load_tokenizer(path)
+    except Exception as error:  # the Rust BPE reader raises bare Exception
+        if isinstance(error, (OdelmError, FileNotFoundError)):
+            raise
+        raise CorruptTokenizerError(
+            f"{path} is not a tokenizer odelm can read ({type(error).__name__}: "
+            f"{str(error).splitlines()[0] if str(error) else 'no detail'}); restore the run's "
+            "own tokenizer"
+        ) from None

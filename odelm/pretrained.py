@@ -11,17 +11,26 @@ to write) and :meth:`PretrainedMixin.from_config` (how to rebuild).
 Tensors passed to a constructor (e.g. initial embeddings) are not written to the config:
 the weights file holds their trained values. Weights go through
 ``safetensors.torch.save_model`` / ``load_model``, which keep tied weights tied.
+
+Loading runs no code named by the files: ``architecture`` must be one of
+:data:`ARCHITECTURES` (the library's own model classes) or the class ``from_pretrained`` is
+called on, the weights are safetensors (no pickle), their SHA-256 recorded in
+``config.json`` must match, and every weight must be finite.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import errno
 import functools
+import hashlib
 import importlib
 import inspect
 import json
 import os
 import typing
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -32,6 +41,22 @@ if TYPE_CHECKING:
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
+ARCHITECTURES = frozenset(
+    {
+        "neuralode_lm.models:LSTMLM",
+        "neuralode_lm.models:ODELSTM",
+        "neuralode_lm.models:GPT2LM",
+        "neuralode_lm.models:ODEGPT2",
+        "neuralode_lm.models:AugmentedODEGPT2",
+        "neuralode_lm.transformer:NODETransformerLM",
+        "ode_transformer.lm:ODETransformerLM",
+        "ode_transformer.encoder:ODETransformerEncoder",
+        "experiments.reference:BigramLM",
+        "experiments.reference:WordLMTransformer",
+    }
+)
+"""The model classes a ``config.json`` may name: the library's own registry. Nothing else is
+ever imported on load, so a saved model cannot run code of its choosing."""
 
 
 class PretrainedError(OdelmError, ValueError):
@@ -40,6 +65,23 @@ class PretrainedError(OdelmError, ValueError):
 
 class PretrainedNotFoundError(OdelmError, FileNotFoundError):
     """A directory does not hold a model saved by ``save_pretrained``."""
+
+
+class ModelDiskFullError(OdelmError, OSError):
+    """No space was left to write a saved model (the previous files are kept)."""
+
+
+class CorruptModelError(OdelmError, ValueError):
+    """A saved model's files are damaged, tampered with, or hold non-finite weights."""
+
+
+def file_sha256(path: str | os.PathLike[str]) -> str:
+    """SHA-256 of a file's bytes, read in chunks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def _json_ready(value: Any, key: str) -> Any:
@@ -110,22 +152,43 @@ class PretrainedMixin:
         directory.mkdir(parents=True, exist_ok=True)
         config = {**self.model_spec(), "metadata": _json_ready(metadata or {}, "metadata")}
         partial = directory / (WEIGHTS_FILE + ".partial")
-        save_model(self, str(partial))  # type: ignore[arg-type]
+        with _no_space_named(partial, directory, WEIGHTS_FILE):
+            save_model(self, str(partial))  # type: ignore[arg-type]
+        config["weights_sha256"] = file_sha256(partial)
         os.replace(partial, directory / WEIGHTS_FILE)
         partial = directory / (CONFIG_FILE + ".partial")
-        partial.write_text(json.dumps(config, indent=2) + "\n")
+        with _no_space_named(partial, directory, CONFIG_FILE):
+            partial.write_text(json.dumps(config, indent=2) + "\n")
         os.replace(partial, directory / CONFIG_FILE)
 
     @classmethod
     def from_pretrained(cls, directory: str | os.PathLike[str], map_location: str = "cpu") -> Self:
         """The model saved in ``directory``, in eval mode; it must be a ``cls``."""
-        model = load_pretrained(directory, map_location)
+        model = load_pretrained(directory, map_location, trusted=cls)
         if not isinstance(model, cls):
             raise PretrainedError(
                 f"{directory} holds a {type(model).__name__}, not a {cls.__name__}; load it "
                 "with its own class or with odelm.pretrained.load_pretrained"
             )
         return model
+
+
+@contextlib.contextmanager
+def _no_space_named(partial: Path, directory: Path, name: str) -> Iterator[None]:
+    """A full disk while writing ``name`` (safetensors reports it as its own error) becomes
+    :class:`ModelDiskFullError`; the partial file is removed."""
+    try:
+        yield
+    except Exception as error:
+        partial.unlink(missing_ok=True)
+        full = getattr(error, "errno", None) in (errno.ENOSPC, errno.EDQUOT)
+        if full or "No space left on device" in str(error):
+            raise ModelDiskFullError(
+                errno.ENOSPC,
+                f"no space left on {directory} while writing {name}; free some space or "
+                "choose another out_dir (the previous file is kept)",
+            ) from None
+        raise
 
 
 def _with_dataclasses(init: Any, config: dict[str, Any]) -> dict[str, Any]:
@@ -183,31 +246,89 @@ def read_config(directory: str | os.PathLike[str]) -> dict[str, Any]:
             f"{directory} holds no saved model (missing {', '.join(missing)}); save one with "
             "model.save_pretrained(directory)"
         )
-    return json.loads((directory / CONFIG_FILE).read_text())
+    path = directory / CONFIG_FILE
+    try:
+        saved = json.loads(path.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise CorruptModelError(
+            f"{path} is not valid JSON ({error}); save the model again"
+        ) from None
+    if not (
+        isinstance(saved, dict)
+        and isinstance(saved.get("architecture"), str)
+        and isinstance(saved.get("config"), dict)
+        and isinstance(saved.get("metadata", {}), dict)
+    ):
+        raise CorruptModelError(
+            f"{path} is not a saved model's config (it needs an 'architecture' string and a "
+            "'config' object); save the model again"
+        )
+    return saved
 
 
-def model_class(architecture: str) -> type[PretrainedMixin]:
-    """The class named ``module:QualName`` in a ``config.json``."""
+def model_class(architecture: str, trusted: type | None = None) -> type[PretrainedMixin]:
+    """The class named ``module:QualName`` in a ``config.json``: one of
+    :data:`ARCHITECTURES`, or ``trusted`` (the class the caller loads with) when it names it.
+    Nothing is imported for a name outside both."""
+    if trusted is not None and architecture == f"{trusted.__module__}:{trusted.__qualname__}":
+        return trusted
+    if architecture not in ARCHITECTURES:
+        raise PretrainedError(
+            f"architecture {architecture!r} is not one of the library's models "
+            f"({', '.join(sorted(ARCHITECTURES))}); odelm imports no other code for a saved "
+            "model (load your own class with YourClass.from_pretrained, or pass model= to "
+            "LMTask.load_from_checkpoint)"
+        )
     module_name, _, qualname = architecture.partition(":")
     target: Any = importlib.import_module(module_name)
     for part in qualname.split("."):
         target = getattr(target, part)
-    if not (isinstance(target, type) and issubclass(target, PretrainedMixin)):
-        raise PretrainedError(f"{architecture} is not a model class with from_pretrained")
     return target
 
 
-def build_from_config(saved: dict[str, Any]) -> PretrainedMixin:
+def build_from_config(saved: dict[str, Any], trusted: type | None = None) -> PretrainedMixin:
     """A freshly initialised model from a ``config.json``'s ``architecture`` and ``config``."""
-    return model_class(saved["architecture"]).from_config(saved["config"])
+    cls = model_class(saved["architecture"], trusted)
+    try:
+        return cls.from_config(saved["config"])
+    except (TypeError, ValueError) as error:
+        if isinstance(error, OdelmError):
+            raise
+        raise CorruptModelError(
+            f"the saved config of {saved['architecture']} does not build it ({error}); save "
+            "the model again"
+        ) from None
 
 
-def load_pretrained(directory: str | os.PathLike[str], map_location: str = "cpu") -> Any:
+def load_pretrained(
+    directory: str | os.PathLike[str], map_location: str = "cpu", trusted: type | None = None
+) -> Any:
     """Any model saved by ``save_pretrained``, rebuilt from its config, weights loaded, in
-    eval mode."""
+    eval mode. The weights must match the SHA-256 recorded beside them and be finite."""
+    from safetensors import SafetensorError
     from safetensors.torch import load_model
 
+    directory = Path(directory)
     saved = read_config(directory)
-    model = build_from_config(saved)
-    load_model(model, str(Path(directory) / WEIGHTS_FILE), strict=True, device=map_location)  # type: ignore[arg-type]
+    weights = directory / WEIGHTS_FILE
+    expected = saved.get("weights_sha256")
+    if expected is not None and file_sha256(weights) != expected:
+        raise CorruptModelError(
+            f"{weights} does not match the SHA-256 recorded in {CONFIG_FILE} (changed or "
+            "damaged since it was saved); restore it or save the model again"
+        )
+    model = build_from_config(saved, trusted)
+    try:
+        load_model(model, str(weights), strict=True, device=map_location)  # type: ignore[arg-type]
+    except (SafetensorError, RuntimeError, OSError, ValueError) as error:
+        raise CorruptModelError(
+            f"{weights} is not a valid weights file for {saved['architecture']} "
+            f"({str(error).splitlines()[0]}); restore it or save the model again"
+        ) from None
+    bad = [name for name, value in model.state_dict().items() if not value.isfinite().all()]  # type: ignore[attr-defined]
+    if bad:
+        raise CorruptModelError(
+            f"{weights} holds non-finite weights ({bad[0]} has NaN or inf); the model "
+            "diverged or the file is damaged: retrain or restore it"
+        )
     return model.eval()  # type: ignore[attr-defined]

@@ -26,6 +26,7 @@ from safetensors.torch import load_file
 from experiments.checkpoints import DiskFullError, atomic_save, read_checkpoint
 from experiments.cli import main
 from experiments.config import ConfigError, load_config, parse_config
+from experiments.runfolder import RUN_MARKER
 from experiments.runs import IDENTITY_EXCLUDED
 from experiments.train import train
 
@@ -358,6 +359,7 @@ def test_corrupt_checkpoint_is_named(tmp_path, tiny_config, capsys):
     config_file.write_text(yaml.safe_dump(values))
     last = tmp_path / "corrupt" / "checkpoints" / "last.ckpt"
     last.parent.mkdir(parents=True)
+    (tmp_path / "corrupt" / RUN_MARKER).write_text("{}")  # a run folder odelm made
     (tmp_path / "corrupt" / "config.yaml").write_text(yaml.safe_dump(values))
     last.write_bytes(b"PK\x03\x04 truncated")
     assert main(["train", "--config", str(config_file), "--quiet"]) == 2

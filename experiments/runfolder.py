@@ -1,0 +1,213 @@
+"""What odelm may write and delete: run names, folder markers, the run lock, file checksums.
+
+A run's name is one folder name of safe characters (:func:`check_run_name`), so a run
+stays inside ``out_dir``. Every folder odelm makes for a run (or a comparison) carries a
+marker file (:data:`RUN_MARKER`, :data:`COMPARISON_MARKER`) saying odelm wrote it; a
+non-empty folder without one is never written into, and ``--overwrite`` deletes only the
+names odelm makes in a marked run folder (:data:`RUN_FILES`), never other files.
+
+While a process trains in a run folder it holds an exclusive ``flock`` on
+:data:`LOCK_FILE` (released by the kernel when the process ends, however it ends); a second
+process gets :class:`RunInUseError` naming the holder's PID. The run marker also records
+the SHA-256 of the files a finished run is loaded from, which :func:`verify_run_files`
+checks on load.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import re
+import shutil
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from odelm import __version__
+from odelm.errors import OdelmError
+from odelm.pretrained import file_sha256
+
+RUN_MARKER = ".odelm-run"
+COMPARISON_MARKER = ".odelm-comparison"
+LOCK_FILE = ".odelm-lock"
+RUN_FILES = frozenset(
+    {
+        "config.yaml",
+        "result.json",
+        "result.json.partial",
+        "tokenizer",
+        "checkpoints",
+        "logs",
+        "tensorboard",
+        "wandb",
+        "model",
+        ".write-test",
+    }
+)
+"""The names odelm makes inside a run folder: all that ``--overwrite`` ever deletes."""
+_SAFE_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}")
+
+
+class RunNameError(OdelmError, ValueError):
+    """A run name is not one safe folder name."""
+
+
+class ForeignFolderError(OdelmError, FileExistsError):
+    """A non-empty folder odelm did not make (no marker) was to be written into."""
+
+
+class FolderWriteError(OdelmError, OSError):
+    """A run or comparison folder cannot be made or marked."""
+
+
+class RunInUseError(OdelmError, BlockingIOError):
+    """Another process is training in the run folder."""
+
+
+class RunFilesChangedError(OdelmError, ValueError):
+    """A file of a finished run differs from the one odelm wrote (damaged or tampered)."""
+
+
+def check_run_name(name: Any, what: str = "run name") -> None:
+    """Refuse a name that is not one folder name of letters, digits, ``.``, ``_`` and ``-``
+    (not starting with ``.``, at most 128 characters): no ``/``, ``..``, absolute paths."""
+    if not isinstance(name, str) or not _SAFE_NAME.fullmatch(name):
+        raise RunNameError(
+            f"{what} {name!r} is not one folder name; use 1-128 letters, digits, '.', '_' or "
+            "'-', not starting with '.' (the run is written to out_dir/NAME)"
+        )
+
+
+def check_not_foreign(folder: Path, marker: str = RUN_MARKER) -> None:
+    """Refuse a folder that exists, is not empty, and carries no odelm ``marker``."""
+    if folder.is_dir() and not (folder / marker).is_file() and any(folder.iterdir()):
+        raise ForeignFolderError(
+            f"{folder} is not empty and odelm did not make it (no {marker} marker), so odelm "
+            "will not write or delete anything there; choose another name or folder (a run "
+            f"made by an older odelm is adopted by creating {folder / marker})"
+        )
+
+
+def _write_marker(folder: Path, marker: str, values: dict[str, Any]) -> None:
+    partial = folder / (marker + ".partial")
+    partial.write_text(json.dumps({"odelm": __version__, **values}, indent=2) + "\n")
+    os.replace(partial, folder / marker)
+
+
+def read_marker(folder: Path, marker: str = RUN_MARKER) -> dict[str, Any]:
+    """The marker's JSON ({} for a marker a user created empty to adopt an old run)."""
+    try:
+        values = json.loads((folder / marker).read_text() or "{}")
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return {}
+    return values if isinstance(values, dict) else {}
+
+
+def claim_folder(folder: Path, marker: str, kind: str) -> None:
+    """Make ``folder`` (refusing a foreign one) and mark it as odelm's ``kind`` folder."""
+    check_not_foreign(folder, marker)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        if not (folder / marker).is_file():
+            _write_marker(folder, marker, {"kind": kind, "files": {}})
+    except OSError as error:
+        raise FolderWriteError(
+            f"cannot make {kind} folder {folder} ({error.strerror}); choose another folder"
+        ) from None
+
+
+def clear_run(run_dir: Path) -> None:
+    """Delete what odelm made in a marked run folder (:data:`RUN_FILES`) and nothing else."""
+    check_not_foreign(run_dir)
+    if not run_dir.is_dir():
+        return
+    for name in sorted(RUN_FILES):
+        path = run_dir / name
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        elif path.is_symlink() or path.exists():
+            path.unlink()
+    _write_marker(run_dir, RUN_MARKER, {"kind": "run", "files": {}})
+
+
+def is_worker_process() -> bool:
+    """True in a distributed run's other processes (Lightning's ``ddp`` launcher re-runs the
+    command there): they neither lock nor clear the run folder, the main process does."""
+    return any(int(os.environ.get(key, "0") or 0) > 0 for key in ("LOCAL_RANK", "NODE_RANK"))
+
+
+@contextmanager
+def run_lock(run_dir: Path) -> Iterator[None]:
+    """Hold the run folder's lock, or raise :class:`RunInUseError` naming the holder."""
+    if is_worker_process():
+        yield
+        return
+    descriptor = os.open(run_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(descriptor, 32, 0).decode(errors="replace").strip() or "unknown"
+            raise RunInUseError(
+                f"run {run_dir} is in use by another odelm process (PID {holder}); wait for it "
+                "to finish or stop it, or give this run another name"
+            ) from None
+        os.ftruncate(descriptor, 0)
+        os.pwrite(descriptor, f"{os.getpid()}\n".encode(), 0)
+        yield
+    finally:
+        os.close(descriptor)  # closing releases the lock
+
+
+@contextmanager
+def claimed_run(run_dir: Path, *, overwrite: bool = False) -> Iterator[None]:
+    """Mark ``run_dir`` as a run folder and hold its lock; ``overwrite`` first clears what
+    odelm made there (:func:`clear_run`)."""
+    claim_folder(run_dir, RUN_MARKER, "run")
+    with run_lock(run_dir):
+        if overwrite and not is_worker_process():
+            clear_run(run_dir)
+        yield
+
+
+def _files_under(run_dir: Path, names: Iterable[str]) -> list[str]:
+    found: list[str] = []
+    for name in names:
+        path = run_dir / name
+        if path.is_dir():
+            found += sorted(str(p.relative_to(run_dir)) for p in path.rglob("*") if p.is_file())
+        elif path.is_file():
+            found.append(name)
+    return found
+
+
+def record_run_files(run_dir: Path, names: Iterable[str]) -> None:
+    """Record in the run marker the SHA-256 of each file under ``names`` (files or folders)."""
+    files = {name: file_sha256(run_dir / name) for name in _files_under(run_dir, names)}
+    marker = read_marker(run_dir)
+    _write_marker(run_dir, RUN_MARKER, {**marker, "kind": "run", "files": files})
+
+
+def verify_run_files(run_dir: Path) -> None:
+    """Refuse a run whose recorded files changed (a run with no record is not checked)."""
+    recorded = read_marker(run_dir).get("files") or {}
+    if not isinstance(recorded, dict):
+        raise RunFilesChangedError(
+            f"{run_dir / RUN_MARKER} is damaged (its file list is not a mapping); restore the "
+            "run from a copy, or retrain it"
+        )
+    for name, expected in sorted(recorded.items()):
+        path = run_dir / name
+        if Path(name).is_absolute() or ".." in Path(name).parts:
+            raise RunFilesChangedError(
+                f"{run_dir / RUN_MARKER} lists {name!r}, a file outside the run; the marker "
+                "was tampered with: restore the run from a copy, or retrain it"
+            )
+        if not path.is_file() or file_sha256(path) != expected:
+            state = "is missing" if not path.is_file() else "does not match its recorded SHA-256"
+            raise RunFilesChangedError(
+                f"{path} {state} (changed or damaged since odelm wrote it); restore the run "
+                "from a copy, or retrain it"
+            )
