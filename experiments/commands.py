@@ -132,9 +132,6 @@ def cmd_train(args: argparse.Namespace) -> int:
     if command["quiet"]:
         logging.getLogger("pytorch_lightning").setLevel(logging.ERROR)
         config.trainer.progress_bar = False
-    devices = config.trainer.devices
-    runs = devices if isinstance(devices, int) else 1
-    config.trainer.num_threads = set_threads(config.trainer.num_threads, runs)
     done = config.run_dir / RESULT_FILE
     finished = done.is_file() and not command["overwrite"]
     result = train(config, overwrite=bool(command["overwrite"]))
@@ -159,12 +156,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
     for key, value in given.items():
         if key != "decode":  # a choice argparse checks
             check_range(f"eval.{key}", value, "--" + key.replace("_", "-"))
-    set_threads(args.num_threads)
     run = load_run(args.run)
     config = run.config
     config.eval = dataclasses.replace(config.eval, **given)
     overrides = {"data_dir": args.data_dir} if args.data_dir else {}
     data = run.data(allow_changed_data=args.allow_changed_data, **overrides)
+    set_threads(args.num_threads)  # once the run and its data load: an error stays one line
     result = evaluate_run(run.model, data, config, args.split, allow_noncausal=args.allow_noncausal)
     if args.json:
         print(json.dumps(result))
@@ -212,7 +209,7 @@ def positive_int(text: str) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from experiments.compare import expand_grid, grid_path, run_grid
+    from experiments.compare import check_grid, expand_grid, grid_path, run_grid
 
     parser = options_parser(
         "odelm compare",
@@ -248,6 +245,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         return 0
     if not out:
         raise ConfigError("odelm compare needs --out DIR (where runs, tables and plots go)")
+    check_grid(load_yaml(grid), Path(out), shared, num_seeds)  # errors before the threads line
     trainer = shared.setdefault("trainer", {})  # one run at a time: the policy's threads each
     trainer["num_threads"] = set_threads(trainer.get("num_threads"))
     results = run_grid(grid, out, shared, num_seeds=num_seeds)

@@ -33,6 +33,7 @@ import yaml
 from experiments.config import ConfigError, load_yaml, merge, parse_config
 from experiments.runfolder import (
     COMPARISON_MARKER,
+    FolderWriteError,
     check_not_foreign,
     check_run_name,
     claim_folder,
@@ -151,6 +152,25 @@ def grid_baseline(grid: dict[str, Any]) -> str:
     return grid.get("baseline") or grid["runs"][0]["name"]
 
 
+def check_grid(
+    grid: dict[str, Any],
+    out_dir: Path,
+    shared_override: dict[str, Any],
+    num_seeds: int | None = None,
+) -> list[PlannedRun]:
+    """The grid's planned runs, once the grid and every folder it would write are checked
+    (nothing is written: a bad grid or a folder odelm did not make is one error)."""
+    planned = expand_grid(grid, out_dir, shared_override, num_seeds)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise FolderWriteError(
+            f"cannot make comparison folder {out_dir} (File exists); choose another folder"
+        )
+    check_not_foreign(out_dir, COMPARISON_MARKER)
+    for plan in planned:
+        check_not_foreign(out_dir / "runs" / plan.run)
+    return planned
+
+
 def run_grid(
     grid_file: str | Path,
     out_dir: str | Path,
@@ -164,10 +184,7 @@ def run_grid(
     """
     out_dir = Path(out_dir)
     grid = load_yaml(grid_file)
-    planned = expand_grid(grid, out_dir, shared_override or {}, num_seeds)
-    check_not_foreign(out_dir, COMPARISON_MARKER)
-    for plan in planned:
-        check_not_foreign(out_dir / "runs" / plan.run)
+    planned = check_grid(grid, out_dir, shared_override or {}, num_seeds)
     claim_folder(out_dir, COMPARISON_MARKER, "comparison")
     (out_dir / "configs").mkdir(parents=True, exist_ok=True)
     results, failed = [], []

@@ -48,6 +48,7 @@ from experiments.checkpoints import (
 from experiments.config import RunConfig
 from experiments.data.loading import load_data
 from experiments.data.tokenization import LMData
+from experiments.datamodule import LMDataModule
 from experiments.evaluate import evaluate_run
 from experiments.loggers import build_loggers
 from experiments.models import build_model, count_parameters, depth_kind
@@ -58,7 +59,8 @@ from experiments.runs import (
     config_sha256,
     write_json,
 )
-from experiments.task import LMDataModule, LMTask
+from experiments.task import LMTask
+from experiments.threads import set_threads
 from experiments.trained import save_run_model, split_checksums
 from neuralode_lm.solvers import SolverError
 from odelm.errors import OdelmError
@@ -167,10 +169,11 @@ def _train_locked(
     result_path = run_dir / RESULT_FILE
     if result_path.is_file():
         return json.loads(result_path.read_text())
+    devices = config.trainer.devices  # the threads policy shares the cores among the processes
+    processes = devices if isinstance(devices, int) else 1
+    config.trainer.num_threads = set_threads(config.trainer.num_threads, processes)
     (run_dir / CONFIG_FILE).write_text(yaml.safe_dump(config.to_dict(), sort_keys=False))
     pl.seed_everything(config.seed, workers=True, verbose=False)
-    if config.trainer.num_threads:
-        torch.set_num_threads(config.trainer.num_threads)
     data = data or prepare_data(config)
     data.tokenizer.save(run_dir / "tokenizer")
     model = build_model(config.model, data.tokenizer.vocab_size)

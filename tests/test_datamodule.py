@@ -9,9 +9,10 @@ import pytorch_lightning as pl
 import torch
 
 from experiments.config import ConfigError, DataConfig, OptimConfig, RunConfig
+from experiments.datamodule import LMDataModule
 from experiments.evaluate import perplexity
 from experiments.models import build_model
-from experiments.task import LMDataModule, LMTask
+from experiments.task import LMTask
 from experiments.train import prepare_data
 
 TINY = {

@@ -16,10 +16,11 @@ import yaml
 from experiments.config import ConfigError, DataConfig, OptimConfig, parse_config
 from experiments.data.corpora import load_corpus
 from experiments.data.tokenization import build_tokenizer, encode_corpus
+from experiments.datamodule import LMDataModule
 from experiments.evaluate import perplexity
 from experiments.loggers import build_loggers
 from experiments.models import build_model
-from experiments.task import LMDataModule, LMTask
+from experiments.task import LMTask
 from experiments.train import train
 
 TINY = {

@@ -11,11 +11,12 @@ from experiments.config import ConfigError, DataConfig, OptimConfig, TrainerConf
 from experiments.contract import StatelessModelError
 from experiments.data.corpora import load_corpus
 from experiments.data.tokenization import WordTokenizer, encode_corpus
+from experiments.datamodule import LMDataModule
 from experiments.evaluate import perplexity
 from experiments.models import build_model, count_parameters
 from experiments.recipes import PlateauAnnealer, build_optimizer, training_budget
 from experiments.reference import BigramLM
-from experiments.task import LMDataModule, LMTask
+from experiments.task import LMTask
 from neuralode_lm import LSTMLM, ODELSTM
 
 

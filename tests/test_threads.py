@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 from experiments import threads
 from experiments.cli import main
@@ -103,14 +104,20 @@ def test_train_and_compare_hand_the_policy_to_their_runs(
     machine(usable=2, total=2, load=5.0)
     seen = {}
 
-    def train(config, **kwargs):
-        seen["train"] = config
-        return {}
+    class Stop(Exception):
+        pass
 
-    monkeypatch.setattr(experiments.train, "train", train)
+    def prepare_data(config):  # the threads are set, and recorded, before the data loads
+        seen["train"] = config
+        raise Stop
+
+    monkeypatch.setattr(experiments.train, "prepare_data", prepare_data)
     example = str(ROOT / "experiments" / "configs" / "example.yaml")
-    assert main(["train", "--config", example]) == 0
-    assert seen["train"].trainer.num_threads == 1  # recorded in the run's config.yaml
+    with pytest.raises(Stop):
+        main(["train", "--config", example, "--out_dir", str(tmp_path / "runs")])
+    assert seen["train"].trainer.num_threads == 1
+    recorded = yaml.safe_load((tmp_path / "runs" / "example" / "config.yaml").read_text())
+    assert recorded["trainer"]["num_threads"] == 1
 
     def run_grid(grid, out, shared, num_seeds=None):
         seen["compare"] = shared
