@@ -1,0 +1,83 @@
+"""The docs name only things that exist: every module DESIGN.md names, and every local file
+the README and docs link to or quote as a path. A moved or renamed module fails here rather
+than leaving a newcomer with a dead pointer."""
+
+import importlib
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).parents[1]
+PACKAGES = ("odelm", "neuralode_lm", "ode_transformer", "experiments")
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+
+# A path from the repository root (`experiments/foo.py`, `docs/results/quick/`) or a dotted
+# module (`experiments.foo`, `odelm.errors.OdelmError`) inside backticks or a bare mention.
+_ROOTS = "|".join(PACKAGES)
+PATH_RE = re.compile(rf"(?<![\w/.-])((?:{_ROOTS}|docs|tests)/[\w./*-]*[\w/*])")
+DOTTED_RE = re.compile(rf"(?<![\w/.-])((?:{_ROOTS})(?:\.[A-Za-z_]\w*)+)")
+LINK_RE = re.compile(r"\]\(([^)\s]+)\)")
+PLACEHOLDER_RE = re.compile(r"[A-Z]{3,}")  # `solvers/NAME_adapter.py`: a template, not a file
+
+
+def _paths(text: str) -> set[str]:
+    """Repository paths a text names, without templates."""
+    return {p for p in PATH_RE.findall(text) if not PLACEHOLDER_RE.search(p)}
+
+
+def _exists(path: str) -> bool:
+    """A path, a glob (`docs/results/quick/*.png`) or a path with its suffix (`.py`) left out."""
+    if "*" in path:
+        return any(ROOT.glob(path))
+    return (ROOT / path).exists()
+
+
+def _resolves(dotted: str) -> bool:
+    """`a.b.c`: the longest prefix that is a module imports, and the rest are attributes."""
+    parts = dotted.split(".")
+    n = 1
+    while n < len(parts) and (
+        (ROOT / Path(*parts[: n + 1])).is_dir()
+        or (ROOT / Path(*parts[: n + 1])).with_suffix(".py").exists()
+    ):
+        n += 1
+    obj = importlib.import_module(".".join(parts[:n]))
+    for attr in parts[n:]:
+        if not hasattr(obj, attr):
+            return False
+        obj = getattr(obj, attr)
+    return True
+
+
+def test_every_module_design_names_exists():
+    text = (ROOT / "docs" / "DESIGN.md").read_text()
+    paths = _paths(text)
+    assert "experiments/datamodule.py" in paths  # the pattern finds what it should
+    assert [p for p in sorted(paths) if not _exists(p)] == []
+    dotted = set(DOTTED_RE.findall(text))
+    assert "experiments.reference.WordLMTransformer" in dotted
+    assert [d for d in sorted(dotted) if not _resolves(d)] == []
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_local_links_and_paths_resolve(doc: Path):
+    text = doc.read_text()
+    links = [
+        link.split("#")[0]
+        for link in LINK_RE.findall(text)
+        if not re.match(r"[a-z]+:", link) and not link.startswith("#")
+    ]
+    dead = [link for link in links if not (doc.parent / link).exists()]
+    dead += [p for p in sorted(_paths(text)) if not _exists(p)]
+    assert dead == []
+
+
+def test_a_dead_link_is_found(tmp_path: Path):
+    """The checks above can fail: a missing module and a missing file are reported."""
+    assert not _exists("experiments/no_such_module.py")
+    assert not _resolves("experiments.task.NoSuchClass")
+    assert _resolves("experiments.datamodule.LMDataModule")
+    assert _paths("see `experiments/foo.py` and neuralode_lm/solvers/NAME_adapter.py") == {
+        "experiments/foo.py"
+    }
