@@ -60,15 +60,25 @@ def test_every_module_design_names_exists():
     assert [d for d in sorted(dotted) if not _resolves(d)] == []
 
 
+def _anchors(doc: Path) -> set[str]:
+    """GitHub's anchors of a Markdown file's headings (lower case, punctuation dropped)."""
+    headings = re.findall(
+        r"^#+ (.+)$", re.sub(r"```.*?```", "", doc.read_text(), flags=re.DOTALL), re.MULTILINE
+    )
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in headings}
+
+
 @pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(ROOT)))
 def test_local_links_and_paths_resolve(doc: Path):
     text = doc.read_text()
-    links = [
-        link.split("#")[0]
-        for link in LINK_RE.findall(text)
-        if not re.match(r"[a-z]+:", link) and not link.startswith("#")
-    ]
-    dead = [link for link in links if not (doc.parent / link).exists()]
+    dead = []
+    for link in LINK_RE.findall(text):
+        if re.match(r"[a-z]+:", link):
+            continue
+        target, _, anchor = link.partition("#")
+        path = doc.parent / target if target else doc
+        if not path.exists() or (anchor and path.suffix == ".md" and anchor not in _anchors(path)):
+            dead.append(link)
     dead += [p for p in sorted(_paths(text)) if not _exists(p)]
     assert dead == []
 
@@ -78,6 +88,8 @@ def test_a_dead_link_is_found(tmp_path: Path):
     assert not _exists("experiments/no_such_module.py")
     assert not _resolves("experiments.task.NoSuchClass")
     assert _resolves("experiments.datamodule.LMDataModule")
+    readme_anchors = _anchors(ROOT / "README.md")
+    assert "results" in readme_anchors and "no-such-section" not in readme_anchors
     assert _paths("see `experiments/foo.py` and neuralode_lm/solvers/NAME_adapter.py") == {
         "experiments/foo.py"
     }
