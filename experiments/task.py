@@ -40,6 +40,35 @@ class StatefulDistributedError(OdelmError, ValueError):
     """Stateful batching was asked of a distributed run."""
 
 
+class CompileUnsupportedError(OdelmError, ValueError):
+    """``trainer.compile`` was asked of a model that does not compile cleanly."""
+
+
+class CompiledModel:
+    """A model whose calls go through ``torch.compile`` of its forward; every attribute is
+    the model's own. Not an ``nn.Module``, so the task's state dict and checkpoints keep
+    the model's keys; the compiled graphs are specialised to the training shapes."""
+
+    def __init__(self, model: nn.Module) -> None:
+        from neuralode_lm.depth_field import FixedGrid
+
+        solver_driven = hasattr(model, "solver_stats")
+        if solver_driven and not isinstance(getattr(model, "integration", None), FixedGrid):
+            raise CompileUnsupportedError(
+                f"trainer.compile: {type(model).__name__} runs an ODE solver library, whose "
+                "step loop does not compile; set trainer.compile: false, or use an "
+                "ode_transformer or a node-transformer on a fixed grid (solver: {method: rk4})"
+            )
+        self.model = model
+        self.compiled = torch.compile(model.forward, dynamic=False)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.model, name)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.compiled(*args, **kwargs)
+
+
 class StreamWindow(NamedTuple):
     """A training window of ``batch_size`` contiguous streams, read in order (stateful)."""
 
@@ -173,6 +202,7 @@ class LMTask(pl.LightningModule):
         optim: OptimConfig | dict[str, Any],
         *,
         stateful: bool = False,
+        compile: bool = False,
     ) -> None:
         super().__init__()
         if isinstance(model, dict):
@@ -191,6 +221,7 @@ class LMTask(pl.LightningModule):
             hyperparameters["model"] = model.model_spec()
         self.save_hyperparameters(hyperparameters)
         self.model, self.optim, self.stateful = model, optim, stateful
+        self.compiled = CompiledModel(model) if compile else None  # training steps only
         self.val_nll = 0.0
         self.val_tokens = 0
         self.elapsed_before = 0.0  # training wall time of earlier processes of a resumed run
@@ -218,8 +249,13 @@ class LMTask(pl.LightningModule):
     ) -> tuple[torch.Tensor, dict[str, Any], Any]:
         """Logits for ``tokens[:, :-1]`` (the last token opens the next window) and the
         detached state after them."""
-        logits, aux = call_model(self.model, tokens[:, :-1], stateful=True, state=state)
+        model = self._training_model()
+        logits, aux = call_model(model, tokens[:, :-1], stateful=True, state=state)
         return logits, aux, detach_state(aux["state"])
+
+    def _training_model(self) -> nn.Module | CompiledModel:
+        """The compiled model in training steps when asked for, else the model."""
+        return self.compiled if self.compiled is not None and self.training else self.model
 
     def _loss(self, batch: Any) -> tuple[torch.Tensor, dict[str, Any]]:
         if isinstance(batch, StreamWindow):
@@ -228,7 +264,7 @@ class LMTask(pl.LightningModule):
             logits, aux, self.train_state = self._stateful_forward(tokens, state)
         else:
             tokens, mask = batch if isinstance(batch, (tuple, list)) else (batch, None)
-            logits, aux = self(tokens, mask)
+            logits, aux = call_model(self._training_model(), tokens, mask)
         loss, _ = lm_nll(
             logits, tokens, mask, reduction="mean", label_smoothing=self.optim.label_smoothing
         )

@@ -174,7 +174,9 @@ def train(
     data = data or prepare_data(config)
     data.tokenizer.save(run_dir / "tokenizer")
     model = build_model(config.model, data.tokenizer.vocab_size)
-    task = LMTask(model, config.optim, stateful=config.data.stateful)
+    task = LMTask(
+        model, config.optim, stateful=config.data.stateful, compile=config.trainer.compile
+    )
     resume_from, resume_step = resume_point(run_dir)
     datamodule = LMDataModule(data, config.data, config.seed, config.trainer.val_batches)
     budgeted = with_budget(config, len(datamodule.train_batches()))
