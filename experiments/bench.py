@@ -30,6 +30,7 @@ BENCHMARKS: dict[str, str] = {
     "ct-adjoint-memory": "neuralode_lm.ct_benchmarks:ct_adjoint_memory",
     "precision-speedup": "experiments.benchmarks_speed:precision_speedup",
     "peak": "experiments.benchmarks_speed:peak",
+    "compile-speedup": "experiments.benchmarks_speed:compile_speedup",
 }
 
 

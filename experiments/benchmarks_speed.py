@@ -4,6 +4,9 @@
 * ``precision-speedup``: training tokens/s under ``bf16-mixed`` over ``32-true`` for the
   LSTM, the reference Transformer, an RK4 ``ode_transformer`` and a fixed-grid
   ``node-transformer`` (target 2.0 on the Transformers, reported for all).
+* ``compile-speedup``: training tokens/s with ``trainer.compile`` over eager for the RK4
+  ``ode_transformer``, the fixed-grid ``node-transformer`` and the reference Transformer;
+  the compile time (the first compiled step) is reported apart.
 * ``peak``: the matrix-product peak of this machine (``torch.matmul`` at 700 x 200 @
   200 x 10,000), fp32 and bf16, at one thread and at every available thread.
 
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import time
 from typing import Any
 
 import torch
@@ -103,4 +107,49 @@ def peak() -> list[dict[str, Any]]:
                 }
             )
     torch.set_num_threads(bench_threads())
+    return records
+
+
+COMPILED = ("ode_transformer rk4", "node-transformer rk4 grid", "transformer")
+
+
+def compile_speedup(rounds: int = 8) -> list[dict[str, Any]]:
+    """Training tokens/s with ``trainer.compile`` over eager, per model, at ``32-true``:
+    the first compiled step (which compiles) is timed alone and left out of the ratio."""
+    torch.set_num_threads(bench_threads())
+    data = batches(4)
+    records = []
+    for name in COMPILED:
+        compiled_step = TrainingStep(build_task(name, compile=True))
+        started = time.perf_counter()
+        compiled_step(data[0])
+        first_step = time.perf_counter() - started
+        calls = {
+            "eager": _cycling_step(TrainingStep(build_task(name)), data),
+            "compiled": _cycling_step(compiled_step, data),
+        }
+        seconds = alternate(calls, rounds, warmup=1)
+        ratio = seconds["eager"] / seconds["compiled"]
+        tokens = BATCH * BPTT
+        print(
+            f"compile-speedup {name}: eager {tokens / seconds['eager']:.0f} tok/s, compiled "
+            f"{tokens / seconds['compiled']:.0f} tok/s, ratio {ratio:.2f}; first compiled "
+            f"step (compiling) {first_step:.1f} s"
+        )
+        records.append(
+            {
+                "bench": "compile-speedup",
+                "metric": f"tokens_per_s_compiled_over_eager {name}",
+                "value": ratio,
+                "target": 1.0,
+                "unit": "x",
+                "better": "higher",
+                "eager_tokens_per_s": tokens / seconds["eager"],
+                "compiled_tokens_per_s": tokens / seconds["compiled"],
+                "compile_s": first_step,
+                "threads": torch.get_num_threads(),
+                "iterations": f"{rounds} steps each after a warm-up, alternating, medians; "
+                "compile_s is the first compiled step (inductor's disk cache shortens reruns)",
+            }
+        )
     return records

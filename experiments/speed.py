@@ -103,10 +103,12 @@ def batches(count: int, seed: int = 0) -> list[torch.Tensor]:
     return [torch.randint(0, VOCAB, (BATCH, BPTT + 1), generator=generator) for _ in range(count)]
 
 
-def build_task(name: str, optim: OptimConfig = SGD, seed: int = 0) -> LMTask:
+def build_task(
+    name: str, optim: OptimConfig = SGD, seed: int = 0, *, compile: bool = False
+) -> LMTask:
     """The training task of :data:`SPEED_MODELS` ``name`` (seeded initialisation)."""
     torch.manual_seed(seed)
-    return LMTask(build_model(SPEED_MODELS[name], VOCAB), optim).train()
+    return LMTask(build_model(SPEED_MODELS[name], VOCAB), optim, compile=compile).train()
 
 
 class TrainingStep:
