@@ -26,6 +26,7 @@ CSV_COLUMNS = [
     "test_flops_per_token",
     "test_flops_batches",
     "train_tokens_per_s",
+    "train_mfu",
     "peak_memory_mb",
     "is_causal",
     "protocol",
@@ -44,6 +45,7 @@ MEAN_COLUMNS = [
     ("test_nfe", "NFE"),
     ("test_flops_per_token", "forward FLOPs/token"),
     ("train_tokens_per_s", "train tokens/s"),
+    ("train_mfu", "train MFU"),
     ("peak_memory_mb", "peak memory MB"),
     ("valid_ppl", "valid perplexity"),
     ("steps", "steps"),
@@ -61,7 +63,9 @@ NOTE = (
     "layer costs 1, an RK block of s stages s, Macaron 1); for ODE heads F is the head's "
     "small vector field, so NFE is not a cost across families. Forward FLOPs/token: PyTorch's FlopCounterMode over the first "
     "test batches (matrix products and attention; elementwise work is not counted), per "
-    "predicted token."
+    "predicted token. Train MFU: model FLOPs utilisation, 3 x forward FLOPs per token "
+    "(forward + backward) x train tokens/s over the machine's matrix-product peak at the "
+    "run's precision and thread count (`odelm bench peak`)."
 )
 
 
@@ -171,4 +175,6 @@ def _format(key: str, value: float | None) -> str:
         return f"{value / 1e3:.1f}k" if value else "0"
     if key == "steps":
         return f"{value:.0f}"
+    if key == "train_mfu":
+        return f"{value:.1%}"
     return f"{value:.3f}" if "bleu" in key else f"{value:.2f}"

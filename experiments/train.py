@@ -46,7 +46,7 @@ from experiments.config import RunConfig
 from experiments.data.corpora import load_corpus
 from experiments.data.tokenization import LMData, build_tokenizer, encode_corpus
 from experiments.evaluate import evaluate_run
-from experiments.flops import split_flops_per_token
+from experiments.flops import forward_flops_per_token, split_flops_per_token
 from experiments.loggers import build_loggers
 from experiments.models import build_model, count_parameters, depth_kind
 from experiments.recipes import with_budget
@@ -57,7 +57,8 @@ from experiments.runs import (
     discard_run,
     write_json,
 )
-from experiments.task import LMDataModule, LMTask
+from experiments.speed import peak_gflops
+from experiments.task import LMDataModule, LMTask, StreamWindow
 from experiments.trained import save_run_model
 from neuralode_lm.solvers import SolverError
 from odelm.errors import OdelmError
@@ -83,10 +84,22 @@ class DivergedError(OdelmError, FloatingPointError):
 
 class ThroughputMeter(Callback):
     """Training tokens per second: logged per step and summed over the run (all processes
-    of a resumed run: the sums travel in the checkpoints)."""
+    of a resumed run: the sums travel in the checkpoints).
+
+    On CPU also the model FLOPs utilisation (``train/mfu``): forward + backward FLOPs per
+    second (3 x the forward FLOPs per token of the first training batch,
+    :func:`experiments.flops.forward_flops_per_token`) over this machine's matrix-product
+    peak at the run's precision and thread count (:func:`experiments.speed.peak_gflops`).
+    """
 
     def __init__(self) -> None:
         self.tokens, self.seconds, self._started = 0, 0.0, 0.0
+        self.peak: float | None = None  # GFLOP/s
+        self.flops_per_token: float | None = None
+
+    def on_train_start(self, trainer, task) -> None:
+        if task.device.type == "cpu":
+            self.peak = peak_gflops(str(trainer.precision), torch.get_num_threads())
 
     def on_train_batch_start(self, trainer, task, batch, batch_idx) -> None:
         self._started = time.perf_counter()
@@ -98,6 +111,17 @@ class ThroughputMeter(Callback):
         self.seconds += seconds
         self.tokens += count
         task.log("train/tokens_per_s", count / max(seconds, 1e-9))
+        if self.peak is not None and self.flops_per_token is None:
+            plain = isinstance(batch, StreamWindow) or not isinstance(batch, (tuple, list))
+            self.flops_per_token = forward_flops_per_token(task.model, [tokens if plain else batch])
+        if self.peak is not None:
+            task.log("train/mfu", self.utilisation(count / max(seconds, 1e-9)))
+
+    def utilisation(self, tokens_per_second: float | None) -> float | None:
+        """Forward + backward FLOPs per second at ``tokens_per_second`` over the peak."""
+        if not (self.peak and self.flops_per_token and tokens_per_second):
+            return None
+        return 3 * self.flops_per_token * tokens_per_second / (self.peak * 1e9)
 
     def state_dict(self) -> dict[str, Any]:
         return {"tokens": self.tokens, "seconds": self.seconds}
@@ -216,6 +240,7 @@ def train(
         "steps": parts.trainer.global_step,
         "train_seconds": task.elapsed(),
         "train_tokens_per_s": parts.meter.tokens_per_second,
+        "train_mfu": parts.meter.utilisation(parts.meter.tokens_per_second),
         "peak_memory_mb": peak_memory_mb(next(model.parameters()).device),
         "seed": config.seed,
         "config_sha256": config_sha256(config),

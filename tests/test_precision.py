@@ -4,6 +4,8 @@ step-size control and adjoint in fp32, and the trainer option reaches Lightning.
 
 from __future__ import annotations
 
+import csv
+
 import pytest
 import torch
 from torch import nn
@@ -139,7 +141,13 @@ def test_bf16_mixed_reaches_the_lightning_trainer(tmp_path, tiny_config) -> None
     config = parse_config(
         tiny_config(
             tmp_path,
-            trainer={"precision": "bf16-mixed", "max_steps": 4, "val_every": 4, "logger": []},
+            trainer={
+                "precision": "bf16-mixed",
+                "max_steps": 4,
+                "val_every": 4,
+                "log_every": 1,
+                "logger": ["csv"],
+            },
         )
     )
     from experiments.models import build_model as build
@@ -162,3 +170,8 @@ def test_bf16_mixed_reaches_the_lightning_trainer(tmp_path, tiny_config) -> None
     assert seen and seen[0] == torch.bfloat16  # training forward passes ran under autocast
     assert result["steps"] == 4 and 1.0 < result["test_ppl"] < float("inf")
     assert next(hook_model[0].parameters()).dtype == torch.float32  # fp32 master weights
+    # utilisation beside throughput: forward + backward FLOPs per second over the bf16 peak
+    assert 0.0 < result["train_mfu"] < 1.0
+    with (tmp_path / "run" / "logs" / "metrics.csv").open() as handle:
+        logged = [row for row in csv.DictReader(handle) if row.get("train/mfu")]
+    assert logged and all(0.0 < float(row["train/mfu"]) < 1.0 for row in logged)
