@@ -31,6 +31,7 @@ BENCHMARKS: dict[str, str] = {
     "precision-speedup": "experiments.benchmarks_speed:precision_speedup",
     "peak": "experiments.benchmarks_speed:peak",
     "compile-speedup": "experiments.benchmarks_speed:compile_speedup",
+    "harness-throughput": "experiments.benchmarks_harness:harness_throughput",
 }
 
 
