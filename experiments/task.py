@@ -17,6 +17,7 @@ from typing import Any, NamedTuple
 
 import pytorch_lightning as pl
 import torch
+import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, Sampler
 
@@ -30,6 +31,8 @@ from experiments.recipes import (
     inverse_sqrt_lambda,
 )
 from odelm.errors import OdelmError
+
+IGNORE_INDEX = -100  # cross-entropy's default: a target that is not scored
 
 
 class NonFiniteLossError(OdelmError, FloatingPointError):
@@ -181,6 +184,24 @@ class LMDataModule(pl.LightningDataModule):
         return DataLoader(batches, batch_size=None)
 
 
+def training_nll(
+    logits: torch.Tensor, tokens: torch.Tensor, mask: torch.Tensor | None, label_smoothing: float
+) -> torch.Tensor:
+    """The mean next-token NLL of :func:`lm_nll`. Where the logits cover every position
+    of an unmasked batch, the last position (which predicts nothing) is ignored instead of
+    sliced off: no copy of the logits forward or backward, the same gradients bit for bit
+    (the loss value may differ in its last bit, a different summation)."""
+    if mask is not None or logits.shape[1] != tokens.shape[1]:
+        loss, _ = lm_nll(logits, tokens, mask, reduction="mean", label_smoothing=label_smoothing)
+        return loss
+    ignored = tokens.new_full((tokens.shape[0], 1), IGNORE_INDEX)
+    targets = torch.cat([tokens[:, 1:], ignored], dim=1).reshape(-1)
+    predictions = logits.reshape(-1, logits.shape[-1]).float()
+    return F.cross_entropy(
+        predictions, targets, ignore_index=IGNORE_INDEX, label_smoothing=label_smoothing
+    )
+
+
 class LMTask(pl.LightningModule):
     """Trains a contract model with next-token cross-entropy.
 
@@ -265,9 +286,7 @@ class LMTask(pl.LightningModule):
         else:
             tokens, mask = batch if isinstance(batch, (tuple, list)) else (batch, None)
             logits, aux = call_model(self._training_model(), tokens, mask)
-        loss, _ = lm_nll(
-            logits, tokens, mask, reduction="mean", label_smoothing=self.optim.label_smoothing
-        )
+        loss = training_nll(logits, tokens, mask, self.optim.label_smoothing)
         if "reg" in aux:
             loss = loss + aux["reg"]
         return loss, aux
@@ -279,14 +298,21 @@ class LMTask(pl.LightningModule):
                 f"training loss is {loss.item()} at step {self.global_step}; stopping. The last "
                 "good checkpoint is kept (last.ckpt); lower optim.lr or set optim.grad_clip"
             )
-        self.log("train/loss", loss, prog_bar=True)
-        self.log("train/ppl", torch.exp(loss.detach().clamp(max=50)))
-        if "nfe" in aux:
-            self.log("train/nfe", float(aux["nfe"]), prog_bar=True)
+        # Lightning writes step logs every log_every_n_steps; between them each self.log
+        # only costs time, unless a progress bar shows the values.
+        if self.logs_this_step() or self.trainer.progress_bar_callback is not None:
+            self.log("train/loss", loss, prog_bar=True)
+            self.log("train/ppl", torch.exp(loss.detach().clamp(max=50)))
+            if "nfe" in aux:
+                self.log("train/nfe", float(aux["nfe"]), prog_bar=True)
         return loss
 
+    def logs_this_step(self) -> bool:
+        """Whether Lightning writes the step logs of the current training step."""
+        return (self.global_step + 1) % self.trainer.log_every_n_steps == 0
+
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
-        if (self.global_step + 1) % self.trainer.log_every_n_steps:
+        if not self.logs_this_step():
             return  # Lightning writes step logs only at this cadence; skip the norms
         blocks = self.model.block_modules() if hasattr(self.model, "block_modules") else []
         for index, block in enumerate(blocks):

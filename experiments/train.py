@@ -110,12 +110,14 @@ class ThroughputMeter(Callback):
         count = tokens[:, 1:].numel() * trainer.world_size
         self.seconds += seconds
         self.tokens += count
-        task.log("train/tokens_per_s", count / max(seconds, 1e-9))
         if self.peak is not None and self.flops_per_token is None:
             plain = isinstance(batch, StreamWindow) or not isinstance(batch, (tuple, list))
             self.flops_per_token = forward_flops_per_token(task.model, [tokens if plain else batch])
-        if self.peak is not None:
-            task.log("train/mfu", self.utilisation(count / max(seconds, 1e-9)))
+        if trainer.global_step % trainer.log_every_n_steps == 0:  # a step whose logs are written
+            task.log("train/tokens_per_s", count / max(seconds, 1e-9))
+            mfu = self.utilisation(count / max(seconds, 1e-9))
+            if mfu is not None:  # None: off CPU, or a model without matrix products
+                task.log("train/mfu", mfu)
 
     def utilisation(self, tokens_per_second: float | None) -> float | None:
         """Forward + backward FLOPs per second at ``tokens_per_second`` over the peak."""

@@ -175,3 +175,27 @@ def test_bf16_mixed_reaches_the_lightning_trainer(tmp_path, tiny_config) -> None
     with (tmp_path / "run" / "logs" / "metrics.csv").open() as handle:
         logged = [row for row in csv.DictReader(handle) if row.get("train/mfu")]
     assert logged and all(0.0 < float(row["train/mfu"]) < 1.0 for row in logged)
+
+
+@pytest.mark.parametrize("label_smoothing", [0.0, 0.1])
+def test_training_loss_gradients_equal_lm_nll_bit_for_bit(label_smoothing: float) -> None:
+    """The training loss ignores the last position instead of copying the logits without
+    it: fp32 training takes exactly the steps it took with ``lm_nll``."""
+    from experiments.data.batching import lm_nll
+    from experiments.task import training_nll
+
+    generator = torch.Generator().manual_seed(0)
+    logits = torch.randn(6, 17, 97, generator=generator, requires_grad=True)
+    tokens = torch.randint(0, 97, (6, 17), generator=generator)
+    grads, losses = [], []
+    for loss_of in (
+        lambda: lm_nll(logits, tokens, reduction="mean", label_smoothing=label_smoothing)[0],
+        lambda: training_nll(logits, tokens, None, label_smoothing),
+    ):
+        loss = loss_of()
+        loss.backward()
+        grads.append(logits.grad)
+        losses.append(loss.detach())
+        logits.grad = None
+    assert torch.equal(grads[0], grads[1])
+    assert torch.allclose(losses[0], losses[1], rtol=1e-6, atol=0)
