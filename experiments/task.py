@@ -17,22 +17,21 @@ from typing import Any, NamedTuple
 
 import pytorch_lightning as pl
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, Sampler
 
+from experiments.compiled import CompiledModel
 from experiments.config import DataConfig, OptimConfig
 from experiments.contract import call_model, check_stateful, detach_state
 from experiments.data.batching import lm_nll, sentence_batches, stream_windows
 from experiments.data.tokenization import LMData
+from experiments.losses import training_nll
 from experiments.recipes import (
     PlateauAnnealer,
     build_optimizer,
     inverse_sqrt_lambda,
 )
 from odelm.errors import OdelmError
-
-IGNORE_INDEX = -100  # cross-entropy's default: a target that is not scored
 
 
 class NonFiniteLossError(OdelmError, FloatingPointError):
@@ -41,35 +40,6 @@ class NonFiniteLossError(OdelmError, FloatingPointError):
 
 class StatefulDistributedError(OdelmError, ValueError):
     """Stateful batching was asked of a distributed run."""
-
-
-class CompileUnsupportedError(OdelmError, ValueError):
-    """``trainer.compile`` was asked of a model that does not compile cleanly."""
-
-
-class CompiledModel:
-    """A model whose calls go through ``torch.compile`` of its forward; every attribute is
-    the model's own. Not an ``nn.Module``, so the task's state dict and checkpoints keep
-    the model's keys; the compiled graphs are specialised to the training shapes."""
-
-    def __init__(self, model: nn.Module) -> None:
-        from neuralode_lm.depth_field import FixedGrid
-
-        solver_driven = hasattr(model, "solver_stats")
-        if solver_driven and not isinstance(getattr(model, "integration", None), FixedGrid):
-            raise CompileUnsupportedError(
-                f"trainer.compile: {type(model).__name__} runs an ODE solver library, whose "
-                "step loop does not compile; set trainer.compile: false, or use an "
-                "ode_transformer or a node-transformer on a fixed grid (solver: {method: rk4})"
-            )
-        self.model = model
-        self.compiled = torch.compile(model.forward, dynamic=False)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.model, name)
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self.compiled(*args, **kwargs)
 
 
 class StreamWindow(NamedTuple):
@@ -182,24 +152,6 @@ class LMDataModule(pl.LightningDataModule):
         if trainer is not None and trainer.world_size > 1:
             batches = batches[trainer.global_rank :: trainer.world_size]
         return DataLoader(batches, batch_size=None)
-
-
-def training_nll(
-    logits: torch.Tensor, tokens: torch.Tensor, mask: torch.Tensor | None, label_smoothing: float
-) -> torch.Tensor:
-    """The mean next-token NLL of :func:`lm_nll`. Where the logits cover every position
-    of an unmasked batch, the last position (which predicts nothing) is ignored instead of
-    sliced off: no copy of the logits forward or backward, the same gradients bit for bit
-    (the loss value may differ in its last bit, a different summation)."""
-    if mask is not None or logits.shape[1] != tokens.shape[1]:
-        loss, _ = lm_nll(logits, tokens, mask, reduction="mean", label_smoothing=label_smoothing)
-        return loss
-    ignored = tokens.new_full((tokens.shape[0], 1), IGNORE_INDEX)
-    targets = torch.cat([tokens[:, 1:], ignored], dim=1).reshape(-1)
-    predictions = logits.reshape(-1, logits.shape[-1]).float()
-    return F.cross_entropy(
-        predictions, targets, ignore_index=IGNORE_INDEX, label_smoothing=label_smoothing
-    )
 
 
 class LMTask(pl.LightningModule):

@@ -6,9 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from experiments.compiled import CompiledModel, CompileUnsupportedError
 from experiments.config import OptimConfig
 from experiments.models import build_model
-from experiments.task import CompiledModel, CompileUnsupportedError, LMTask
+from experiments.task import LMTask
 
 V = 40
 ODE_TRANSFORMER = {

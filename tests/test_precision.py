@@ -182,7 +182,7 @@ def test_training_loss_gradients_equal_lm_nll_bit_for_bit(label_smoothing: float
     """The training loss ignores the last position instead of copying the logits without
     it: fp32 training takes exactly the steps it took with ``lm_nll``."""
     from experiments.data.batching import lm_nll
-    from experiments.task import training_nll
+    from experiments.losses import training_nll
 
     generator = torch.Generator().manual_seed(0)
     logits = torch.randn(6, 17, 97, generator=generator, requires_grad=True)
@@ -199,3 +199,21 @@ def test_training_loss_gradients_equal_lm_nll_bit_for_bit(label_smoothing: float
         logits.grad = None
     assert torch.equal(grads[0], grads[1])
     assert torch.allclose(losses[0], losses[1], rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("rows", [5, 64, 150])
+def test_chunked_cross_entropy_matches_fp32_cross_entropy_of_bf16_logits(rows: int) -> None:
+    from experiments.losses import chunked_cross_entropy
+
+    generator = torch.Generator().manual_seed(rows)
+    logits = (3 * torch.randn(rows, 300, generator=generator)).bfloat16().requires_grad_()
+    targets = torch.randint(0, 300, (rows,), generator=generator)
+    targets[::4] = -100  # not scored
+    expected = nn.functional.cross_entropy(logits.float(), targets)
+    expected.backward()
+    expected_grad, logits.grad = logits.grad, None
+    loss = chunked_cross_entropy(logits, targets)
+    loss.backward()
+    assert torch.allclose(loss, expected, rtol=1e-6, atol=1e-6)
+    assert logits.grad.dtype == torch.bfloat16
+    assert torch.allclose(logits.grad.float(), expected_grad.float(), rtol=0.01, atol=1e-7)
