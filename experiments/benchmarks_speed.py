@@ -44,7 +44,7 @@ def _cycling_step(step: TrainingStep, data: list[torch.Tensor]) -> Any:
     return lambda: step(next(source))
 
 
-def precision_speedup(rounds: int = 10) -> list[dict[str, Any]]:
+def precision_speedup(rounds: int = 20) -> list[dict[str, Any]]:
     """Training tokens/s with ``bf16-mixed`` over ``32-true``, per model: one training step
     (20 x 35 tokens, SGD, clipping 0.25) alternating between two copies of the same model,
     ``rounds`` steps each after two warm-up steps, medians."""
