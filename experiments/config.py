@@ -121,6 +121,8 @@ class TrainerConfig:
         progress_bar: show Lightning's progress bar
         logger: loggers: any of csv, tensorboard, wandb (offline)
         num_threads: torch CPU threads (null: the cores other work leaves free, printed)
+        compile: train through torch.compile (ode_transformer, reference, lstm, gpt2 and
+            fixed-grid node-transformer models); evaluation stays eager
     """
 
     max_steps: int | None = 1000
@@ -141,6 +143,7 @@ class TrainerConfig:
     progress_bar: bool = True
     logger: list[str] = field(default_factory=lambda: ["csv", "tensorboard"])
     num_threads: int | None = None
+    compile: bool = False
 
 
 @dataclass

@@ -47,6 +47,11 @@ IDENTITY_EXCLUDED = frozenset(
 )
 
 
+IDENTITY_ADDED = {"trainer.compile": False}
+"""Keys added after runs were made, left out of the identity at these values (the old
+behaviour), so a run made before them keeps its hash and resumes."""
+
+
 class RunConfigChangedError(OdelmError, ValueError):
     """A run directory exists for another config."""
 
@@ -65,7 +70,12 @@ def _flatten(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 def identity(config: RunConfig) -> dict[str, Any]:
     """The flattened settings that determine what a run computes (dotted keys)."""
     flat = _flatten(config.to_dict())
-    return {k: v for k, v in sorted(flat.items()) if k not in IDENTITY_EXCLUDED}
+    return {
+        key: value
+        for key, value in sorted(flat.items())
+        if key not in IDENTITY_EXCLUDED
+        and not (key in IDENTITY_ADDED and IDENTITY_ADDED[key] == value)
+    }
 
 
 def config_sha256(config: RunConfig) -> str:

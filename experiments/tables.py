@@ -26,6 +26,7 @@ CSV_COLUMNS = [
     "test_flops_per_token",
     "test_flops_batches",
     "train_tokens_per_s",
+    "train_mfu",
     "peak_memory_mb",
     "is_causal",
     "protocol",
@@ -44,6 +45,7 @@ MEAN_COLUMNS = [
     ("test_nfe", "NFE"),
     ("test_flops_per_token", "forward FLOPs/token"),
     ("train_tokens_per_s", "train tokens/s"),
+    ("train_mfu", "train MFU"),
 ]
 
 
@@ -59,7 +61,10 @@ NOTE = (
     "(experiments/flops.py): matrix products, attention's score and value products included "
     "(the full T x T scores, under a causal mask too) and fused kernels in closed form; "
     "elementwise work is not counted; per predicted token over every test batch, the forward "
-    "passes the perplexity and NFE come from."
+    "passes the perplexity and NFE come from. "
+    "Train MFU: model FLOPs utilisation, 3 x forward FLOPs per token "
+    "(forward + backward) x train tokens/s over the machine's matrix-product peak at the "
+    "run's precision and thread count (`odelm bench peak`)."
 )
 
 
@@ -150,4 +155,6 @@ def _format(key: str, value: float | None) -> str:
         return f"{value / 1e3:.1f}k" if value else "0"
     if key in ("steps", "train_tokens_per_s"):
         return f"{value:.0f}"
+    if key == "train_mfu":
+        return f"{value:.1%}"
     return f"{value:.3f}" if "bleu" in key else f"{value:.2f}"

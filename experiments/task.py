@@ -18,10 +18,12 @@ import pytorch_lightning as pl
 import torch
 from torch import nn
 
+from experiments.compiled import CompiledModel
 from experiments.config import OptimConfig
 from experiments.contract import call_model, check_stateful, detach_state
 from experiments.data.batching import lm_nll
 from experiments.datamodule import StreamWindow
+from experiments.losses import training_nll
 from experiments.recipes import (
     PlateauAnnealer,
     build_optimizer,
@@ -55,6 +57,7 @@ class LMTask(pl.LightningModule):
         optim: OptimConfig | dict[str, Any],
         *,
         stateful: bool = False,
+        compile: bool = False,
     ) -> None:
         super().__init__()
         if isinstance(model, dict):
@@ -73,6 +76,7 @@ class LMTask(pl.LightningModule):
             hyperparameters["model"] = model.model_spec()
         self.save_hyperparameters(hyperparameters)
         self.model, self.optim, self.stateful = model, optim, stateful
+        self.compiled = CompiledModel(model) if compile else None  # training steps only
         self.val_nll = 0.0
         self.val_tokens = 0
         self.elapsed_before = 0.0  # training wall time of earlier processes of a resumed run
@@ -100,8 +104,13 @@ class LMTask(pl.LightningModule):
     ) -> tuple[torch.Tensor, dict[str, Any], Any]:
         """Logits for ``tokens[:, :-1]`` (the last token opens the next window) and the
         detached state after them."""
-        logits, aux = call_model(self.model, tokens[:, :-1], stateful=True, state=state)
+        model = self._training_model()
+        logits, aux = call_model(model, tokens[:, :-1], stateful=True, state=state)
         return logits, aux, detach_state(aux["state"])
+
+    def _training_model(self) -> nn.Module | CompiledModel:
+        """The compiled model in training steps when asked for, else the model."""
+        return self.compiled if self.compiled is not None and self.training else self.model
 
     def _loss(self, batch: Any) -> tuple[torch.Tensor, dict[str, Any]]:
         if isinstance(batch, StreamWindow):
@@ -110,10 +119,8 @@ class LMTask(pl.LightningModule):
             logits, aux, self.train_state = self._stateful_forward(tokens, state)
         else:
             tokens, mask = batch if isinstance(batch, (tuple, list)) else (batch, None)
-            logits, aux = self(tokens, mask)
-        loss, _ = lm_nll(
-            logits, tokens, mask, reduction="mean", label_smoothing=self.optim.label_smoothing
-        )
+            logits, aux = call_model(self._training_model(), tokens, mask)
+        loss = training_nll(logits, tokens, mask, self.optim.label_smoothing)
         if "reg" in aux:
             loss = loss + aux["reg"]
         return loss, aux
@@ -125,14 +132,21 @@ class LMTask(pl.LightningModule):
                 f"training loss is {loss.item()} at step {self.global_step}; stopping. The last "
                 "good checkpoint is kept (last.ckpt); lower optim.lr or set optim.grad_clip"
             )
-        self.log("train/loss", loss, prog_bar=True)
-        self.log("train/ppl", torch.exp(loss.detach().clamp(max=50)))
-        if "nfe" in aux:
-            self.log("train/nfe", float(aux["nfe"]), prog_bar=True)
+        # Lightning writes step logs every log_every_n_steps; between them each self.log
+        # only costs time, unless a progress bar shows the values.
+        if self.logs_this_step() or self.trainer.progress_bar_callback is not None:
+            self.log("train/loss", loss, prog_bar=True)
+            self.log("train/ppl", torch.exp(loss.detach().clamp(max=50)))
+            if "nfe" in aux:
+                self.log("train/nfe", float(aux["nfe"]), prog_bar=True)
         return loss
 
+    def logs_this_step(self) -> bool:
+        """Whether Lightning writes the step logs of the current training step."""
+        return (self.global_step + 1) % self.trainer.log_every_n_steps == 0
+
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
-        if (self.global_step + 1) % self.trainer.log_every_n_steps:
+        if not self.logs_this_step():
             return  # Lightning writes step logs only at this cadence; skip the norms
         blocks = self.model.block_modules() if hasattr(self.model, "block_modules") else []
         for index, block in enumerate(blocks):

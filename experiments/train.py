@@ -48,8 +48,9 @@ from experiments.checkpoints import (
 from experiments.config import RunConfig
 from experiments.data.loading import load_data
 from experiments.data.tokenization import LMData
-from experiments.datamodule import LMDataModule
+from experiments.datamodule import LMDataModule, StreamWindow
 from experiments.evaluate import evaluate_run
+from experiments.flops import forward_flops_per_token
 from experiments.loggers import build_loggers
 from experiments.models import build_model, count_parameters, depth_kind
 from experiments.recipes import with_budget
@@ -59,6 +60,7 @@ from experiments.runs import (
     config_sha256,
     write_json,
 )
+from experiments.speed import peak_gflops
 from experiments.task import LMTask
 from experiments.threads import set_threads
 from experiments.trained import save_run_model, split_checksums
@@ -86,10 +88,22 @@ class DivergedError(OdelmError, FloatingPointError):
 
 class ThroughputMeter(Callback):
     """Training tokens per second: logged per step and summed over the run (all processes
-    of a resumed run: the sums travel in the checkpoints)."""
+    of a resumed run: the sums travel in the checkpoints).
+
+    On CPU also the model FLOPs utilisation (``train/mfu``): forward + backward FLOPs per
+    second (3 x the forward FLOPs per token of the first training batch,
+    :func:`experiments.flops.forward_flops_per_token`) over this machine's matrix-product
+    peak at the run's precision and thread count (:func:`experiments.speed.peak_gflops`).
+    """
 
     def __init__(self) -> None:
         self.tokens, self.seconds, self._started = 0, 0.0, 0.0
+        self.peak: float | None = None  # GFLOP/s
+        self.flops_per_token: float | None = None
+
+    def on_train_start(self, trainer, task) -> None:
+        if task.device.type == "cpu":
+            self.peak = peak_gflops(str(trainer.precision), torch.get_num_threads())
 
     def on_train_batch_start(self, trainer, task, batch, batch_idx) -> None:
         self._started = time.perf_counter()
@@ -100,7 +114,20 @@ class ThroughputMeter(Callback):
         count = tokens[:, 1:].numel() * trainer.world_size
         self.seconds += seconds
         self.tokens += count
-        task.log("train/tokens_per_s", count / max(seconds, 1e-9))
+        if self.peak is not None and self.flops_per_token is None:
+            plain = isinstance(batch, StreamWindow) or not isinstance(batch, (tuple, list))
+            self.flops_per_token = forward_flops_per_token(task.model, [tokens if plain else batch])
+        if trainer.global_step % trainer.log_every_n_steps == 0:  # a step whose logs are written
+            task.log("train/tokens_per_s", count / max(seconds, 1e-9))
+            mfu = self.utilisation(count / max(seconds, 1e-9))
+            if mfu is not None:  # None: off CPU, or a model without matrix products
+                task.log("train/mfu", mfu)
+
+    def utilisation(self, tokens_per_second: float | None) -> float | None:
+        """Forward + backward FLOPs per second at ``tokens_per_second`` over the peak."""
+        if not (self.peak and self.flops_per_token and tokens_per_second):
+            return None
+        return 3 * self.flops_per_token * tokens_per_second / (self.peak * 1e9)
 
     def state_dict(self) -> dict[str, Any]:
         return {"tokens": self.tokens, "seconds": self.seconds}
@@ -177,7 +204,9 @@ def _train_locked(
     data = data or prepare_data(config)
     data.tokenizer.save(run_dir / "tokenizer")
     model = build_model(config.model, data.tokenizer.vocab_size)
-    task = LMTask(model, config.optim, stateful=config.data.stateful)
+    task = LMTask(
+        model, config.optim, stateful=config.data.stateful, compile=config.trainer.compile
+    )
     resume_from, resume_step = resume_point(run_dir)
     datamodule = LMDataModule(data, config.data, config.seed, config.trainer.val_batches)
     budgeted = with_budget(config, len(datamodule.train_batches()))
@@ -207,6 +236,7 @@ def _train_locked(
         "steps": parts.trainer.global_step,
         "train_seconds": task.elapsed(),
         "train_tokens_per_s": parts.meter.tokens_per_second,
+        "train_mfu": parts.meter.utilisation(parts.meter.tokens_per_second),
         "peak_memory_mb": peak_memory_mb(next(model.parameters()).device),
         "seed": config.seed,
         "config_sha256": config_sha256(config),

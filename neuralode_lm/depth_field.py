@@ -132,9 +132,10 @@ class FixedGrid:
                     if a != 0.0:
                         y_i = y_i + (a * h) * value
                 if cache is None:
-                    values.append(field(stage_times[i], y_i))
+                    value = field(stage_times[i], y_i)
                 else:
-                    values.append(field(stage_times[i], y_i, cache.child((n, i))))
+                    value = field(stage_times[i], y_i, cache.child((n, i)))
+                values.append(value.to(y.dtype))  # under autocast: a bf16 F, an fp32 state
             for b, value in zip(tableau.b, values):
                 if b != 0.0:
                     y = y + (b * h) * value

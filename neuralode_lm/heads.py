@@ -282,6 +282,7 @@ class ReconstructionODEDecoder(_ODEHead):
         if length == 1:
             self.last_stats = None
             return self.proj(z0)[:, None], self._aux(None)
-        times = torch.linspace(0.0, self.integration_time, length, dtype=z0.dtype, device=z0.device)
+        dtype = torch.promote_types(z0.dtype, torch.float32)  # bf16 states: fp32 times
+        times = torch.linspace(0.0, self.integration_time, length, dtype=dtype, device=z0.device)
         states, reg = self._integrate(z0, times)
         return self.proj(states.transpose(0, 1)), self._aux(reg)

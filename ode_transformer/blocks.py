@@ -86,9 +86,10 @@ class RKBlock(nn.Module):
         for i, row in enumerate(self.tableau.A):
             y_i = _weighted_sum(y, row[:i], values)
             if context.is_empty:  # a plain callable F(y) works too
-                values.append(self.f(y_i))
+                value = self.f(y_i)
             else:
-                values.append(self.f(y_i, context.child(i)))
+                value = self.f(y_i, context.child(i))
+            values.append(value.to(y.dtype))  # under autocast: a bf16 F, an fp32 state
         return values
 
     def increment(

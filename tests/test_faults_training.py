@@ -437,3 +437,21 @@ def test_settings_too_large_for_the_data_are_one_line(
     assert main(["train", "--config", str(config_file), "--quiet"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("odelm: error: ") and hint in err and len(err.splitlines()) == 1
+
+
+def test_a_key_added_later_keeps_old_runs_hashes() -> None:
+    """A run made before ``trainer.compile`` existed has no such key; at its default the
+    key is left out of the identity, so that run's hash (and its resumption) is unchanged,
+    while turning it on is a change."""
+    from experiments.runs import IDENTITY_ADDED, config_sha256, identity
+
+    values = {"model": {"family": "lstm"}, "trainer": {"max_steps": 4}}
+    plain = parse_config(values)
+    assert IDENTITY_ADDED == {"trainer.compile": False}
+    assert "trainer.compile" not in identity(plain)
+    old_style = {k: v for k, v in plain.to_dict().items()}
+    old_style["trainer"] = {k: v for k, v in old_style["trainer"].items() if k != "compile"}
+    assert config_sha256(parse_config(old_style)) == config_sha256(plain)
+    compiled = parse_config({**values, "trainer": {"max_steps": 4, "compile": True}})
+    assert identity(compiled)["trainer.compile"] is True
+    assert config_sha256(compiled) != config_sha256(plain)

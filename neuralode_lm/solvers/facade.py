@@ -11,7 +11,7 @@ from torch import nn
 
 from .config import FIXED_METHODS, SolverConfig, grid_steps
 from .errors import MaxStepsExceeded, NonFiniteStateError, SolverConfigError
-from .monitor import MonitoredField, SolverStats, StepMonitor
+from .monitor import MonitoredField, SolverStats, StepMonitor, autocast_state
 
 __all__ = ["odeint", "solve"]
 
@@ -69,6 +69,9 @@ def solve(
         raise monitor.fail(NonFiniteStateError, "the initial state y0 has non-finite values")
     if cfg.adjoint_kind != "direct" and not isinstance(field, nn.Module):
         raise TypeError("the adjoint needs the field to be an nn.Module (to find its parameters)")
+    autocast = autocast_state(y0.device.type)
+    if autocast is not None and y0.dtype in (torch.float16, torch.bfloat16):
+        y0 = y0.float()  # mixed precision: the solver's state stays fp32
     times = _as_time(t, y0)
     if cfg.fixed and cfg.max_num_steps is not None:
         steps = grid_steps(times, cfg.step_size)
@@ -79,7 +82,12 @@ def solve(
                 f"max_num_steps={cfg.max_num_steps}",
             )
     adapter = _adapter(cfg.backend)
-    states = adapter.run(MonitoredField(field, monitor, y0.shape), y0, times, cfg, monitor)
+    if autocast is None:
+        states = adapter.run(MonitoredField(field, monitor, y0.shape), y0, times, cfg, monitor)
+    else:  # mixed precision: the field under autocast, the solver outside (MonitoredField)
+        with torch.autocast(autocast[0], enabled=False):
+            monitored = MonitoredField(field, monitor, y0.shape, autocast)
+            states = adapter.run(monitored, y0, times, cfg, monitor)
     if not bool(torch.isfinite(states[-1]).all()):
         raise monitor.fail(NonFiniteStateError, "the final state is non-finite")
     monitor.enter_backward()

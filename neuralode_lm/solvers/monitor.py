@@ -148,20 +148,42 @@ class StepMonitor:
 
 
 class MonitoredField(nn.Module):
-    """Calls the user's field with the user's state shape and reports each evaluation."""
+    """Calls the user's field with the user's state shape and reports each evaluation.
+
+    ``autocast`` (``(device_type, dtype)``, or None) is the mixed precision the solve was
+    asked under: the facade runs the solver itself outside autocast, so step-size control,
+    error norms and state updates stay in the state's precision, and only the field runs
+    under autocast, in the forward solve and in the adjoint's backward solve alike (one
+    vector field both ways). Its output comes back in the state's dtype.
+    """
 
     def __init__(
-        self, field: Callable[..., torch.Tensor], monitor: StepMonitor, shape: torch.Size
+        self,
+        field: Callable[..., torch.Tensor],
+        monitor: StepMonitor,
+        shape: torch.Size,
+        autocast: tuple[str, torch.dtype] | None = None,
     ) -> None:
         super().__init__()
         self.field = field
         self.monitor = monitor
         self.shape = shape
+        self.autocast = autocast
 
     def forward(self, t: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         # torchode flattens the state to [rows, features] with one time per row; restore the
         # caller's shape so the field sees what it would see with the other backends.
         flat = x.shape != self.shape and x.dim() == 2 and x.numel() == math.prod(self.shape)
+        if self.autocast is None:
+            out = self._call(t, x, flat)
+        else:
+            device_type, dtype = self.autocast
+            with torch.autocast(device_type, dtype=dtype):
+                out = self._call(t, x, flat).to(x.dtype)
+        self.monitor.on_eval(out)
+        return out
+
+    def _call(self, t: torch.Tensor, x: torch.Tensor, flat: bool) -> torch.Tensor:
         state = x.reshape(self.shape) if flat else x
         out = self.field(t.reshape(self.shape[:-1]) if flat else t, state)
         if not isinstance(out, torch.Tensor) or out.shape != state.shape:
@@ -170,6 +192,11 @@ class MonitoredField(nn.Module):
                 f"the vector field returned {got} for a state of shape {tuple(state.shape)}; "
                 "field(s, z) must return dz/ds, a tensor of z's shape"
             )
-        out = out.reshape(x.shape) if flat else out
-        self.monitor.on_eval(out)
-        return out
+        return out.reshape(x.shape) if flat else out
+
+
+def autocast_state(device_type: str) -> tuple[str, torch.dtype] | None:
+    """``(device_type, dtype)`` of the autocast region the caller is in, or None."""
+    if not torch.is_autocast_enabled(device_type):
+        return None
+    return device_type, torch.get_autocast_dtype(device_type)
