@@ -28,7 +28,7 @@ from .stacks import (
     PolyNetStack,
     RKLayer,
 )
-from .tableau import TABLEAUX, Tableau, get_tableau
+from .tableau import TABLEAUX, Tableau, get_tableau, rk_stage_values, rk_step
 
 __all__ = [
     "BLOCKS",
@@ -60,5 +60,7 @@ __all__ = [
     "build_stack",
     "config_from_preset",
     "get_tableau",
+    "rk_stage_values",
+    "rk_step",
     "make_block",
 ]
