@@ -60,7 +60,7 @@ __all__ = [
     "build_stack",
     "config_from_preset",
     "get_tableau",
+    "make_block",
     "rk_stage_values",
     "rk_step",
-    "make_block",
 ]
