@@ -75,7 +75,7 @@ def _integration(
         if options is None or extra:
             raise ModelConfigError(
                 f"the fixed-grid method {method!r} is integrated by the model itself and takes "
-                f"only `steps` or solver.step_size; drop solver options {extra}"
+                f"only `steps` (a model key) or solver.step_size; drop solver options {extra}"
             )
         step_size = options.get("step_size")
         if step_size is not None:
