@@ -3,7 +3,8 @@
 The solver facade :func:`solve` (torchdiffeq, TorchDyn, torchode) and its
 ``torchdiffeq.odeint``-compatible twin :func:`odeint`, vector fields, the causal
 ODE head and the NODE-LM report's reconstruction decoder, encoders, and the models
-(``build_model("ode-lstm", vocab_size)`` etc.), all trained in minibatches.
+(``build_model("ode-lstm", vocab_size)`` etc.) and the continuous-depth Transformer
+:class:`NODETransformerLM`, all trained in minibatches.
 """
 
 from .encoders import GPT2Encoder, LSTMConfig, LSTMEncoder
@@ -30,6 +31,7 @@ from .solvers import (
     odeint,
     solve,
 )
+from .transformer import NODETransformerLM
 
 __all__ = [
     "FIELDS",
@@ -47,6 +49,7 @@ __all__ = [
     "MLPField",
     "MaxStepsExceeded",
     "ModelConfigError",
+    "NODETransformerLM",
     "NonFiniteStateError",
     "ReconstructionODEDecoder",
     "RegularizedField",

@@ -3,9 +3,10 @@
 ``DepthField`` is ``F_theta(s, y)``: the ODE Transformer's pre-norm attention + FFN function
 (:class:`ode_transformer.layers.PreNormAttentionFFN`, never including the residual),
 optionally conditioned on the depth ``s``. ``FixedGrid`` integrates it by an explicit
-Runge-Kutta tableau with equal steps, giving each (step, stage) its own key/value cache;
-its ``rk4`` is the classic RK4 of the ODE Transformer (torchdiffeq's ``rk4`` is the 3/8
-rule), so one step over one unit of depth is an ODE Transformer RK4 block.
+Runge-Kutta tableau with equal steps, giving each (step, stage) its own key/value cache.
+Tableaux and the stage loop are the library's one RK core (:mod:`ode_transformer.tableau`):
+``rk4`` is the classic RK4 (``rk4_38`` the 3/8 rule), so one step over one unit of depth is an
+ODE Transformer RK4 block.
 """
 
 from __future__ import annotations
@@ -16,21 +17,16 @@ import torch
 from torch import nn
 
 from ode_transformer.layers import AttentionContext, KVCache, PreNormAttentionFFN
-from ode_transformer.tableau import TABLEAUX, Tableau
+from ode_transformer.tableau import TABLEAUX, Tableau, rk_step
 
 from .errors import ModelConfigError
 
-__all__ = ["GRID_TABLEAUX", "TIME_CONDITIONINGS", "DepthField", "FixedGrid"]
+__all__ = ["GRID_METHODS", "GRID_TABLEAUX", "TIME_CONDITIONINGS", "DepthField", "FixedGrid"]
 
 TIME_CONDITIONINGS = ("none", "concat", "film")
-GRID_TABLEAUX: dict[str, Tableau] = {
-    "euler": TABLEAUX["euler"],
-    "midpoint": Tableau(A=((0.0, 0.0), (0.5, 0.0)), b=(0.0, 1.0), name="midpoint"),
-    "rk2": TABLEAUX["rk2"],
-    "rk3": TABLEAUX["rk3"],
-    "rk4": TABLEAUX["rk4"],
-}
-"""Fixed-grid methods the model integrates itself, by name."""
+GRID_METHODS = ("euler", "midpoint", "rk2", "rk3", "rk4", "rk4_38")
+GRID_TABLEAUX: dict[str, Tableau] = {name: TABLEAUX[name] for name in GRID_METHODS}
+"""Fixed-grid methods the model integrates itself: a view of the one registry ``TABLEAUX``."""
 
 
 class _TimedNorm(nn.Module):
@@ -124,19 +120,10 @@ class FixedGrid:
         ``h`` (the block's increment scaled by ``h``, stage times ``s_n + c_i h``)."""
         tableau, h = GRID_TABLEAUX[self.method], length / self.steps
         for n in range(self.steps):
-            stage_times = [(n + c) * h for c in tableau.c]
-            values: list[torch.Tensor] = []
-            for i, row in enumerate(tableau.A):
-                y_i = y
-                for a, value in zip(row[:i], values):
-                    if a != 0.0:
-                        y_i = y_i + (a * h) * value
-                if cache is None:
-                    value = field(stage_times[i], y_i)
-                else:
-                    value = field(stage_times[i], y_i, cache.child((n, i)))
-                values.append(value.to(y.dtype))  # under autocast: a bf16 F, an fp32 state
-            for b, value in zip(tableau.b, values):
-                if b != 0.0:
-                    y = y + (b * h) * value
+
+            def stage(i: int, y_i: torch.Tensor, n: int = n) -> torch.Tensor:
+                s = (n + tableau.c[i]) * h
+                return field(s, y_i) if cache is None else field(s, y_i, cache.child((n, i)))
+
+            y = rk_step(tableau, stage, y, h)
         return y

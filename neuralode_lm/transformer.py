@@ -12,9 +12,9 @@ Two ways to solve each block:
   positions of a batch share one step size, so later tokens influence the step sizes and
   hence (within the tolerance) earlier logits; ``causal_mode="prefix"`` solves every prefix
   alone in evaluation, which is exactly causal at ``T`` solves per sequence;
-* a fixed grid (``steps`` per block) of a tableau: ``euler``, ``midpoint``, ``rk2``,
-  ``rk3``, ``rk4`` (the classic RK4 of the ODE Transformer; torchdiffeq's ``rk4`` is the
-  3/8 rule). Exactly causal, and generation keeps a key/value cache per (step, stage).
+* a fixed grid (``steps`` per block, or ``solver.step_size``) of a tableau: ``euler``,
+  ``midpoint``, ``rk2``, ``rk3``, ``rk4`` (the classic RK4, as everywhere in the library),
+  ``rk4_38`` (the 3/8 rule). Exactly causal; generation keeps a cache per (step, stage).
 
 With ``rk4``, one step and ``S = 1`` a block *is* an ODE Transformer RK4 block (tested).
 """
@@ -36,6 +36,7 @@ from .encoders import check_token_batch
 from .errors import ModelConfigError
 from .heads import RegularizedField
 from .solvers import FIXED_METHODS, SolverConfig, SolverStats, solve
+from .solvers.config import grid_steps
 
 __all__ = ["CAUSAL_MODES", "NODETransformerLM"]
 
@@ -60,21 +61,29 @@ class _SummedStats:
 
 
 def _integration(
-    solver: SolverConfig | dict[str, Any] | None, steps: int | None
+    solver: SolverConfig | dict[str, Any] | None, steps: int | None, length: float
 ) -> SolverConfig | FixedGrid:
-    """A :class:`FixedGrid` for ``euler``/``midpoint``/``rk2``/``rk3``/``rk4``, else the
-    facade's config (whose default step cap makes a runaway solve raise)."""
+    """A :class:`FixedGrid` for the grid methods (``GRID_TABLEAUX``), else the facade's config
+    (whose default step cap makes a runaway solve raise). A grid takes ``steps`` per block or,
+    as an ODE head does, ``solver.step_size``: the fewest equal steps no longer than it."""
     if isinstance(solver, FixedGrid):
         return solver
     options = dict(solver or {}) if not isinstance(solver, SolverConfig) else None
     method = solver.method if options is None else options.get("method", "dopri5")
     if method in GRID_TABLEAUX:
-        extra = sorted(set(options or {}) - {"method"})
+        extra = sorted(set(options or {}) - {"method", "step_size"})
         if options is None or extra:
             raise ModelConfigError(
                 f"the fixed-grid method {method!r} is integrated by the model itself and takes "
-                f"only `steps` (per block over [0, S]); drop solver options {extra}"
+                f"only `steps` (a model key) or solver.step_size; drop solver options {extra}"
             )
+        step_size = options.get("step_size")
+        if step_size is not None:
+            if steps is not None:
+                raise ModelConfigError("give steps or solver.step_size, not both")
+            if not (isinstance(step_size, (int, float)) and step_size > 0):
+                raise ModelConfigError(f"step_size must be positive, got {step_size!r}")
+            steps = grid_steps(torch.tensor([0.0, length], dtype=torch.float64), step_size)
         return FixedGrid(method, 1 if steps is None else steps)
     if steps is not None:
         raise ModelConfigError(
@@ -144,7 +153,7 @@ class NODETransformerLM(PretrainedMixin, nn.Module):
         self.integration_time = float(integration_time)
         self.kinetic_weight, self.jacobian_weight = float(kinetic_weight), float(jacobian_weight)
         self.causal_mode = causal_mode
-        self.integration = _integration(solver, steps)
+        self.integration = _integration(solver, steps, self.integration_time)
         self.token_embedding = nn.Embedding(vocab_size, d_model)
         self.position_embedding = nn.Embedding(max_positions, d_model)
         self.dropout = nn.Dropout(dropout)
@@ -184,7 +193,7 @@ class NODETransformerLM(PretrainedMixin, nn.Module):
         self, solver: SolverConfig | dict[str, Any] | FixedGrid, steps: int | None = None
     ) -> None:
         """Solve the same trained fields another way (``odelm discretize`` uses this)."""
-        self.integration = _integration(solver, steps)
+        self.integration = _integration(solver, steps, self.integration_time)
 
     # -------------------------------------------------------------------------------------
 

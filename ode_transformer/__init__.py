@@ -28,7 +28,7 @@ from .stacks import (
     PolyNetStack,
     RKLayer,
 )
-from .tableau import TABLEAUX, Tableau, get_tableau
+from .tableau import TABLEAUX, Tableau, get_tableau, rk_stage_values, rk_step
 
 __all__ = [
     "BLOCKS",
@@ -61,4 +61,6 @@ __all__ = [
     "config_from_preset",
     "get_tableau",
     "make_block",
+    "rk_stage_values",
+    "rk_step",
 ]

@@ -14,14 +14,14 @@ its own key/value cache.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 import torch
 from torch import nn
 
 from .errors import ODETransformerConfigError
 from .layers import NO_CONTEXT, AttentionContext
-from .tableau import Tableau, get_tableau
+from .tableau import Tableau, get_tableau, rk_stage_values, weighted_sum
 
 COEFFICIENTS = ("fixed", "learnable", "gate")
 
@@ -81,16 +81,10 @@ class RKBlock(nn.Module):
         y: torch.Tensor,
         context: AttentionContext = NO_CONTEXT,
     ) -> list[torch.Tensor]:
-        """The stage derivatives ``[F_1, ..., F_s]`` at ``y``."""
-        values: list[torch.Tensor] = []
-        for i, row in enumerate(self.tableau.A):
-            y_i = _weighted_sum(y, row[:i], values)
-            if context.is_empty:  # a plain callable F(y) works too
-                value = self.f(y_i)
-            else:
-                value = self.f(y_i, context.child(i))
-            values.append(value.to(y.dtype))  # under autocast: a bf16 F, an fp32 state
-        return values
+        """The stage derivatives ``[F_1, ..., F_s]`` at ``y`` (step size 1)."""
+        if context.is_empty:  # a plain callable F(y) works too
+            return rk_stage_values(self.tableau, lambda i, y_i: self.f(y_i), y)
+        return rk_stage_values(self.tableau, lambda i, y_i: self.f(y_i, context.child(i)), y)
 
     def increment(
         self,
@@ -107,7 +101,7 @@ class RKBlock(nn.Module):
             for i in range(1, len(values)):
                 total = total + self.gamma[i] * values[i]
             return total
-        total = _weighted_sum(None, self.tableau.b, values)
+        total = weighted_sum(None, self.tableau.b, values)
         return torch.zeros_like(y) if total is None else total
 
     def forward(
@@ -116,7 +110,7 @@ class RKBlock(nn.Module):
         context: AttentionContext = NO_CONTEXT,
     ) -> torch.Tensor:
         if self.coefficients == "fixed":  # accumulate onto y directly: one op per stage
-            return _weighted_sum(y, self.tableau.b, self.stage_values(y, context))
+            return weighted_sum(y, self.tableau.b, self.stage_values(y, context))
         return y + self.increment(y, context)
 
     def extra_repr(self) -> str:
@@ -125,26 +119,16 @@ class RKBlock(nn.Module):
         )
 
 
-def _weighted_sum(
-    start: torch.Tensor | None, weights: Sequence[float], values: Sequence[torch.Tensor]
-) -> torch.Tensor | None:
-    """``start + sum_i w_i v_i`` with one fused multiply-add per nonzero weight."""
-    total = start
-    for weight, value in zip(weights, values):
-        if weight == 0.0:
-            continue
-        if total is None:
-            total = value if weight == 1.0 else weight * value
-        else:
-            total = torch.add(total, value, alpha=weight)
-    return total
-
-
 def make_block(
     block: str | Tableau | tuple, f: Callable[..., torch.Tensor], d_model: int | None = None
 ) -> RKBlock:
     """An :class:`RKBlock` from a name in :data:`BLOCKS` or a user tableau (fixed weights)."""
-    if isinstance(block, str):  # names are validated once, by ODETransformerConfig
+    if isinstance(block, str):
+        if block not in BLOCKS:
+            raise ODETransformerConfigError(
+                f"unknown block {block!r}; valid: {', '.join(BLOCKS)} "
+                "(or pass a tableau (A, b) for your own explicit Runge-Kutta method)"
+            )
         tableau, coefficients = BLOCKS[block]
         return RKBlock(f, tableau, coefficients, d_model)
     return RKBlock(f, block, "fixed", d_model)

@@ -1,16 +1,22 @@
-"""Butcher tableaux of explicit Runge-Kutta methods, as validated data.
+"""The library's one Runge-Kutta core: Butcher tableaux as validated data, one registry of
+named methods (:data:`TABLEAUX`) and one explicit stage loop (:func:`rk_stage_values`).
 
 An explicit s-stage method is a strictly lower-triangular ``A`` (s x s) and weights ``b``
-(length s): ``F_i = F(y + sum_j A[i][j] F_j)``, ``y_next = y + sum_i b_i F_i``. The blocks in
-:mod:`ode_transformer.blocks` are driven by this data, so a new method is a new tableau, not a
-new code path.
+(length s): ``F_i = F(y + h sum_j A[i][j] F_j)``, ``y_next = y + h sum_i b_i F_i``. The RK
+blocks of :mod:`ode_transformer.blocks`, the fixed grids of ``node-transformer``
+(:mod:`neuralode_lm.depth_field`) and the facade's torchdiffeq ``rk4`` all step through
+:func:`rk_stage_values`, so a new method is a new tableau, not a new code path, and one name
+means one method everywhere: ``rk4`` is the classic RK4, ``rk4_38`` Kutta's 3/8 rule
+(torchdiffeq's ``rk4``).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+
+import torch
 
 from .errors import ODETransformerConfigError
 
@@ -138,8 +144,20 @@ TABLEAUX: dict[str, Tableau] = {
         b=(1 / 6, 2 / 6, 2 / 6, 1 / 6),
         name="rk4",
     ),
+    "rk4_38": Tableau(
+        A=(
+            (0.0, 0.0, 0.0, 0.0),
+            (1 / 3, 0.0, 0.0, 0.0),
+            (-1 / 3, 1.0, 0.0, 0.0),
+            (1.0, -1.0, 1.0, 0.0),
+        ),
+        b=(1 / 8, 3 / 8, 3 / 8, 1 / 8),
+        name="rk4_38",
+    ),
+    "midpoint": Tableau(A=((0.0, 0.0), (0.5, 0.0)), b=(0.0, 1.0), name="midpoint"),
 }
-"""The fixed-coefficient tableaux of DESIGN.md's table (``euler`` is an alias of ``residual``)."""
+"""The library's one registry of named explicit methods (DESIGN.md's table; ``euler`` is an
+alias of ``residual``). ``rk4`` is the classic RK4, ``rk4_38`` the 3/8 rule."""
 TABLEAUX["euler"] = TABLEAUX["residual"]
 
 
@@ -158,3 +176,50 @@ def get_tableau(spec: str | Tableau | tuple) -> Tableau:
     raise ODETransformerConfigError(
         f"a tableau is a name, a Tableau or a pair (A, b); got {spec!r}"
     )
+
+
+Stage = Callable[[int, torch.Tensor], torch.Tensor]
+"""``f(i, y_i) -> F_i``: the field evaluated for stage ``i`` (the caller knows its time
+``t + c_i h`` and, for attention, the stage's own key/value cache)."""
+
+
+def rk_stage_values(
+    tableau: Tableau, f: Stage, y: torch.Tensor, h: float | torch.Tensor = 1.0
+) -> list[torch.Tensor]:
+    """The stage derivatives ``F_i = f(i, y + h sum_j A[i][j] F_j)`` of one explicit step."""
+    values: list[torch.Tensor] = []
+    for i, row in enumerate(tableau.A):
+        value = f(i, weighted_sum(y, row[:i], values, h))
+        values.append(value.to(y.dtype))  # under autocast: a bf16 F, an fp32 state
+    return values
+
+
+def rk_step(
+    tableau: Tableau, f: Stage, y: torch.Tensor, h: float | torch.Tensor = 1.0
+) -> torch.Tensor:
+    """One explicit Runge-Kutta step ``y + h sum_i b_i F_i`` of step size ``h``."""
+    return weighted_sum(y, tableau.b, rk_stage_values(tableau, f, y, h), h)
+
+
+def weighted_sum(
+    start: torch.Tensor | None,
+    weights: Sequence[float],
+    values: Sequence[torch.Tensor],
+    h: float | torch.Tensor = 1.0,
+) -> torch.Tensor | None:
+    """``start + h sum_i w_i v_i`` with one fused multiply-add per nonzero weight (a tensor
+    ``h``, as torchdiffeq passes, is multiplied in instead)."""
+    total = start
+    for weight, value in zip(weights, values):
+        if weight == 0.0:
+            continue
+        if isinstance(h, torch.Tensor):
+            term = (weight * h) * value
+            total = term if total is None else total + term
+            continue
+        weight = weight * h
+        if total is None:
+            total = value if weight == 1.0 else weight * value
+        else:
+            total = torch.add(total, value, alpha=weight)
+    return total

@@ -38,9 +38,9 @@ def test_odeint_passes_tolerances_method_and_options_like_torchdiffeq() -> None:
     reference = torchdiffeq.odeint(spiral, Y0, T, rtol=1e-5, atol=1e-6, method="bosh3")
     assert float((ours - reference).abs().max()) <= 1e-6
     assert isinstance(stats, SolverStats) and stats.method == "bosh3" and stats.nfe_forward > 0
-    short = torch.linspace(0.0, 2.5, 101)  # rk4 steps of 0.0125: two per gap, or the gaps
-    fixed = neuralode_lm.odeint(spiral, Y0, short, method="rk4", options={"step_size": 0.0125})
-    on_t = neuralode_lm.odeint(spiral, Y0, short, method="rk4")
+    short = torch.linspace(0.0, 2.5, 101)  # torchdiffeq's rk4 is our rk4_38
+    fixed = neuralode_lm.odeint(spiral, Y0, short, method="rk4_38", options={"step_size": 0.0125})
+    on_t = neuralode_lm.odeint(spiral, Y0, short, method="rk4_38")
     halves = torchdiffeq.odeint(spiral, Y0, torch.linspace(0.0, 2.5, 201), method="rk4")
     assert float((fixed - halves[::2]).abs().max()) <= 1e-5  # grids equal to float32 noise
     assert float((on_t - torchdiffeq.odeint(spiral, Y0, short, method="rk4")).abs().max()) <= 1e-6

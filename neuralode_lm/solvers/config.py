@@ -26,13 +26,15 @@ __all__ = [
     "fixed_grid",
 ]
 
-FIXED_METHODS = frozenset({"euler", "midpoint", "rk4"})
+FIXED_METHODS = frozenset({"euler", "midpoint", "rk4", "rk4_38"})
+"""Fixed-grid names of the one vocabulary (:data:`ode_transformer.TABLEAUX`): ``rk4`` is the
+classic RK4 on every backend, ``rk4_38`` the 3/8 rule (torchdiffeq's own ``rk4``)."""
 ADAPTIVE_METHODS = frozenset({"dopri5", "dopri8", "bosh3", "adaptive_heun", "fehlberg2", "tsit5"})
 
 # The facade's method names each backend offers (adapters translate the few that differ).
 BACKEND_METHODS: dict[str, frozenset[str]] = {
     "torchdiffeq": frozenset(
-        {"dopri5", "dopri8", "bosh3", "adaptive_heun", "fehlberg2", "euler", "midpoint", "rk4"}
+        {"dopri5", "dopri8", "bosh3", "adaptive_heun", "fehlberg2"} | FIXED_METHODS
     ),
     "torchdyn": frozenset({"dopri5", "tsit5", "euler", "midpoint", "rk4"}),
     "torchode": frozenset({"dopri5", "tsit5", "adaptive_heun", "euler"}),
@@ -51,8 +53,8 @@ class SolverConfig:
 
     Attributes:
         method: dopri5, dopri8, bosh3, adaptive_heun, fehlberg2, tsit5 (adaptive) or
-            euler, midpoint, rk4 (fixed grid, need ``step_size``); backends offer subsets
-            (:data:`BACKEND_METHODS`).
+            euler, midpoint, rk4 (classic), rk4_38 (3/8 rule) (fixed grid, need
+            ``step_size``); backends offer subsets (:data:`BACKEND_METHODS`).
         rtol, atol: tolerances of adaptive methods (positive).
         adjoint: False for direct backpropagation, True (or "backsolve") for the adjoint
             method, "interpolated" for TorchDyn's interpolated adjoint.
@@ -98,6 +100,11 @@ class SolverConfig:
             )
         merged = {**value, **options}
         unknown = set(merged) - {field.name for field in dataclasses.fields(cls)}
+        if "steps" in unknown:
+            raise UnknownSolverOptionError(
+                "the solver's step setting is step_size (the longest step, e.g. "
+                "step_size=0.25), not steps"
+            )
         if unknown:
             raise UnknownSolverOptionError(
                 f"unknown solver option(s) {sorted(unknown)}; valid: "

@@ -114,7 +114,8 @@ def odeint(
     ``step_size`` and ``max_num_steps`` (no step cap unless given, as in torchdiffeq); a
     fixed-grid method without ``step_size`` steps onto the times ``t``, as torchdiffeq's
     does. Unlike torchdiffeq, ``y0`` is one tensor and ``t`` strictly increasing;
-    ``adjoint=True`` is ``odeint_adjoint`` (``func`` an ``nn.Module``).
+    ``adjoint=True`` is ``odeint_adjoint`` (``func`` an ``nn.Module``); method names are the
+    library's: ``rk4`` is the classic RK4, torchdiffeq's ``rk4`` (the 3/8 rule) is ``rk4_38``.
     """
     options = dict(options or {})
     unknown = set(options) - set(_ODEINT_OPTIONS)
