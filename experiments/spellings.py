@@ -80,16 +80,34 @@ def twin(cls: type, name: str) -> type:
     return _TWINS[cls, name]
 
 
+def untwinned(cls: type) -> type:
+    """The class a twin was made from (``cls`` itself when it is no twin)."""
+    while isinstance(cls, _SpellingFirst):
+        cls = cls.__bases__[0]
+    return cls
+
+
+def _new_instance(cls: type) -> Any:
+    """An empty instance of ``cls``, which unpickling fills with the saved state."""
+    return object.__new__(cls)
+
+
 class FollowsTrainer:
     """Mixin: an object whose Lightning hooks are those of the trainer it is attached to."""
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name == "trainer" and value is not None and spelling(type(value)) in PACKAGES:
-            cls = type(self)
-            while isinstance(cls, _SpellingFirst):
-                cls = cls.__bases__[0]
-            object.__setattr__(self, "__class__", twin(cls, spelling(type(value))))
+            cls = twin(untwinned(type(self)), spelling(type(value)))
+            object.__setattr__(self, "__class__", cls)
         super().__setattr__(name, value)
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        """Pickled as an instance of its own class (a twin is not importable by name)."""
+        reduced = super().__reduce_ex__(protocol)
+        cls = untwinned(type(self))
+        if cls is type(self):
+            return reduced
+        return (_new_instance, (cls,), *reduced[2:])
 
 
 class StepCounting:

@@ -4,6 +4,8 @@ progress bar counts steps when the budget is in steps."""
 
 from __future__ import annotations
 
+import pickle
+
 import lightning as L
 import pytest
 import pytorch_lightning as pl
@@ -82,6 +84,9 @@ def test_each_trainer_sees_its_own_hooks(trained, name):
 def test_a_task_moves_between_trainers(trained):
     _, task, data = trained["lightning"]
     assert type(task) is not LMTask  # the twin with lightning's hooks first
+    copied = pickle.loads(pickle.dumps(task))  # a twin pickles as its own class
+    assert type(copied) is LMTask and type(pickle.loads(pickle.dumps(data))) is LMDataModule
+    assert all(torch.equal(a, b) for a, b in zip(copied.parameters(), task.parameters()))
     pl.Trainer(logger=False, max_steps=1, enable_progress_bar=False).fit(task, datamodule=data)
     assert type(task) is LMTask and type(data) is LMDataModule
 
