@@ -87,7 +87,8 @@ def test_a_task_moves_between_trainers(trained):
     copied = pickle.loads(pickle.dumps(task))  # a twin pickles as its own class
     assert type(copied) is LMTask and type(pickle.loads(pickle.dumps(data))) is LMDataModule
     assert all(torch.equal(a, b) for a, b in zip(copied.parameters(), task.parameters()))
-    pl.Trainer(logger=False, max_steps=1, enable_progress_bar=False).fit(task, datamodule=data)
+    settings = {"logger": False, "enable_checkpointing": False, "enable_progress_bar": False}
+    pl.Trainer(max_steps=1, **settings).fit(task, datamodule=data)
     assert type(task) is LMTask and type(data) is LMDataModule
 
 
