@@ -146,9 +146,6 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    import dataclasses
-
-    from experiments.evaluate import evaluate_run
     from experiments.trained import load_run
 
     settings = ("bleu_sentences", "continuation_sentences", "prompt_len", "decode")
@@ -157,12 +154,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
         if key != "decode":  # a choice argparse checks
             check_range(f"eval.{key}", value, "--" + key.replace("_", "-"))
     run = load_run(args.run)
-    config = run.config
-    config.eval = dataclasses.replace(config.eval, **given)
     overrides = {"data_dir": args.data_dir} if args.data_dir else {}
     data = run.data(allow_changed_data=args.allow_changed_data, **overrides)
     set_threads(args.num_threads)  # once the run and its data load: an error stays one line
-    result = evaluate_run(run.model, data, config, args.split, allow_noncausal=args.allow_noncausal)
+    result = run.evaluate(args.split, **given, allow_noncausal=args.allow_noncausal, data=data)
     if args.json:
         print(json.dumps(result))
     else:
@@ -190,11 +185,11 @@ def cmd_generate(args: argparse.Namespace) -> int:
         args.max_new_tokens,
         strategy=args.strategy,
         num_beams=args.num_beams,
-        eos_id=run.tokenizer.eos_id if args.stop_at_eos else None,
         temperature=args.temperature,
         top_k=args.top_k,
         top_p=args.top_p,
-        generator=torch.Generator().manual_seed(args.seed),
+        seed=args.seed,
+        stop_at_eos=args.stop_at_eos,
     )
     print(text)
     return 0

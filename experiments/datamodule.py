@@ -13,7 +13,6 @@ import dataclasses
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
-import pytorch_lightning as pl
 import torch
 from torch.utils.data import DataLoader, Sampler
 
@@ -23,6 +22,7 @@ from experiments.data.batching import sentence_batches, stream_windows
 from experiments.data.loading import load_data
 from experiments.data.registry import CorpusError
 from experiments.data.tokenization import LMData, Tokenizer
+from experiments.spellings import FollowsTrainer, lightning_bases
 from odelm.errors import OdelmError
 
 
@@ -80,7 +80,7 @@ class SeededResumableSampler(Sampler[int]):
         return max(1, self.size // self.world_size)
 
 
-class LMDataModule(pl.LightningDataModule):
+class LMDataModule(FollowsTrainer, *lightning_bases("LightningDataModule")):  # type: ignore[misc]
     """Training batches in a resumable seeded order; validation and test windows in a fixed
     order. Build one from a corpus name with :meth:`from_corpus`."""
 

@@ -43,6 +43,7 @@ RUN_FILES = frozenset(
         "tensorboard",
         "wandb",
         "model",
+        "README.md",
         ".write-test",
     }
 )

@@ -14,7 +14,6 @@ import math
 import time
 from typing import Any
 
-import pytorch_lightning as pl
 import torch
 from torch import nn
 
@@ -29,6 +28,7 @@ from experiments.recipes import (
     build_optimizer,
     inverse_sqrt_lambda,
 )
+from experiments.spellings import FollowsTrainer, lightning_bases, step_progress_bar
 from odelm.errors import OdelmError
 
 
@@ -36,7 +36,7 @@ class NonFiniteLossError(OdelmError, FloatingPointError):
     """The training loss became NaN or infinite."""
 
 
-class LMTask(pl.LightningModule):
+class LMTask(FollowsTrainer, *lightning_bases("LightningModule")):  # type: ignore[misc]
     """Trains a contract model with next-token cross-entropy.
 
     ``model`` is a model, or the ``{"architecture", "config"}`` dict of a model that
@@ -86,6 +86,10 @@ class LMTask(pl.LightningModule):
         self._val_state: Any = None
         self.annealer: PlateauAnnealer | None = None
         self._restored_annealer: dict[str, Any] | None = None
+
+    def configure_callbacks(self) -> list[Any]:
+        """A progress bar that counts steps when the budget is in steps."""
+        return step_progress_bar(self.trainer)
 
     def on_fit_start(self) -> None:
         self._fit_started = time.perf_counter()

@@ -36,6 +36,7 @@ from pytorch_lightning.callbacks import Callback, EarlyStopping, LearningRateMon
 from torch import nn
 
 from experiments import runfolder
+from experiments.cards import write_card
 from experiments.checkpoints import (
     LAST_FILE,
     AtomicCheckpointIO,
@@ -245,6 +246,7 @@ def _train_locked(
     check_finite(result, parts.trainer.global_step)
     save_run_model(model, run_dir, data.tokenizer)
     runfolder.record_run_files(run_dir, [CONFIG_FILE, "tokenizer", "model"])
+    write_card(config, result)  # RUN/README.md; before result.json: a finished run has one
     write_json(result_path, result)
     return result
 

@@ -9,6 +9,11 @@ A finished run directory holds everything needed to use its model: ``model/``
     run = experiments.load_run("runs/my-run")
     run.perplexity(["the cat sat on the mat"])  # per-word perplexity of new text
     run.generate("the cat", max_new_tokens=20)  # prompt + continuation, as text
+    run.evaluate("test")  # what `odelm eval RUN --json` prints
+
+``generate`` and ``evaluate`` take the options of ``odelm generate`` and ``odelm eval``
+under the same names, with the same defaults (``--top-k`` is ``top_k=``, ``--seed 1`` is
+``seed=1``), so a call and its command give the same output.
 
 ``run.model`` and ``run.tokenizer`` are the trained model (eval mode) and its tokenizer;
 ``run.data()`` loads the run's own corpus, encoded with that tokenizer, for evaluation,
@@ -22,6 +27,8 @@ match the model's vocabulary. Each failure is one :class:`~odelm.errors.OdelmErr
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import hashlib
 import json
 import os
@@ -33,6 +40,7 @@ import torch
 from torch import nn
 
 from experiments.config import RunConfig, load_config
+from experiments.config_checks import ConfigError, check_range
 from experiments.data.corpora import load_corpus
 from experiments.data.tokenization import (
     EncodedSplit,
@@ -125,17 +133,42 @@ class TrainedRun:
         return detokenize(self.tokenizer, ids)
 
     def perplexity(
-        self, texts: list[str], *, per: str = "word", allow_noncausal: bool = False
+        self,
+        texts: list[str] | None = None,
+        *,
+        split: str | None = None,
+        per: str = "word",
+        allow_noncausal: bool = False,
+        data_dir: str | None = None,
+        allow_changed_data: bool = False,
     ) -> float:
         """Perplexity of ``texts`` (each one a line ending with ``<eos>``), scored as the
         run's evaluation scores its test split: per word, ``exp(total NLL / (words +
-        lines))``; ``per="token"``, ``exp(total NLL / tokens)`` (the same for a word vocabulary)."""
+        lines))``; ``per="token"``, ``exp(total NLL / tokens)`` (the same for a word vocabulary).
+
+        ``split`` instead scores that split of the run's own corpus, as ``odelm eval RUN
+        --split SPLIT`` does (``data_dir`` and ``allow_changed_data`` as there)."""
+        if per not in ("word", "token"):
+            raise ValueError(f"per must be 'word' or 'token', got {per!r}")
+        if split is not None:
+            if texts is not None:
+                raise ValueError("give texts or split, not both")
+            result = self.evaluate(
+                split,
+                bleu_sentences=0,  # perplexity only: no BLEU
+                allow_noncausal=allow_noncausal,
+                data_dir=data_dir,
+                allow_changed_data=allow_changed_data,
+            )
+            return float(result["ppl_per_word" if per == "word" else "ppl"])
+        return self._text_perplexity(texts, per, allow_noncausal)
+
+    def _text_perplexity(self, texts: Any, per: str, allow_noncausal: bool) -> float:
+        """Perplexity of new lines of text (see :meth:`perplexity`)."""
         from experiments.evaluate import NonCausalModelError, perplexity
 
         if isinstance(texts, str) or not texts:
-            raise ValueError("texts must be a non-empty list of strings")
-        if per not in ("word", "token"):
-            raise ValueError(f"per must be 'word' or 'token', got {per!r}")
+            raise ValueError("texts must be a non-empty list of strings (or give split=)")
         if not getattr(self.model, "is_causal", False) and not allow_noncausal:
             raise NonCausalModelError(
                 f"{type(self.model).__name__}.is_causal is False, so its perplexity is not a "
@@ -157,17 +190,84 @@ class TrainedRun:
         )
         return float(result["ppl_per_word" if per == "word" else "ppl"])
 
-    def generate(self, prompt: str, max_new_tokens: int = 20, **options: Any) -> str:
-        """``prompt`` followed by the model's continuation, as text.
+    def evaluate(
+        self,
+        split: str = "test",
+        *,
+        bleu_sentences: int | None = None,
+        continuation_sentences: int | None = None,
+        prompt_len: int | None = None,
+        decode: str | None = None,
+        allow_noncausal: bool = False,
+        data_dir: str | None = None,
+        allow_changed_data: bool = False,
+        data: LMData | None = None,
+    ) -> dict[str, Any]:
+        """What ``odelm eval RUN`` reports (its ``--json`` object), with the same options:
+        perplexity, per-word perplexity, BLEU and NFE of ``split`` of the run's corpus.
 
-        ``options`` go to :func:`experiments.decoding.decode_continuation`: ``strategy``
-        (greedy, sample, beam), ``num_beams``, ``temperature``, ``top_k``, ``top_p``,
-        ``generator`` (a seeded ``torch.Generator`` for reproducible sampling), ``eos_id``.
+        BLEU settings left None keep the run's ``eval`` config; ``data`` is the corpus
+        already loaded by :meth:`data` (default: loaded here, from ``data_dir`` if given)."""
+        from experiments.evaluate import evaluate_run
+
+        given = {
+            "bleu_sentences": bleu_sentences,
+            "continuation_sentences": continuation_sentences,
+            "prompt_len": prompt_len,
+            "decode": decode,
+        }
+        given = {key: value for key, value in given.items() if value is not None}
+        for key, value in given.items():
+            if key != "decode":
+                check_range(f"eval.{key}", value, key)
+        if decode not in (None, "greedy", "beam"):
+            raise ConfigError(f"decode must be 'greedy' or 'beam', got {decode!r}")
+        if data is None:
+            overrides = {"data_dir": data_dir} if data_dir else {}
+            data = self.data(allow_changed_data=allow_changed_data, **overrides)
+        config = copy.copy(self.config)
+        config.eval = dataclasses.replace(config.eval, **given)
+        return evaluate_run(self.model, data, config, split, allow_noncausal=allow_noncausal)
+
+    def generate(
+        self,
+        prompt: str,
+        max_new_tokens: int = 20,
+        *,
+        strategy: str = "greedy",
+        num_beams: int = 4,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        seed: int = 0,
+        stop_at_eos: bool = False,
+        **options: Any,
+    ) -> str:
+        """``prompt`` followed by the model's continuation, as text: what ``odelm generate
+        RUN --prompt PROMPT`` prints with the same options (same names, defaults, meaning).
+
+        ``strategy`` is greedy, sample or beam; sampling draws from a ``torch.Generator``
+        seeded with ``seed``. ``options`` go to
+        :func:`experiments.decoding.decode_continuation`: ``generator`` (a generator of your
+        own, used instead of ``seed``), ``eos_id``, ``length_penalty``, ``use_cache``.
         """
         from experiments.decoding import decode_continuation
 
+        options.setdefault("generator", torch.Generator().manual_seed(seed))
+        if stop_at_eos:
+            options.setdefault("eos_id", self.tokenizer.eos_id)
         ids = [self.tokenizer.eos_id, *self.encode(prompt)]
-        new = decode_continuation(self.model, torch.tensor([ids]), max_new_tokens, **options)
+        new = decode_continuation(
+            self.model,
+            torch.tensor([ids]),
+            max_new_tokens,
+            strategy=strategy,
+            num_beams=num_beams,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            **options,
+        )
         text = self.decode(new).rstrip("\n")
         return prompt + ("" if text.startswith("\n") else " ") + text
 

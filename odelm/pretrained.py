@@ -138,6 +138,12 @@ class PretrainedMixin:
             "config": self.pretrained_config(),
         }
 
+    def num_parameters(self, only_trainable: bool = False) -> int:
+        """Parameters of the model, tied weights counted once (Hugging Face's
+        ``num_parameters``); ``only_trainable`` counts those with ``requires_grad`` only."""
+        unique = {id(p): p for p in self.parameters()}  # type: ignore[attr-defined]
+        return sum(p.numel() for p in unique.values() if p.requires_grad or not only_trainable)
+
     def save_pretrained(
         self, directory: str | os.PathLike[str], *, metadata: dict[str, Any] | None = None
     ) -> None:
