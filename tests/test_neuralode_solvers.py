@@ -222,3 +222,44 @@ def test_bad_intervals_are_explained() -> None:
         solve(MLPField(3), torch.full((2, 3), float("nan")), [0.0, 1.0])
     with pytest.raises(TypeError, match="solver option"):
         SolverConfig.coerce({"tolerance": 1e-3})
+
+
+class _Riccati(nn.Module):
+    """``dy/dt = theta y^2``: ``y(1) = y0 / (1 - theta y0)``, so ``dy(1)/dtheta = 1`` at
+    ``theta = 1, y0 = 1/2``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.theta = nn.Parameter(torch.tensor(1.0, dtype=torch.float64))
+
+    def forward(self, t: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return self.theta * y**2
+
+
+@pytest.mark.parametrize(
+    ("method", "tolerance"), [("midpoint", 1e-3), ("rk4", 1e-6), ("rk4_38", 1e-6)]
+)
+@pytest.mark.parametrize("adjoint", [False, True])
+def test_fixed_grid_gradients_match_the_exact_one(
+    method: str, tolerance: float, adjoint: bool
+) -> None:
+    """The adjoint's backward solve runs from t1 to t0 on the same fixed grid; a decreasing
+    interval must take as many steps as the increasing one (it once took a single step,
+    and the adjoint's gradient was 0.50 with midpoint instead of 1)."""
+    field = _Riccati()
+    y0 = torch.tensor([0.5], dtype=torch.float64)
+    t = torch.tensor([0.0, 1.0], dtype=torch.float64)
+    states, _ = solve(field, y0, t, method=method, step_size=0.01, adjoint=adjoint)
+    states[-1].sum().backward()
+    assert states[-1].item() == pytest.approx(1.0, abs=tolerance)
+    assert field.theta.grad.item() == pytest.approx(1.0, abs=10 * tolerance)
+
+
+def test_fixed_grid_counts_steps_on_decreasing_times() -> None:
+    from neuralode_lm.solvers.config import fixed_grid, grid_steps
+
+    forward = fixed_grid(torch.tensor([0.0, 1.0]), 0.1)
+    backward = fixed_grid(torch.tensor([1.0, 0.0]), 0.1)
+    assert len(forward) == len(backward) == 11
+    assert torch.allclose(backward, forward.flip(0))
+    assert grid_steps(torch.tensor([1.0, 0.0]), 0.1) == 10

@@ -160,7 +160,7 @@ def _time_ulp(t: torch.Tensor) -> float:
 def _interval_steps(start: torch.Tensor, end: torch.Tensor, step_size: float, ulp: float) -> int:
     """The fewest equal steps no longer than ``step_size`` (up to rounding, see
     :func:`fixed_grid`) from ``start`` to ``end``."""
-    ratio = float(end - start) / step_size
+    ratio = abs(float(end - start)) / step_size  # the adjoint's backward solve runs t1 -> t0
     slack = min(0.1, max(1e-12 * ratio, 2 * (1 + ratio) * ulp / step_size))
     return max(1, math.ceil(ratio - slack))
 
