@@ -6,6 +6,6 @@ It imports nothing from the library, so ``neuralode_lm``, ``ode_transformer`` an
 
 from odelm.errors import OdelmError
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 __all__ = ["OdelmError", "__version__"]
