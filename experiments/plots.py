@@ -188,10 +188,11 @@ def plot_comparison(out_dir: Path, results: list[dict[str, Any]]) -> list[Path]:
         _legend_outside(axis, handles)
         save(figure, file_name)
 
-    if _parameters_differ(results):
-        save(_params_figure(groups, references), "ppl_vs_params.png")
-    else:
-        (out_dir / "ppl_vs_params.png").unlink(missing_ok=True)
+    for key, label, file_name in COST_AXES:
+        if _costs_differ(results, key):
+            save(_cost_figure(groups, references, key, label), file_name)
+        else:
+            (out_dir / file_name).unlink(missing_ok=True)
 
     continuous = [n for n, runs in groups.items() if runs[0].get("family") == "continuous depth"]
     nfe = {n: [logs[r["run"]].get("train/nfe", []) for r in groups[n]] for n in continuous}
@@ -241,17 +242,29 @@ def _reference_line(axis: Any, value: float, kind: str) -> Line2D:
     return axis.axhline(value, color="black", linewidth=0.8, linestyle=style_, label=label)
 
 
-def _parameters_differ(results: Iterable[dict[str, Any]]) -> bool:
-    counts = [r["parameters"] for r in results if r.get("parameters")]
+COST_AXES = (
+    ("parameters", "parameters", "ppl_vs_params.png"),
+    ("test_flops_per_token", "forward FLOPs per token", "ppl_vs_flops.png"),
+)
+"""The costs test perplexity is plotted against: (result key, axis label, file)."""
+
+
+def _costs_differ(results: Iterable[dict[str, Any]], key: str) -> bool:
+    counts = [r[key] for r in results if r.get(key)]
     return bool(counts) and max(counts) / min(counts) > EQUAL_PARAMETERS_RATIO
 
 
-def _params_figure(
-    groups: dict[str, list[dict[str, Any]]], references: dict[str, float] | None
+def _cost_figure(
+    groups: dict[str, list[dict[str, Any]]],
+    references: dict[str, float] | None,
+    key: str,
+    label: str,
 ) -> plt.Figure:
-    """Test perplexity (mean, with the seeds' min-max as error bars) against parameters."""
+    """Test perplexity (mean, with the seeds' min-max as error bars) against a cost: the
+    parameters, or the forward FLOPs per token (a model's mean over its seeds)."""
+    groups = {name: runs for name, runs in groups.items() if all(r.get(key) for r in runs)}
     figure, axis = plt.subplots(figsize=(10, 4.5))
-    counts = [runs[0]["parameters"] for runs in groups.values()]
+    counts = [sum(r[key] for r in runs) / len(runs) for runs in groups.values()]
     log_x = max(counts) / min(counts) > 10
     positions = _spread(counts, log_x)
     for index, (name, runs) in enumerate(groups.items()):
@@ -288,7 +301,7 @@ def _params_figure(
     if references:
         handles.append(_reference_line(axis, references["test_split"], "test_split"))
     spread = len(set(positions)) > len(set(counts))
-    xlabel = "parameters" + (" (models of equal count side by side)" if spread else "")
+    xlabel = label + (" (models of equal count side by side)" if spread else "")
     axis.set(xlabel=xlabel, ylabel="test perplexity", yscale="log")
     if log_x:
         axis.set_xscale("log")

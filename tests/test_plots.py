@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from experiments.plots import _params_figure
+from experiments.plots import _cost_figure
 
 
 def _legend_texts(figure) -> list[str]:
@@ -18,8 +18,25 @@ def _runs(parameters: int, ppl: float, causal: bool = True) -> list[dict]:
 
 def test_the_non_causal_marker_is_explained_only_when_drawn():
     causal = {"lstm": _runs(1_000_000, 100.0), "ode-lstm": _runs(1_500_000, 90.0)}
-    texts = _legend_texts(_params_figure(causal, None))
+    texts = _legend_texts(_cost_figure(causal, None, "parameters", "parameters"))
     assert len(texts) == 2 and not any("non-causal" in text for text in texts)
     mixed = {**causal, "reconstruction": _runs(1_600_000, 2.0, causal=False)}
-    texts = _legend_texts(_params_figure(mixed, None))
+    texts = _legend_texts(_cost_figure(mixed, None, "parameters", "parameters"))
     assert sum("x: non-causal model" in text for text in texts) == 1
+
+
+def test_perplexity_against_flops_places_each_model_at_its_mean_cost():
+    """ppl_vs_flops: a model's x is its FLOPs per token (mean over seeds), its y the mean
+    test perplexity with the seeds' min-max as error bars; a model without a FLOPs count
+    (a lookup table) is left out rather than put at 0."""
+    groups = {
+        "residual": [{"test_flops_per_token": 2e6, "test_ppl": p} for p in (300.0, 310.0)],
+        "rk4": [{"test_flops_per_token": 5e6, "test_ppl": p} for p in (320.0, 340.0)],
+        "bigram": [{"test_flops_per_token": 0.0, "test_ppl": 500.0}],
+    }
+    figure = _cost_figure(groups, None, "test_flops_per_token", "forward FLOPs per token")
+    axis = figure.axes[0]
+    assert axis.get_xlabel() == "forward FLOPs per token"
+    data_lines = [container.lines[0] for container in axis.containers]  # errorbar's points
+    points = sorted((float(ln.get_xdata()[0]), float(ln.get_ydata()[0])) for ln in data_lines)
+    assert points == [(2e6, 305.0), (5e6, 330.0)]

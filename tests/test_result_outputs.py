@@ -12,7 +12,7 @@ import experiments
 from experiments.cli import main
 from experiments.config import parse_config
 from experiments.data.corpora import load_corpus
-from experiments.plots import _params_figure
+from experiments.plots import _cost_figure
 from experiments.tables import markdown_table
 from experiments.train import train
 
@@ -109,7 +109,7 @@ def test_equal_parameter_counts_are_drawn_side_by_side() -> None:
         "macaron": [_result("macaron", s, 14.6, 123_904) for s in (0, 1, 2)],
         "lstm": [_result("lstm", s, 12.0, 47_470) for s in (0, 1, 2)],
     }
-    figure = _params_figure(groups, None)
+    figure = _cost_figure(groups, None, "parameters", "parameters")
     axis = figure.axes[0]
     xs = [float(container.lines[0].get_xdata()[0]) for container in axis.containers]
     assert len(set(xs)) == 4
