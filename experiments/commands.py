@@ -124,7 +124,8 @@ def train_parser() -> ArgumentParser:
     parser = options_parser(
         "odelm train",
         "Train one model from a YAML run config; any config key may be overridden on the "
-        "command line as --section.key VALUE (e.g. --optim.lr 1e-3 --trainer.max_steps 20).",
+        "command line as --section.key VALUE (e.g. --optim.lr 1e-3 --trainer.max_steps 20); "
+        "--model.KEY VALUE edits one model key, --model '{...}' replaces the whole model section.",
     )
     parser.add_argument("--config", required=True, help="the run's YAML config file")
     parser.add_argument(
@@ -236,7 +237,8 @@ def compare_parser() -> ArgumentParser:
         "odelm compare",
         "Train a grid of models on identical data, seeds and budget, then write tables and "
         "plots. Any shared config key may be overridden for every run as --section.key VALUE "
-        "(e.g. --trainer.max_steps 200 --optim.lr 3e-4).",
+        "(e.g. --trainer.max_steps 200 --optim.lr 3e-4); model keys given here (--model.KEY, "
+        "--model '{...}') lie under each run's own model section, whose keys win.",
     )
     parser.add_argument("--grid", help="grid YAML file (give this or --preset)")
     parser.add_argument(
