@@ -17,6 +17,7 @@ from experiments.data.corpora import (
     SPLITS,
     Corpus,
 )
+from experiments.help_examples import KeepExamples, epilog
 from odelm.errors import OdelmError
 
 
@@ -153,9 +154,10 @@ def cmd_models(args: argparse.Namespace) -> int:
     return 0
 
 
-class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+class HelpFormatter(KeepExamples, argparse.ArgumentDefaultsHelpFormatter):
     """Appends each option's default to its help line; an option whose default is None
-    says in its help what happens without it (e.g. "default: the config's")."""
+    says in its help what happens without it (e.g. "default: the config's"); a
+    subcommand's examples keep their lines."""
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
         if action.default is None:
@@ -241,6 +243,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     for register in REGISTRARS:
         register(commands)
+    for name, subcommand in commands.choices.items():
+        subcommand.epilog = epilog(name)
     return parser
 
 

@@ -13,6 +13,7 @@ import yaml
 from jsonargparse import ArgumentParser
 
 from experiments.config import (
+    Replace,
     RunConfig,
     add_run_arguments,
     load_config,
@@ -23,11 +24,15 @@ from experiments.config import (
 from experiments.config_checks import ConfigError, check_range, config_error, key_type
 from experiments.data.corpora import CORPUS_NAMES
 from experiments.discretize import register_discretize
+from experiments.help_examples import OptionsHelpFormatter, epilog
 from experiments.threads import set_threads
 
 # Short flags kept beside the dotted options they stand for (``--max-steps`` is
-# ``--trainer.max_steps``): the settings a user changes most from the shell.
+# ``--trainer.max_steps``): the settings a user changes most from the shell, the same on
+# train and compare (eval has those that make sense for a trained run: --data-dir,
+# --num-threads; tests/test_option_vocabulary.py keeps the sets equal).
 ALIASES = {
+    "--corpus": "data.corpus",
     "--max-steps": "trainer.max_steps",
     "--max-time-s": "trainer.max_time_s",
     "--num-threads": "trainer.num_threads",
@@ -44,7 +49,12 @@ def options_parser(prog: str, description: str) -> ArgumentParser:
         "given here replace both."
     )
     return ArgumentParser(
-        prog=prog, description=description, exit_on_error=False, print_config=None
+        prog=prog,
+        description=description,
+        epilog=epilog(prog.removeprefix("odelm ")),
+        formatter_class=OptionsHelpFormatter,
+        exit_on_error=False,
+        print_config=None,
     )
 
 
@@ -56,11 +66,22 @@ def add_run_options(parser: ArgumentParser, skip: set[str] | None = None) -> Non
         "--print_config", action="store_true", help="print the resolved config as YAML and exit"
     )
     for flag, key in ALIASES.items():
-        parser.add_argument(flag, dest=key, type=key_type(RunConfig, key), help=f"same as --{key}")
+        kind = (
+            {"choices": CORPUS_NAMES}
+            if key == "data.corpus"
+            else {"type": key_type(RunConfig, key)}
+        )
+        parser.add_argument(flag, dest=key, help=f"same as --{key}", **kind)
     parser.add_argument(
         "--download", dest="data.download", action="store_true", help="same as --data.download true"
     )
     add_run_arguments(parser, skip)
+    for action in parser._actions:  # the corpora from the registry, not the docstring's list
+        if action.dest == "data.corpus" and action.option_strings == ["--data.corpus"]:
+            action.help = (
+                f"the corpus, one of {', '.join(CORPUS_NAMES)} (grammar is generated; text "
+                "reads a folder of train*, valid*, test* files)"
+            )
 
 
 def given_options(parser: ArgumentParser, argv: list[str]) -> dict[str, Any]:
@@ -86,8 +107,9 @@ def given_options(parser: ArgumentParser, argv: list[str]) -> dict[str, Any]:
         for part in reversed(key.split(".")):
             value = {part: value}
         model = merge(model, value)
-    if model:
-        given["model"] = model
+    if model:  # --model '{...}' replaces the file's model section; --model.KEY edits it
+        whole = any(arg == "--model" or arg.startswith("--model=") for arg in argv)
+        given["model"] = Replace(model) if whole else model
     return given
 
 
@@ -97,16 +119,13 @@ def quiet_lightning() -> None:
         logging.getLogger(name).setLevel(logging.WARNING)
 
 
-def cmd_train(args: argparse.Namespace) -> int:
-    from datetime import datetime
-
-    from experiments.runs import config_sha256
-    from experiments.train import RESULT_FILE, train
-
+def train_parser() -> ArgumentParser:
+    """The options of ``odelm train``."""
     parser = options_parser(
         "odelm train",
         "Train one model from a YAML run config; any config key may be overridden on the "
-        "command line as --section.key VALUE (e.g. --optim.lr 1e-3 --trainer.max_steps 20).",
+        "command line as --section.key VALUE (e.g. --optim.lr 1e-3 --trainer.max_steps 20); "
+        "--model.KEY VALUE edits one model key, --model '{...}' replaces the whole model section.",
     )
     parser.add_argument("--config", required=True, help="the run's YAML config file")
     parser.add_argument(
@@ -119,7 +138,16 @@ def cmd_train(args: argparse.Namespace) -> int:
         "--verbose", action="store_true", help="show Lightning's hardware lines and tips"
     )
     add_run_options(parser)
-    given = given_options(parser, args.options)
+    return parser
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from datetime import datetime
+
+    from experiments.runs import config_sha256
+    from experiments.train import RESULT_FILE, train
+
+    given = given_options(train_parser(), args.options)
     command = {key: given.pop(key, None) for key in COMMAND_KEYS}
     config = load_config(command["config"], given)
     if config.name == "auto":  # a run folder per config: trying an override needs no --overwrite
@@ -203,14 +231,14 @@ def positive_int(text: str) -> int:
     return value
 
 
-def cmd_compare(args: argparse.Namespace) -> int:
-    from experiments.compare import check_grid, expand_grid, grid_path, run_grid
-
+def compare_parser() -> ArgumentParser:
+    """The options of ``odelm compare``."""
     parser = options_parser(
         "odelm compare",
         "Train a grid of models on identical data, seeds and budget, then write tables and "
         "plots. Any shared config key may be overridden for every run as --section.key VALUE "
-        "(e.g. --trainer.max_steps 200 --optim.lr 3e-4).",
+        "(e.g. --trainer.max_steps 200 --optim.lr 3e-4); model keys given here (--model.KEY, "
+        "--model '{...}') lie under each run's own model section, whose keys win.",
     )
     parser.add_argument("--grid", help="grid YAML file (give this or --preset)")
     parser.add_argument(
@@ -218,16 +246,19 @@ def cmd_compare(args: argparse.Namespace) -> int:
     )
     parser.add_argument("--out", help="output directory, resumable (needed unless --print_config)")
     parser.add_argument(
-        "--corpus", dest="data.corpus", choices=CORPUS_NAMES, help="same as --data.corpus"
-    )
-    parser.add_argument(
         "--seeds",
         type=int,
         help="train every model with N seeds: S..S+N-1, S being --seed, else the grid's "
         "first seed (null: the grid's seeds; results.md: mean ± sd, paired 95% intervals)",
     )
     add_run_options(parser, skip={"name", "out_dir"})
-    shared = given_options(parser, args.options)
+    return parser
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from experiments.compare import check_grid, expand_grid, grid_path, run_grid
+
+    shared = given_options(compare_parser(), args.options)
     grid, preset, out = (shared.pop(key, None) for key in ("grid", "preset", "out"))
     num_seeds, print_config = shared.pop("seeds", None), shared.pop("print_config", False)
     if bool(grid) == bool(preset):

@@ -175,8 +175,10 @@ class RunConfig:
             (null: none; the config's own settings win over the recipe's)
         seed: seed of initialization, batching and dropout
         out_dir: folder of run directories
-        model: the model family's keyword arguments, e.g. {family: lstm, d_model: 128}
-            (README: each family's model keys); one key at a time: --model.d_model 128
+        model: the model family's keyword arguments (odelm models lists each family's
+            keys); --model '{family: neuralode_lm, name: lstm, embed_dim: 128, hidden_dim:
+            128}' replaces the config file's model section, --model.KEY VALUE edits one key
+            of it (--model.dropout 0.2)
     """
 
     name: str = "run"
@@ -283,11 +285,19 @@ def parse_config(values: dict[str, Any], *, where: str = "config") -> RunConfig:
     return config
 
 
+class Replace(dict):
+    """A mapping that :func:`merge` puts in place of the one under its key instead of
+    merging into it: ``--model '{...}'`` replaces the file's model section."""
+
+
 def merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
-    """Recursive dict merge: ``override`` wins, nested mappings merge."""
+    """Recursive dict merge: ``override`` wins, nested mappings merge (a :class:`Replace`
+    mapping replaces)."""
     merged = dict(base)
     for key, value in override.items():
-        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+        if isinstance(value, Replace):
+            merged[key] = dict(value)
+        elif isinstance(value, dict) and isinstance(merged.get(key), dict):
             merged[key] = merge(merged[key], value)
         else:
             merged[key] = value

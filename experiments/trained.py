@@ -51,7 +51,7 @@ from experiments.data.tokenization import (
     encode_corpus,
     load_tokenizer,
 )
-from experiments.runfolder import verify_run_files
+from experiments.runfolder import COMPARISON_MARKER, verify_run_files
 from odelm.errors import OdelmError
 from odelm.pretrained import load_pretrained, read_config
 
@@ -312,6 +312,13 @@ def load_run(run_dir: str | os.PathLike[str], map_location: str = "cpu") -> Trai
     missing = [
         name for name in (MODEL_DIR, TOKENIZER_FILE, CONFIG_FILE) if not (run_dir / name).exists()
     ]
+    runs = sorted(path.name for path in (run_dir / "runs").glob("*") if path.is_dir())
+    if missing and (run_dir / COMPARISON_MARKER).exists() and runs:
+        raise RunNotFoundError(
+            f"{run_dir} is a comparison folder (odelm compare), not a run; pick one of its "
+            f"runs ({', '.join(runs)}) as {run_dir / 'runs' / 'NAME'}, e.g. "
+            f"{run_dir / 'runs' / runs[0]}"
+        )
     if missing:
         raise RunNotFoundError(
             f"{run_dir} is not a finished run (missing {', '.join(missing)}); train it first "

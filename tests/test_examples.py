@@ -1,0 +1,161 @@
+"""Every README and ``--help`` example runs as written (issue 19).
+
+The examples run in a fresh folder holding a copy of ``experiments/configs`` (they name
+``experiments/configs/example.yaml``), after the README's main job has made ``runs/quick``
+(``odelm compare --preset quick --out runs/quick``, at 4 steps), so ``runs/quick/runs/rk4``
+exists as the examples expect. Budgets are tiny: ``odelm train`` and the quick grid get
+``--max-steps 4 --num-threads 1`` appended; any other grid is only resolved and checked
+(``--print_config``): the seed-paper grids train 12-20 min each on PTB. Shell lines run
+through bash with ``odelm`` a function calling this checkout's CLI.
+
+README: the ``python`` blocks run whole; of the ``bash`` blocks, the ``odelm`` commands run
+and the install steps (python3 -m venv, activate, pip install) and the test run (pytest)
+are left out: they set up an environment, which this test already runs in.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from experiments.cli import build_parser
+from experiments.commands import compare_parser, train_parser
+from experiments.runfolder import COMPARISON_MARKER
+from experiments.trained import RunNotFoundError, load_run
+
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text()
+SUBCOMMANDS = ("train", "compare", "eval", "generate", "data", "models", "bench", "discretize")
+SETUP_STEPS = ("python3 -m venv", ". .venv", "pip install", "pytest")
+"""README shell steps left out: environment setup and the test run."""
+
+ODELM = f"""
+odelm() {{
+  case "$*" in
+    train*|*"--preset quick"*) {sys.executable} -m experiments "$@" --max-steps 4 --num-threads 1 ;;
+    compare*) {sys.executable} -m experiments "$@" --print_config > /dev/null ;;
+    *) {sys.executable} -m experiments "$@" ;;
+  esac
+}}
+set -e
+"""
+"""``odelm`` for the examples: tiny budgets, other grids only resolved (module docstring)."""
+
+
+def help_text(command: str) -> str:
+    """What ``odelm COMMAND --help`` prints."""
+    if command in ("train", "compare"):
+        return (train_parser if command == "train" else compare_parser)().format_help()
+    (commands,) = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    return commands.choices[command].format_help()
+
+
+def help_examples(command: str) -> list[str]:
+    return [line.strip() for line in help_text(command).splitlines() if line.startswith("  odelm ")]
+
+
+def readme_blocks(language: str) -> list[str]:
+    return re.findall(rf"^```{language}\n(.*?)^```", README, re.DOTALL | re.MULTILINE)
+
+
+def readme_shell() -> list[str]:
+    """The README's shell blocks, their setup steps left out (module docstring)."""
+    scripts = []
+    for block in readme_blocks("bash"):
+        steps = [step.strip() for line in block.splitlines() for step in line.split("&&")]
+        kept = "\n".join(s for s in steps if s and not s.startswith(SETUP_STEPS))
+        if "odelm " in kept:
+            scripts.append(kept)
+    return scripts
+
+
+HELP_EXAMPLES = [(command, line) for command in SUBCOMMANDS for line in help_examples(command)]
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory) -> Path:
+    """A folder with ``experiments/configs`` and the main job's ``runs/quick`` (4 steps)."""
+    folder = tmp_path_factory.mktemp("examples")
+    shutil.copytree(ROOT / "experiments" / "configs", folder / "experiments" / "configs")
+    run(folder, "odelm compare --preset quick --out runs/quick")
+    return folder
+
+
+def run(folder: Path, script: str) -> str:
+    """Run a shell example in ``folder``; its output, or a failure showing it."""
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
+    env["OMP_NUM_THREADS"] = "1"
+    done = subprocess.run(
+        ["bash", "-c", ODELM + script],
+        check=False,
+        cwd=folder,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, f"{script}\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
+    return done.stdout
+
+
+def test_every_subcommand_help_has_examples():
+    for command in SUBCOMMANDS:
+        examples = help_examples(command)
+        assert examples and all(line.startswith(f"odelm {command}") for line in examples), command
+
+
+def test_the_readme_examples_are_found():
+    assert len(readme_blocks("python")) == 2
+    scripts = readme_shell()
+    assert scripts[0] == "odelm compare --preset quick --out runs/quick"  # the main job
+    assert any("for grid in" in script for script in scripts)  # the results' seed grids
+
+
+def test_load_run_on_a_comparison_folder_names_its_runs(tmp_path):
+    quick = tmp_path / "quick"
+    quick.mkdir()
+    (quick / COMPARISON_MARKER).touch()
+    for name in ("rk4", "lstm"):
+        (quick / "runs" / name).mkdir(parents=True)
+    with pytest.raises(RunNotFoundError) as error:
+        load_run(quick)
+    assert str(error.value) == (
+        f"{quick} is a comparison folder (odelm compare), not a run; pick one of its runs "
+        f"(lstm, rk4) as {quick}/runs/NAME, e.g. {quick}/runs/lstm"
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command, line", HELP_EXAMPLES, ids=[line for _, line in HELP_EXAMPLES])
+def test_help_example_runs(workdir, command, line):
+    run(workdir, line)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("script", readme_shell())
+def test_readme_shell_example_runs(workdir, script):
+    run(workdir, script)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("index", range(len(readme_blocks("python"))))
+def test_readme_python_example_runs(workdir, index):
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(
+        [sys.executable, "-c", readme_blocks("python")[index]],
+        check=False,
+        cwd=workdir,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]

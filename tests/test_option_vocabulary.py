@@ -1,0 +1,145 @@
+"""One option vocabulary (issue 19): the same short aliases on ``odelm train``, ``compare`` and
+``eval`` (the ones a command lacks listed with the reason), ``--data.corpus`` naming every
+corpus of the registry, and ``--model '{...}'`` replacing the config file's model section
+while ``--model.KEY VALUE`` edits one key."""
+
+from __future__ import annotations
+
+import argparse
+import re
+
+import yaml
+
+from experiments.cli import build_parser, main
+from experiments.commands import ALIASES, compare_parser, given_options, train_parser
+from experiments.config import RunConfig, load_config
+from experiments.data.registry import CORPUS_NAMES
+from experiments.models import build_model
+from neuralode_lm.models import LSTMLM
+
+SHORT = {*ALIASES, "--seed", "--download"}
+"""The short options of the run settings a user changes most from the shell."""
+
+LACKING = {
+    "train": {},
+    "compare": {},
+    "eval": {
+        "--corpus": "a run is scored on its own corpus (its config's data.corpus)",
+        "--protocol": "a run is scored on the splits of the protocol it was trained under",
+        "--max-steps": "eval trains nothing",
+        "--max-time-s": "eval trains nothing",
+        "--seed": "evaluation is deterministic (greedy or beam decoding)",
+        "--download": "a run is scored on the files it recorded (--data-dir when they moved)",
+    },
+}
+"""The short options each command lacks, with the reason."""
+
+ONLY_TRAIN = {
+    "--config": "train reads one run config; compare reads a grid (--grid, --preset)",
+    "--overwrite": "compare resumes its grid and retrains runs whose config changed",
+    "--quiet": "compare's runs train in their own processes, logging to files",
+    "--verbose": "compare's runs train in their own processes, logging to files",
+    "--name": "a grid names its runs",
+    "--out_dir": "compare writes its runs into --out",
+}
+ONLY_COMPARE = {
+    "--grid": "the grid file",
+    "--preset": "a shipped grid",
+    "--out": "the comparison folder",
+    "--seeds": "several seeds of every run",
+}
+
+
+def option_strings(parser: argparse.ArgumentParser) -> set[str]:
+    return {flag for action in parser._actions for flag in action.option_strings}
+
+
+def subcommand(name: str) -> argparse.ArgumentParser:
+    (commands,) = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    return commands.choices[name]
+
+
+def test_train_compare_and_eval_share_the_short_options():
+    options = {
+        "train": option_strings(train_parser()),
+        "compare": option_strings(compare_parser()),
+        "eval": option_strings(subcommand("eval")),
+    }
+    for command, lacking in LACKING.items():
+        assert SHORT - options[command] == set(lacking), command
+    assert options["train"] - options["compare"] == set(ONLY_TRAIN)
+    assert options["compare"] - options["train"] == set(ONLY_COMPARE)
+
+
+def test_a_short_option_means_its_dotted_option():
+    def given(parser: argparse.ArgumentParser, *argv: str) -> dict:
+        found = given_options(
+            parser, ["--config", "c.yaml", *argv] if parser.prog.endswith("train") else list(argv)
+        )
+        found.pop("config", None)
+        return found
+
+    for parser in (train_parser(), compare_parser()):
+        for flag, key in ALIASES.items():
+            value = "text" if flag == "--corpus" else "mini" if flag == "--protocol" else "3"
+            section, name = key.split(".")
+            dotted = given(parser, f"--{key}", value)
+            assert given(parser, flag, value) == dotted == {section: {name: dotted[section][name]}}
+        assert given(parser, "--corpus", "text") == {"data": {"corpus": "text"}}
+
+
+def test_data_corpus_help_lists_every_corpus_of_the_registry(capsys):
+    assert set(CORPUS_NAMES) == {"grammar", "ptb", "wikitext2", "wikitext2-raw", "text"}
+    for parser in (train_parser(), compare_parser()):
+        (action,) = [a for a in parser._actions if a.option_strings == ["--data.corpus"]]
+        assert all(name in action.help for name in CORPUS_NAMES), action.help
+        (short,) = [a for a in parser._actions if a.option_strings == ["--corpus"]]
+        assert tuple(short.choices) == CORPUS_NAMES
+
+
+def _config(tmp_path):
+    path = tmp_path / "c.yaml"
+    model = {"family": "ode_transformer", "preset": "small", "block": "rk2"}
+    path.write_text(yaml.safe_dump({"name": "c", "out_dir": str(tmp_path), "model": model}))
+    return path
+
+
+def _resolved(path, *argv: str) -> RunConfig:
+    given = given_options(train_parser(), ["--config", str(path), *argv])
+    return load_config(given.pop("config"), given)
+
+
+def test_model_option_replaces_the_files_model_section(tmp_path, capsys):
+    path = _config(tmp_path)
+    lstm = "{family: neuralode_lm, name: lstm, embed_dim: 32, hidden_dim: 32}"
+    config = _resolved(path, "--model", lstm)
+    assert config.model == {
+        "family": "neuralode_lm",
+        "name": "lstm",
+        "embed_dim": 32,
+        "hidden_dim": 32,
+    }
+    assert isinstance(build_model(config.model, 50), LSTMLM)  # no "unexpected ... 'preset'"
+    assert _resolved(path, f"--model={lstm}", "--model.hidden_dim", "48").model["hidden_dim"] == 48
+    assert main(["train", "--config", str(path), "--model", lstm, "--print_config"]) == 0
+    assert yaml.safe_load(capsys.readouterr().out)["model"] == config.model
+
+
+def test_model_key_option_edits_one_key(tmp_path):
+    config = _resolved(_config(tmp_path), "--model.block", "rk4", "--model.d_model", "32")
+    assert config.model == {
+        "family": "ode_transformer",
+        "preset": "small",
+        "block": "rk4",
+        "d_model": 32,
+    }
+
+
+def test_the_model_help_documents_both_forms_and_its_example_builds(capsys):
+    (action,) = [a for a in train_parser()._actions if a.option_strings == ["--model"]]
+    assert "replaces the config file's model section" in action.help
+    assert "--model.KEY VALUE edits one key" in action.help
+    (example,) = re.findall(r"--model '(\{.*?\})'", " ".join(action.help.split()))
+    spec = yaml.safe_load(example)
+    assert spec["family"] == "neuralode_lm" and spec["name"] == "lstm"
+    assert isinstance(build_model(spec, 50), LSTMLM)
