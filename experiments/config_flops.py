@@ -22,7 +22,7 @@ import torch
 from experiments.compare import expand_grid
 from experiments.config import RunConfig, load_yaml, parse_config
 from experiments.data.tokenization import LMData
-from experiments.evaluate import perplexity
+from experiments.evaluate import batching_options, perplexity
 from experiments.flops import is_adaptive
 from experiments.models import build_model
 from experiments.train import prepare_data
@@ -36,17 +36,7 @@ def run_flops(config: RunConfig, data: LMData, split: str = "test") -> dict[str,
     model = build_model(config.model, data.tokenizer.vocab_size).eval()
     if is_adaptive(model):
         return {"flops_per_token": None, "flops_batches": None, "adaptive": True}
-    cfg = config.data
-    scored = perplexity(
-        model,
-        data,
-        split,
-        mode=cfg.batching,
-        window=cfg.eval_window,
-        batch_size=cfg.eval_batch_size,
-        padding_side=cfg.padding_side,
-        stateful=cfg.stateful,
-    )
+    scored = perplexity(model, data, split, **batching_options(config.data))
     return {
         "flops_per_token": scored["flops_per_token"],
         "flops_batches": scored["flops_batches"],

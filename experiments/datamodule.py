@@ -185,18 +185,9 @@ class LMDataModule(FollowsTrainer, *lightning_bases("LightningDataModule")):  # 
         return self._evaluation_loader("test", None)
 
     def _evaluation_loader(self, split: str, limit: int | None) -> DataLoader:
-        from experiments.evaluate import evaluation_batches
+        from experiments.evaluate import batching_options, evaluation_batches
 
-        cfg = self.config
-        batches = evaluation_batches(
-            self.data,
-            split,
-            mode=cfg.batching,
-            window=cfg.eval_window,
-            batch_size=cfg.eval_batch_size,
-            padding_side=cfg.padding_side,
-            stateful=cfg.stateful,
-        )
+        batches = evaluation_batches(self.data, split, **batching_options(self.config))
         if limit:
             batches = batches[:limit]
         trainer = self.trainer

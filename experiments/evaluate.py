@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from experiments.config import RunConfig
+from experiments.config import DataConfig, RunConfig
 from experiments.contract import call_model, check_stateful
 from experiments.data.batching import (
     evaluation_windows,
@@ -38,6 +38,18 @@ def window_length(model: nn.Module, requested: int) -> int:
     """The evaluation window, cropped to the model's positions (one is the context token)."""
     limit = getattr(model, "max_positions", None)
     return min(requested, limit - 1) if limit else requested
+
+
+def batching_options(data: DataConfig) -> dict[str, Any]:
+    """The evaluation batching a run's ``data:`` section asks for, as the keywords of
+    :func:`evaluation_batches` and :func:`perplexity`."""
+    return {
+        "mode": data.batching,
+        "window": data.eval_window,
+        "batch_size": data.eval_batch_size,
+        "padding_side": data.padding_side,
+        "stateful": data.stateful,
+    }
 
 
 def evaluation_batches(
@@ -238,11 +250,7 @@ def evaluate_run(
         model,
         data,
         split,
-        mode=config.data.batching,
-        window=config.data.eval_window,
-        batch_size=config.data.eval_batch_size,
-        padding_side=config.data.padding_side,
-        stateful=config.data.stateful,
+        **batching_options(config.data),
         bleu_sentences=config.eval.bleu_sentences,
         continuation_sentences=config.eval.continuation_sentences,
         prompt_len=config.eval.prompt_len,
