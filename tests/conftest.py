@@ -104,3 +104,17 @@ def text_corpus_dir(tmp_path: Path) -> Path:
     for split, text in lines.items():
         (tmp_path / f"{split}.txt").write_text(text)
     return tmp_path
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> Path:
+    """A finished tiny run (grammar corpus, 4 steps), one per test module."""
+    import yaml
+
+    from experiments.cli import main
+
+    out = tmp_path_factory.mktemp("trained")
+    config_file = out / "run.yaml"
+    config_file.write_text(yaml.safe_dump(make_tiny_config(out, "run", trainer={"max_steps": 4})))
+    assert main(["train", "--config", str(config_file), "--quiet"]) == 0
+    return out / "run"

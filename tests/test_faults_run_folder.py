@@ -24,18 +24,6 @@ from experiments.data.tokenization import WordTokenizer
 from experiments.runfolder import RUN_MARKER
 
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory) -> Path:
-    """A finished tiny run (grammar corpus, 4 steps)."""
-    from tests.conftest import make_tiny_config
-
-    out = tmp_path_factory.mktemp("trained")
-    config_file = out / "run.yaml"
-    config_file.write_text(yaml.safe_dump(make_tiny_config(out, "run", trainer={"max_steps": 4})))
-    assert main(["train", "--config", str(config_file), "--quiet"]) == 0
-    return out / "run"
-
-
 def _edit_config(run: Path, **changes) -> None:
     path = run / "model" / "config.json"
     path.write_text(json.dumps({**json.loads(path.read_text()), **changes}))

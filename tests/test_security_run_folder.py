@@ -58,18 +58,6 @@ def _one_error_line(capsys) -> str:
     return err
 
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory) -> Path:
-    """A finished tiny run (grammar corpus, 4 steps)."""
-    from tests.conftest import make_tiny_config
-
-    out = tmp_path_factory.mktemp("trained")
-    config_file = out / "run.yaml"
-    config_file.write_text(yaml.safe_dump(make_tiny_config(out, "run", trainer={"max_steps": 4})))
-    assert main(["train", "--config", str(config_file), "--quiet"]) == 0
-    return out / "run"
-
-
 def _copy(run: Path, tmp_path: Path) -> Path:
     return Path(shutil.copytree(run, tmp_path / "copy"))
 
