@@ -162,8 +162,10 @@ def launch_settings(
         raise LauncherError("--ray-address needs --launcher ray")
     if slurm and launcher != "submitit":
         raise LauncherError(f"--slurm.{next(iter(slurm))} needs --launcher submitit")
-    jobs = jobs or default_jobs(launcher, threads, runs)
-    return Launch(launcher, jobs, {**grid_slurm, **slurm}, address)
+    jobs, slurm = jobs or default_jobs(launcher, threads, runs), {**grid_slurm, **slurm}
+    if launcher == "submitit":
+        slurm_parameters(slurm, threads or 1)  # a bad option is one line, before any run
+    return Launch(launcher, jobs, slurm, address)
 
 
 def time_minutes(value: Any) -> int:
