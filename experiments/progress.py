@@ -41,11 +41,13 @@ class ProgressFile(Callback):
         self._written = -math.inf
         self.val_ppl: float | None = None
 
+    def on_train_batch_start(self, trainer, task, batch, batch_idx) -> None:
+        if self._first is None:
+            self._first = (time.perf_counter(), trainer.global_step)
+
     def on_train_batch_end(self, trainer, task, outputs, batch, batch_idx) -> None:
         tokens = batch[0] if isinstance(batch, (tuple, list)) else batch
         now = time.perf_counter()
-        if self._first is None:
-            self._first = (now, trainer.global_step - 1)
         self.tokens += tokens[:, 1:].numel() * trainer.world_size
         if now - self._written >= WRITE_EVERY_S:
             self.write(trainer, "training")
