@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -172,8 +173,9 @@ class ProgressBoard:
         """Show the status lines of the runs in flight."""
         if self.tty:
             self._clear()
+            width = shutil.get_terminal_size().columns - 1  # a wrapped line would not be erased
             for line in lines:
-                print(line, file=self.stream)
+                print(line[:width], file=self.stream)
             self._shown = len(lines)
             self.stream.flush()
         elif lines and time.monotonic() - self._last >= self.every:

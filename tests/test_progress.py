@@ -79,10 +79,11 @@ def test_plain_board_prints_indented_lines_at_most_once_per_interval():
     ]
 
 
-def test_terminal_board_redraws_its_lines_in_place():
+def test_terminal_board_redraws_its_lines_in_place(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "19")  # lines are cut to the terminal's width
     stream = io.StringIO()
     board = ProgressBoard(stream, tty=True)
-    board.update(["a: step 1/10 (10%)", "b: starting"])
+    board.update(["a: step 1/10 (10%), 900 tok/s", "b: starting"])
     board.update(["a: step 2/10 (20%)", "b: step 1/10 (10%)"])
     board.event("a: trained")
     board.close()
