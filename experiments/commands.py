@@ -25,6 +25,7 @@ from experiments.config_checks import ConfigError, check_range, config_error, ke
 from experiments.data.corpora import CORPUS_NAMES
 from experiments.discretize import register_discretize
 from experiments.help_examples import OptionsHelpFormatter, epilog
+from experiments.launchers import LAUNCH_KEYS, add_launch_options, launch_settings
 from experiments.threads import set_threads
 
 # Short flags kept beside the dotted options they stand for (``--max-steps`` is
@@ -251,16 +252,18 @@ def compare_parser() -> ArgumentParser:
         help="train every model with N seeds: S..S+N-1, S being --seed, else the grid's "
         "first seed (null: the grid's seeds; results.md: mean ± sd, paired 95% intervals)",
     )
+    add_launch_options(parser)
     add_run_options(parser, skip={"name", "out_dir"})
     return parser
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from experiments.compare import check_grid, expand_grid, grid_path, run_grid
+    from experiments.compare import check_grid, expand_grid, grid_path, grid_slurm, run_grid
 
     shared = given_options(compare_parser(), args.options)
     grid, preset, out = (shared.pop(key, None) for key in ("grid", "preset", "out"))
     num_seeds, print_config = shared.pop("seeds", None), shared.pop("print_config", False)
+    launch_options = {key: shared.pop(key) for key in LAUNCH_KEYS if key in shared}
     if bool(grid) == bool(preset):
         raise ConfigError("give exactly one of --grid FILE or --preset NAME")
     grid = grid or grid_path(preset)
@@ -271,10 +274,13 @@ def cmd_compare(args: argparse.Namespace) -> int:
         return 0
     if not out:
         raise ConfigError("odelm compare needs --out DIR (where runs, tables and plots go)")
-    check_grid(load_yaml(grid), Path(out), shared, num_seeds)  # errors before the threads line
-    trainer = shared.setdefault("trainer", {})  # one run at a time: the policy's threads each
-    trainer["num_threads"] = set_threads(trainer.get("num_threads"))
-    results = run_grid(grid, out, shared, num_seeds=num_seeds)
+    trainer, values = shared.setdefault("trainer", {}), load_yaml(grid)
+    runs = len(check_grid(values, Path(out), shared, num_seeds))  # errors first
+    launch = launch_settings(launch_options, runs, trainer.get("num_threads"), grid_slurm(values))
+    requested = trainer.get("num_threads") or launch.slurm.get("cpus")
+    # the policy's threads, shared among the runs in flight at once
+    trainer["num_threads"] = set_threads(requested, runs=min(launch.jobs, runs))
+    results = run_grid(grid, out, shared, num_seeds=num_seeds, launch=launch)
     print(f"[compare] {len(results)} runs; tables and plots in {out}")
     print((Path(out) / "results.md").read_text())
     return 0

@@ -6,8 +6,10 @@ A grid file has ``shared`` (a partial run config: data, seed, optim, trainer) an
 are compared with; default the first). Runs may not override the data, the seed or the
 budget (a recipe sets only the optimiser and whether recurrent state is carried across
 windows), so every model sees the same tokens for the same number of steps or seconds. Each
-run trains in its own process (so peak memory is its own) through ``odelm train``;
-finished runs are skipped and half-finished ones resume.
+run trains in its own process (so peak memory is its own) through ``odelm train``, started
+by a launcher (``experiments.launchers``: a local process pool, submitit or Ray; the grid's
+optional ``launcher: {slurm: {...}}`` section holds SLURM options); finished runs are
+skipped and half-finished ones resume.
 
 ``results.csv`` holds one row per run (model x seed); ``results.md`` aggregates over seeds
 (mean +- sample standard deviation, n) and gives each model's seed-paired difference to
@@ -16,21 +18,20 @@ the baseline with a 95% Student-t interval (``experiments.stats``).
 
 from __future__ import annotations
 
-import ctypes
 import json
 import math
 import os
-import signal
-import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from experiments.config import ConfigError, load_yaml, merge, parse_config
+from experiments.launchers import Job, Launch, run_jobs
+from experiments.progress import PROGRESS_FILE, duration
 from experiments.runfolder import (
     COMPARISON_MARKER,
     FolderWriteError,
@@ -44,7 +45,7 @@ from experiments.train import RESULT_FILE
 from odelm.errors import OdelmError
 
 GRIDS_DIR = Path(__file__).parent / "configs" / "grids"
-GRID_KEYS = {"shared", "runs", "seeds", "baseline"}
+GRID_KEYS = {"shared", "runs", "seeds", "baseline", "launcher"}
 RUN_KEYS = {"name", "model", "optim", "recipe"}
 
 
@@ -161,6 +162,7 @@ def check_grid(
     """The grid's planned runs, once the grid and every folder it would write are checked
     (nothing is written: a bad grid or a folder odelm did not make is one error)."""
     planned = expand_grid(grid, out_dir, shared_override, num_seeds)
+    grid_slurm(grid)
     if out_dir.exists() and not out_dir.is_dir():
         raise FolderWriteError(
             f"cannot make comparison folder {out_dir} (File exists); choose another folder"
@@ -176,29 +178,62 @@ def run_grid(
     out_dir: str | Path,
     shared_override: dict[str, Any] | None = None,
     num_seeds: int | None = None,
+    launch: Launch | None = None,
 ) -> list[dict[str, Any]]:
-    """Train every run of the grid (resuming), then write the tables and plots.
+    """Train every run of the grid (resuming) with ``launch``'s launcher (default: one run
+    at a time on this machine), then write the tables and plots.
 
     Returns one result per run (model x seed), each with ``name`` (the model), ``seed``
     and ``run`` (its directory under ``out_dir/runs``).
     """
-    out_dir = Path(out_dir)
+    started = time.perf_counter()
+    out_dir, launch = Path(out_dir), launch or Launch()
     grid = load_yaml(grid_file)
     planned = check_grid(grid, out_dir, shared_override or {}, num_seeds)
+    launch = replace(launch, slurm={**grid_slurm(grid), **launch.slurm})
     claim_folder(out_dir, COMPARISON_MARKER, "comparison")
     (out_dir / "configs").mkdir(parents=True, exist_ok=True)
-    results, failed = [], []
+    finished: dict[str, dict[str, Any]] = {}
+    failed: list[str] = []
+    jobs = []
     for index, plan in enumerate(planned, start=1):
-        result = _train_run(plan, out_dir, f"[{index}/{len(planned)}] {plan.name} seed {plan.seed}")
-        if result is None:
-            failed.append(plan.run)
+        label = f"[{index}/{len(planned)}] {plan.name} seed {plan.seed}"
+        job = _prepare_run(plan, out_dir, label)
+        if isinstance(job, Job):
+            jobs.append(job)
         else:
-            results.append({**result, "name": plan.name, "seed": plan.seed, "run": plan.run})
+            finished[plan.run] = job
+
+    def done(job: Job, status: int, detail: str, seconds: float) -> None:
+        result_file = out_dir / "runs" / job.run / RESULT_FILE
+        if status != 0 or not result_file.is_file():
+            failed.append(job.run)
+            print(f"{job.label}: FAILED ({detail}); see {job.log}{_log_tail(job.log)}", flush=True)
+            return
+        finished[job.run] = json.loads(result_file.read_text())
+        print(
+            f"{job.label}: trained and tested in {seconds:.0f} s, "
+            f"test ppl {finished[job.run].get('test_ppl', math.nan):.2f}",
+            flush=True,
+        )
+
+    run_jobs(jobs, launch, out_dir / "submitit", done)
+    results = [
+        {**finished[plan.run], "name": plan.name, "seed": plan.seed, "run": plan.run}
+        for plan in planned
+        if plan.run in finished
+    ]
     if results:
         write_tables(results, out_dir, grid_baseline(grid))
         from experiments.plots import plot_comparison
 
         plot_comparison(out_dir, results)
+    print(
+        f"[compare] {len(jobs) - len(failed)} trained, {len(planned) - len(jobs)} kept, "
+        f"{len(failed)} failed of {len(planned)} runs in {duration(time.perf_counter() - started)} "
+        f"wall ({launch.launcher}, up to {launch.jobs} at once)",
+        flush=True,
+    )
     if failed:
         logs = ", ".join(f"{name} (log: {out_dir / 'logs' / (name + '.log')})" for name in failed)
         raise GridRunError(
@@ -207,59 +242,53 @@ def run_grid(
     return results
 
 
-def _train_run(plan: PlannedRun, out_dir: Path, label: str) -> dict[str, Any] | None:
-    """Train one run in its own process (kept if finished under the same config; re-trained
-    if its config changed); its output goes to ``logs/RUN.log``. None if it failed.
-    Prints one progress line per outcome, starting with ``label``."""
+def grid_slurm(grid: dict[str, Any]) -> dict[str, Any]:
+    """The SLURM options of the grid's ``launcher:`` section (how runs are launched, never
+    what they compute: no run's config sees them)."""
+    section = grid.get("launcher") or {}
+    if not isinstance(section, dict) or set(section) - {"slurm"}:
+        raise ConfigError(
+            "the grid's launcher section takes only slurm: {partition, time, cpus, gpus, mem}"
+        )
+    slurm = section.get("slurm") or {}
+    if not isinstance(slurm, dict):
+        raise ConfigError("the grid's launcher.slurm must be a mapping, e.g. {partition: gpu}")
+    return slurm
+
+
+def _prepare_run(plan: PlannedRun, out_dir: Path, label: str) -> Job | dict[str, Any]:
+    """Write the run's config file; its stored result if it finished under the same config,
+    else the job that trains it (re-trained with ``--overwrite`` if its config changed)."""
     name = plan.run
     path = out_dir / "configs" / f"{name}.yaml"
     path.write_text(yaml.safe_dump(plan.values, sort_keys=False))
     run_dir = out_dir / "runs" / name
-    changes = config_changes(run_dir, parse_config(plan.values))
+    config = parse_config(plan.values)
+    changes = config_changes(run_dir, config)
     command = [sys.executable, "-m", "experiments", "train", "--config", str(path), "--quiet"]
+    start_text = "training"
     if changes:
-        print(f"{label}: config changed ({'; '.join(changes)}), re-training", flush=True)
+        start_text = f"config changed ({'; '.join(changes)}), re-training"
         command.append("--overwrite")
     elif (run_dir / RESULT_FILE).is_file():
         print(f"{label}: skipped (finished)", flush=True)
         return json.loads((run_dir / RESULT_FILE).read_text())
-    else:
-        print(f"{label}: training", flush=True)
-    log = out_dir / "logs" / f"{name}.log"
-    log.parent.mkdir(parents=True, exist_ok=True)
-    started = time.perf_counter()
-    with log.open("w") as handle:
-        status = subprocess.run(
-            command,
-            check=False,
-            stdout=handle,
-            stderr=subprocess.STDOUT,
-            preexec_fn=_die_with_parent(os.getpid()),
-        ).returncode
-    if status != 0:
-        print(f"{label}: FAILED (exit {status}); see {log}", flush=True)
-        return None
-    result = json.loads((run_dir / RESULT_FILE).read_text())
-    print(
-        f"{label}: trained and tested in {time.perf_counter() - started:.0f} s, "
-        f"test ppl {result.get('test_ppl', math.nan):.2f}",
-        flush=True,
+    return Job(
+        run=name,
+        label=label,
+        start_text=start_text,
+        command=command,
+        log=out_dir / "logs" / f"{name}.log",
+        progress=run_dir / PROGRESS_FILE,
+        threads=config.trainer.num_threads or 1,
+        cwd=os.getcwd(),
     )
-    return result
 
 
-def _die_with_parent(parent: int) -> Any:
-    """A ``preexec_fn`` that makes Linux kill the trainer when ``odelm compare`` dies, however
-    it dies (``PR_SET_PDEATHSIG``); elsewhere the child is left as it is. The C library is
-    opened here, before the fork: the child only makes the call."""
+def _log_tail(log: Path, lines: int = 5) -> str:
+    """The last lines of a failed run's log, indented under its FAILED line."""
     try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-
-    def arm() -> None:
-        prctl(1, signal.SIGKILL, 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
-        if os.getppid() != parent:  # the parent died before the signal was armed
-            os._exit(1)
-
-    return arm
+        tail = log.read_text(errors="replace").rstrip().splitlines()[-lines:]
+    except OSError:
+        return ""
+    return "".join(f"\n    | {line}" for line in tail)

@@ -54,6 +54,7 @@ from experiments.evaluate import evaluate_run
 from experiments.flops import forward_flops_per_token
 from experiments.loggers import build_loggers
 from experiments.models import build_model, count_parameters, depth_kind
+from experiments.progress import PROGRESS_FILE, ProgressFile
 from experiments.recipes import with_budget
 from experiments.runs import (
     CONFIG_FILE,
@@ -270,6 +271,7 @@ def build_trainer(
     meter = ThroughputMeter()
     averager = CheckpointAverager(cfg.average_last) if cfg.average_last else None
     extra: list[Callback] = [averager] if averager else []
+    extra.append(ProgressFile(run_dir / PROGRESS_FILE))  # read by odelm compare's status lines
     if cfg.early_stopping_patience:
         extra.append(
             EarlyStopping(monitor="val/ppl", mode="min", patience=cfg.early_stopping_patience)

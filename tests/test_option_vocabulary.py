@@ -14,6 +14,7 @@ from experiments.cli import build_parser, main
 from experiments.commands import ALIASES, compare_parser, given_options, train_parser
 from experiments.config import RunConfig, load_config
 from experiments.data.registry import CORPUS_NAMES
+from experiments.launchers import SLURM_KEYS
 from experiments.models import build_model
 from neuralode_lm.models import LSTMLM
 
@@ -47,6 +48,10 @@ ONLY_COMPARE = {
     "--preset": "a shipped grid",
     "--out": "the comparison folder",
     "--seeds": "several seeds of every run",
+    "--jobs": "runs in flight at once",
+    "--launcher": "where the runs train (local, submitit, ray)",
+    "--ray-address": "the Ray cluster of --launcher ray",
+    **{f"--slurm.{key}": "a SLURM option of --launcher submitit" for key in SLURM_KEYS},
 }
 
 

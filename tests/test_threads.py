@@ -119,7 +119,7 @@ def test_train_and_compare_hand_the_policy_to_their_runs(
     recorded = yaml.safe_load((tmp_path / "runs" / "example" / "config.yaml").read_text())
     assert recorded["trainer"]["num_threads"] == 1
 
-    def run_grid(grid, out, shared, num_seeds=None):
+    def run_grid(grid, out, shared, num_seeds=None, launch=None):
         seen["compare"] = shared
         Path(out).mkdir(exist_ok=True)
         (Path(out) / "results.md").write_text("")
