@@ -54,9 +54,10 @@ def solve(
         methods read out at ``t`` as the backend does (to within the tolerances).
 
     Raises:
-        SolverConfigError (a ValueError) on bad options, ImportError for a missing optional
-        backend, MaxStepsExceeded, NonFiniteStateError or StepSizeUnderflowError when the
-        solve fails.
+        SolverConfigError: (a ValueError) on bad options.
+        ImportError: for a missing optional backend.
+        SolverError: MaxStepsExceeded, NonFiniteStateError or StepSizeUnderflowError when
+            the solve fails.
     """
     cfg = SolverConfig.coerce(config, **options)
     if not isinstance(y0, torch.Tensor) or not y0.is_floating_point():
