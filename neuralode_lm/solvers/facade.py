@@ -75,7 +75,7 @@ def solve(
         y0 = y0.float()  # mixed precision: the solver's state stays fp32
     times = _as_time(t, y0)
     if cfg.fixed and cfg.max_num_steps is not None:
-        steps = grid_steps(times, cfg.step_size)
+        steps = grid_steps(times, cfg.step_size)  # type: ignore[arg-type]  # checked: fixed has one
         if steps > cfg.max_num_steps:
             raise monitor.fail(
                 MaxStepsExceeded,
