@@ -50,7 +50,8 @@ def train_and_test(model: Any, data: LMDataModule, args: argparse.Namespace) -> 
     task = LMTask(model, OptimConfig(lr=args.lr))
     trainer = L.Trainer(
         max_steps=args.max_steps,
-        val_check_interval=min(args.max_steps, 100),
+        val_check_interval=min(args.max_steps, 100),  # steps, across epochs:
+        check_val_every_n_epoch=None,
         accelerator="auto",
         devices=1,
         logger=False,
