@@ -82,12 +82,19 @@ class SeededResumableSampler(Sampler[int]):
 
 class LMDataModule(FollowsTrainer, *lightning_bases("LightningDataModule")):  # type: ignore[misc]
     """Training batches in a resumable seeded order; validation and test windows in a fixed
-    order. Build one from a corpus name with :meth:`from_corpus`."""
+    order. Build one from a corpus name with :meth:`from_corpus`; with ``data=None`` the
+    module loads ``config``'s corpus itself (what ``LightningCLI`` builds from a config)."""
 
     def __init__(
-        self, data: LMData, config: DataConfig, seed: int, val_batches: int | None
+        self,
+        data: LMData | None = None,
+        config: DataConfig | None = None,
+        seed: int = 0,
+        val_batches: int | None = None,
     ) -> None:
         super().__init__()
+        config = config if config is not None else DataConfig()
+        data = data if data is not None else load_data(config)
         self.data, self.config, self.seed, self.val_batches = data, config, seed, val_batches
 
     @classmethod

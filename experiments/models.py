@@ -106,7 +106,7 @@ def _fields(cls: type, skip: tuple[str, ...] = ()) -> dict[str, Any]:
     import dataclasses
 
     return {
-        f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[operator]  # or a factory
         for f in dataclasses.fields(cls)
         if f.name not in skip
     }

@@ -207,7 +207,7 @@ class LMTask(FollowsTrainer, *lightning_bases("LightningModule")):  # type: igno
             self.log("val/lr", self.annealer.optimizer.param_groups[0]["lr"])
 
     def configure_optimizers(self) -> dict[str, Any]:
-        optimizer = build_optimizer(self.model.parameters(), self.optim)
+        optimizer = build_optimizer(self.model.parameters(), self.optim)  # type: ignore[union-attr]  # a saved model builds an nn.Module
         if self.optim.schedule == "plateau":
             self.annealer = PlateauAnnealer(
                 optimizer, self.optim.anneal_factor, self.optim.anneal_patience

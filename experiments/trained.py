@@ -210,7 +210,7 @@ class TrainedRun:
         already loaded by :meth:`data` (default: loaded here, from ``data_dir`` if given)."""
         from experiments.evaluate import evaluate_run
 
-        given = {
+        given: dict[str, Any] = {
             "bleu_sentences": bleu_sentences,
             "continuation_sentences": continuation_sentences,
             "prompt_len": prompt_len,

@@ -110,7 +110,8 @@ class PretrainedMixin:
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         if "__init__" in cls.__dict__:
-            cls.__init__ = _recording_arguments(cls.__dict__["__init__"])
+            # wrapped to record the arguments save_pretrained writes to config.json
+            cls.__init__ = _recording_arguments(cls.__dict__["__init__"])  # type: ignore[method-assign]
 
     def pretrained_config(self) -> dict[str, Any]:
         """The constructor arguments as JSON data: ``type(self).from_config(config)`` rebuilds
@@ -208,7 +209,9 @@ def _with_dataclasses(init: Any, config: dict[str, Any]) -> dict[str, Any]:
     for key, value in config.items():
         hint = hints.get(key)
         options = typing.get_args(hint) if typing.get_args(hint) else (hint,)
-        target = next((t for t in options if dataclasses.is_dataclass(t)), None)
+        target = next(
+            (t for t in options if isinstance(t, type) and dataclasses.is_dataclass(t)), None
+        )
         takes_dict = any(t is dict or typing.get_origin(t) is dict for t in options)
         if target is not None and isinstance(value, dict) and not takes_dict:
             arguments[key] = target(**value)

@@ -54,9 +54,10 @@ def solve(
         methods read out at ``t`` as the backend does (to within the tolerances).
 
     Raises:
-        SolverConfigError (a ValueError) on bad options, ImportError for a missing optional
-        backend, MaxStepsExceeded, NonFiniteStateError or StepSizeUnderflowError when the
-        solve fails.
+        SolverConfigError: (a ValueError) on bad options.
+        ImportError: for a missing optional backend.
+        SolverError: MaxStepsExceeded, NonFiniteStateError or StepSizeUnderflowError when
+            the solve fails.
     """
     cfg = SolverConfig.coerce(config, **options)
     if not isinstance(y0, torch.Tensor) or not y0.is_floating_point():
@@ -74,7 +75,7 @@ def solve(
         y0 = y0.float()  # mixed precision: the solver's state stays fp32
     times = _as_time(t, y0)
     if cfg.fixed and cfg.max_num_steps is not None:
-        steps = grid_steps(times, cfg.step_size)
+        steps = grid_steps(times, cfg.step_size)  # type: ignore[arg-type]  # checked: fixed has one
         if steps > cfg.max_num_steps:
             raise monitor.fail(
                 MaxStepsExceeded,

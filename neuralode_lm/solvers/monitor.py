@@ -107,7 +107,7 @@ class StepMonitor:
         if accepted:
             self.stats.accepted_steps += 1
         else:
-            self.stats.rejected_steps += 1
+            self.stats.rejected_steps += 1  # type: ignore[operator]  # set to 0 above
 
     def set_step_counts(self, accepted: int, rejected: int) -> None:
         """Set the forward counts at once, where the backend (or the grid) knows them."""

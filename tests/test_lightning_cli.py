@@ -1,0 +1,73 @@
+"""``LightningCLI(LMTask, LMDataModule)`` runs ``fit --config FILE`` under both spellings of
+Lightning, from the example YAML in examples/ shrunk to tiny size, with identical numbers."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import lightning.pytorch.cli
+import pytest
+import pytorch_lightning.cli
+import torch
+import yaml
+
+from experiments.datamodule import LMDataModule
+from experiments.task import LMTask
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "lightning_cli.yaml"
+CLIS = {"lightning": lightning.pytorch.cli, "pytorch_lightning": pytorch_lightning.cli}
+TINY = [
+    "--trainer.max_steps=4",
+    "--trainer.val_check_interval=2",
+    "--trainer.limit_val_batches=2",
+    "--trainer.accelerator=cpu",
+    "--trainer.logger=false",
+    "--trainer.enable_progress_bar=false",
+    "--trainer.enable_model_summary=false",
+    "--data.val_batches=2",
+]
+
+
+def tiny_config(path: Path) -> Path:
+    """The example YAML with a one-layer, 16-wide model and 4 x 8 token batches."""
+    config = yaml.safe_load(EXAMPLE.read_text())
+    config["model"]["model"]["config"].update(d_model=16, d_ff=32, n_layers=1)
+    config["data"]["config"].update(batch_size=4, bptt=8)
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+@pytest.fixture(scope="module")
+def fitted(tmp_path_factory):
+    """Each spelling's LightningCLI after ``fit --config examples/lightning_cli.yaml``."""
+    runs = {}
+    for name, module in CLIS.items():
+        root = tmp_path_factory.mktemp(name)
+        config = tiny_config(root / "fit.yaml")
+        args = ["fit", "--config", str(config), f"--trainer.default_root_dir={root}", *TINY]
+        runs[name] = (module.LightningCLI(LMTask, LMDataModule, args=args), root)
+    return runs
+
+
+@pytest.mark.parametrize("name", list(CLIS))
+def test_fit_config_trains_the_yaml_model(fitted, name):
+    cli, root = fitted[name]
+    assert isinstance(cli.model, LMTask) and isinstance(cli.datamodule, LMDataModule)
+    assert cli.trainer.global_step == 4
+    assert cli.datamodule.config.corpus == "grammar" and cli.datamodule.config.bptt == 8
+    assert cli.model.model.config.block == "rk4" and cli.model.model.config.d_model == 16
+    assert cli.model.model.config.vocab_size == cli.datamodule.vocab_size
+    ppl = float(cli.trainer.callback_metrics["val/ppl"])
+    assert math.isfinite(ppl) and 1.0 < ppl < 2 * cli.datamodule.vocab_size
+    saved = (root / "config.yaml").read_text()  # LightningCLI's record of the run's config
+    assert "architecture: ode_transformer.lm:ODETransformerLM" in saved
+
+
+def test_both_spellings_give_the_same_run(fitted):
+    (a, _), (b, _) = fitted["lightning"], fitted["pytorch_lightning"]
+    assert float(a.trainer.callback_metrics["val/ppl"]) == float(
+        b.trainer.callback_metrics["val/ppl"]
+    )
+    for (key, x), y in zip(a.model.state_dict().items(), b.model.state_dict().values()):
+        assert torch.equal(x, y), key
