@@ -1,9 +1,10 @@
 """Run configuration: typed sections, parsed by jsonargparse, with unknown keys and wrong
 types named in one line.
 
-A run config has five sections: ``data``, ``model`` (free-form: the model family's own
-keyword arguments), ``optim``, ``trainer`` and ``eval``, plus ``name``, ``recipe``, ``seed``
-and ``out_dir``. ``model`` is passed to ``experiments.models.build_model``, which checks it.
+A run config has five sections: ``data``, ``model`` (a typed union keyed by ``family`` and
+``name``: each model's config dataclass, checked by ``experiments.model_schema`` when the
+config is parsed), ``optim``, ``trainer`` and ``eval``, plus ``name``, ``recipe``, ``seed``
+and ``out_dir``. ``model`` is kept as written and passed to ``experiments.models.build_model``.
 The dataclasses below are the schema: jsonargparse reads their types (``1e-3`` is a float)
 and their ``Attributes:`` docstrings (the help line of every ``--section.key`` option).
 """
@@ -22,6 +23,7 @@ import yaml
 from jsonargparse import ArgumentParser, get_loader
 
 from experiments.config_checks import ConfigError, check_values, config_error
+from experiments.model_schema import check_model
 
 
 @dataclass
@@ -175,10 +177,11 @@ class RunConfig:
             (null: none; the config's own settings win over the recipe's)
         seed: seed of initialization, batching and dropout
         out_dir: folder of run directories
-        model: the model family's keyword arguments (odelm models lists each family's
-            keys); --model '{family: neuralode_lm, name: lstm, embed_dim: 128, hidden_dim:
-            128}' replaces the config file's model section, --model.KEY VALUE edits one key
-            of it (--model.dropout 0.2)
+        model: the model: family (ode_transformer, neuralode_lm, reference), name, and
+            that model's typed keys (listed below the options; odelm models); --model
+            '{family: neuralode_lm, name: lstm, embed_dim: 128, hidden_dim: 128}' replaces
+            the config file's model section, --model.KEY VALUE edits one key of it
+            (--model.dropout 0.2)
     """
 
     name: str = "run"
@@ -282,6 +285,7 @@ def parse_config(values: dict[str, Any], *, where: str = "config") -> RunConfig:
     sections = {key: schema(**parsed.pop(key)) for key, schema in SECTIONS.items()}
     config = RunConfig(**parsed, **sections)
     check_values(config)
+    check_model(config.model)
     return config
 
 

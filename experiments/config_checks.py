@@ -70,6 +70,8 @@ def key_type(schema: Any, key: str) -> Any:
 
 
 def _type_name(annotation: Any) -> str:
+    if typing.get_origin(annotation) is typing.Literal:
+        return "one of " + ", ".join(str(arg) for arg in typing.get_args(annotation))
     if typing.get_origin(annotation) in (typing.Union, types.UnionType):
         return " or ".join(_type_name(arg) for arg in typing.get_args(annotation))
     if annotation is type(None):

@@ -12,6 +12,7 @@ embeddings scaled by ``sqrt(d_model)``), so a comparison can hold the field's ba
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -20,10 +21,41 @@ from torch import nn
 from odelm.pretrained import PretrainedMixin
 
 
+@dataclass(frozen=True)
+class BigramConfig:
+    """``reference bigram``: a table of next-token logits; it has no options."""
+
+
+@dataclass(frozen=True)
+class WordLMTransformerConfig:
+    """``reference transformer``: pytorch/examples word_language_model's Transformer.
+
+    Attributes:
+        d_model: width of the embeddings and layers
+        n_heads: attention heads
+        d_ff: hidden width of the feed-forward network
+        n_layers: post-norm encoder layers
+        dropout: dropout on the embeddings
+        layer_dropout: dropout inside every layer
+        init_range: embedding and decoder weights uniform in [-init_range, init_range]
+        max_positions: longest sequence (sinusoidal positions)
+    """
+
+    d_model: int = 200
+    n_heads: int = 2
+    d_ff: int = 200
+    n_layers: int = 2
+    dropout: float = 0.2
+    layer_dropout: float = 0.1
+    init_range: float = 0.1
+    max_positions: int = 512
+
+
 class BigramLM(PretrainedMixin, nn.Module):
     """``logits[b, t] = table[tokens[b, t]]``: the smallest model that meets the contract."""
 
     is_causal = True
+    config_class = BigramConfig
 
     def __init__(self, vocab_size: int) -> None:
         super().__init__()
@@ -66,6 +98,7 @@ class WordLMTransformer(PretrainedMixin, nn.Module):
     """
 
     is_causal = True
+    config_class = WordLMTransformerConfig
 
     def __init__(
         self,

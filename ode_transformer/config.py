@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Literal
 
 from .blocks import BLOCKS
 from .errors import ODETransformerConfigError
@@ -18,10 +19,15 @@ from .tableau import Tableau
 POSITIONS = ("learned", "sinusoidal")
 """How position enters the input: a learned table or the fixed sinusoids of Vaswani et al."""
 
+BlockName = Literal[(*BLOCKS, "custom")]  # type: ignore[valid-type]
+"""A block of :data:`~ode_transformer.blocks.BLOCKS` (``custom``: a user tableau)."""
+SublayerName = Literal[tuple(SUBLAYERS)]  # type: ignore[valid-type]
+StackName = Literal[tuple(STACKS)]  # type: ignore[valid-type]
 
-@dataclass
+
+@dataclass(frozen=True)
 class ODETransformerConfig:
-    """Sizes and architecture of an ODE Transformer LM or encoder.
+    """Sizes and architecture of an ODE Transformer LM or encoder (``ode_transformer``).
 
     ``block`` names a block of :data:`ode_transformer.blocks.BLOCKS`; alternatively pass
     ``tableau=(A, b)`` (explicit, fixed weights), which sets ``block="custom"``.
@@ -30,6 +36,25 @@ class ODETransformerConfig:
     ``sinusoidal``) and ``scale_embeddings`` (token embeddings times ``sqrt(d_model)``, as
     in Vaswani et al.) shape the input to the first block only, so every block compares on
     the same input.
+
+    Attributes:
+        vocab_size: tokens of the vocabulary (the tokenizer's, in a run config)
+        d_model: width of the residual stream
+        n_heads: attention heads
+        d_ff: hidden width of the feed-forward network
+        n_layers: layers, each one block
+        max_positions: longest sequence
+        dropout: dropout on the embeddings and sub-layer outputs
+        attention_dropout: dropout on the attention weights
+        relu_dropout: dropout inside the feed-forward network
+        block: the Runge-Kutta block of every layer (custom: the tableau's)
+        tableau: your own explicit Runge-Kutta method as [A, b] (sets block custom)
+        sublayer: the function F of a block: attention, ffn or both
+        stack: how layers combine: plain or macaron
+        tie_embeddings: the output projection shares the token embedding
+        layer_norm_eps: LayerNorm epsilon
+        positions: learned or sinusoidal positions
+        scale_embeddings: token embeddings times sqrt(d_model) (Vaswani et al.)
     """
 
     vocab_size: int = 10000
@@ -41,13 +66,13 @@ class ODETransformerConfig:
     dropout: float = 0.1
     attention_dropout: float = 0.1
     relu_dropout: float = 0.1
-    block: str = "residual"
+    block: BlockName = "residual"
     tableau: tuple | None = None
-    sublayer: str = "both"
-    stack: str = "plain"
+    sublayer: SublayerName = "both"
+    stack: StackName = "plain"
     tie_embeddings: bool = True
     layer_norm_eps: float = 1e-5
-    positions: str = "learned"
+    positions: Literal["learned", "sinusoidal"] = "learned"
     scale_embeddings: bool = False
 
     def __post_init__(self) -> None:
@@ -84,8 +109,8 @@ class ODETransformerConfig:
             tableau = (
                 Tableau(*self.tableau) if not isinstance(self.tableau, Tableau) else self.tableau
             )
-            self.tableau = (tableau.A, tableau.b)
-            self.block = "custom"
+            object.__setattr__(self, "tableau", (tableau.A, tableau.b))
+            object.__setattr__(self, "block", "custom")
         elif self.block not in BLOCKS:
             raise ODETransformerConfigError(
                 f"unknown block {self.block!r}; valid: {', '.join(BLOCKS)} "

@@ -105,7 +105,13 @@ def _json_ready(value: Any, key: str) -> Any:
 
 
 class PretrainedMixin:
-    """Adds ``save_pretrained(dir)`` and ``from_pretrained(dir)`` to an ``nn.Module``."""
+    """Adds ``save_pretrained(dir)`` and ``from_pretrained(dir)`` to an ``nn.Module``.
+
+    ``renamed_keys`` maps a constructor keyword an earlier version saved to its name now
+    (``num_layers`` -> ``n_layers``), so a model saved by that version still loads.
+    """
+
+    renamed_keys: typing.ClassVar[dict[str, str]] = {}
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -126,7 +132,7 @@ class PretrainedMixin:
     def from_config(cls, config: dict[str, Any]) -> Self:
         """A freshly initialised model from :meth:`pretrained_config`'s output (a dict given
         for a dataclass-typed constructor argument becomes that dataclass)."""
-        return cls(**_with_dataclasses(cls.__init__, config))
+        return cls(**_with_dataclasses(cls.__init__, _renamed(config, cls.renamed_keys)))
 
     def model_spec(self) -> dict[str, Any]:
         """``{"architecture", "family", "config"}``: what :func:`build_from_config` needs to
@@ -213,6 +219,14 @@ def _with_dataclasses(init: Any, config: dict[str, Any]) -> dict[str, Any]:
         if target is not None and isinstance(value, dict) and not takes_dict:
             arguments[key] = target(**value)
     return arguments
+
+
+def _renamed(config: dict[str, Any], renamed: dict[str, str]) -> dict[str, Any]:
+    """``config`` (and a nested ``config`` mapping) with old keyword names made current."""
+    out = {renamed.get(key, key): value for key, value in config.items()}
+    if isinstance(out.get("config"), dict) and renamed:
+        out["config"] = _renamed(out["config"], renamed)
+    return out
 
 
 def _is_tensor(value: Any) -> bool:

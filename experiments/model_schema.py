@@ -1,0 +1,177 @@
+"""The run config's ``model:`` section: a typed union keyed by the model's family and name.
+
+Each model class names its frozen config dataclass (``config_class``); this module maps
+``family`` + ``name`` (+ ``preset`` for ``ode_transformer``) to it, and checks a ``model:``
+section against it with jsonargparse when the config is parsed, before anything is built:
+an unknown key is one line naming the valid keys of that model, a wrong type or a bad
+``Literal`` choice one line naming what the key takes. The section is kept as written (its
+keys, not the filled-in defaults), so a run's identity hash does not change.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import typing
+from argparse import ArgumentError
+from typing import Any
+
+from jsonargparse import ArgumentParser
+
+from experiments.config_checks import ConfigError, config_error
+
+FAMILIES = ("ode_transformer", "neuralode_lm", "reference")
+SKIPPED = frozenset({"vocab_size", "embeddings"})
+"""Config fields that are not ``model:`` keys: the tokenizer gives the vocabulary size, and
+initial embeddings are a tensor (Python API only)."""
+
+
+@functools.cache
+def schemas() -> dict[str, type]:
+    """``"family name"`` (``"ode_transformer"`` alone) -> the model's config dataclass."""
+    from experiments.reference import BigramLM, WordLMTransformer
+    from neuralode_lm.models import MODELS
+    from ode_transformer.config import ODETransformerConfig
+
+    return {
+        "ode_transformer": ODETransformerConfig,
+        **{f"neuralode_lm {name}": cls.config_class for name, cls in MODELS.items()},  # type: ignore[attr-defined]
+        "reference bigram": BigramLM.config_class,
+        "reference transformer": WordLMTransformer.config_class,
+    }
+
+
+def model_label(spec: dict[str, Any]) -> str:
+    """The key of :func:`schemas` a ``model:`` section picks (family checked, name not)."""
+    family = spec.get("family")
+    if family not in FAMILIES:
+        raise ConfigError(
+            f"model.family = {family!r} is not one of {', '.join(FAMILIES)} (odelm models "
+            "lists every model's keys)"
+        )
+    if family == "ode_transformer":
+        return family
+    if family == "neuralode_lm" and "name" not in spec:
+        raise ConfigError("model.name is required for family neuralode_lm (e.g. ode-lstm)")
+    return f"{family} {spec.get('name', 'bigram')}"
+
+
+def schema_keys(schema: type) -> list[str]:
+    """The ``model:`` keys a config dataclass defines (``preset`` first where it has one)."""
+    keys = [f.name for f in dataclasses.fields(schema) if f.name not in SKIPPED]
+    return ["preset", *keys] if schema.__name__ == "ODETransformerConfig" else keys
+
+
+def _parser(schema: type) -> ArgumentParser:
+    parser = ArgumentParser(exit_on_error=False)
+    skip = {f.name for f in dataclasses.fields(schema) if f.name in SKIPPED}
+    parser.add_class_arguments(schema, nested_key=None, skip=skip)
+    return parser
+
+
+@functools.cache
+def schema_parser(label: str) -> ArgumentParser:
+    """A jsonargparse parser of one model's keys (cached per model)."""
+    return _parser(schemas()[label])
+
+
+def check_model(spec: dict[str, Any], where: str = "model") -> None:
+    """Refuse a ``model:`` section whose keys or values its model does not take."""
+    from neuralode_lm.configs import RENAMED
+
+    if not isinstance(spec, dict) or not spec:
+        return  # check_values names an empty section
+    label = model_label(spec)
+    valid = schemas()
+    if label not in valid:
+        family = label.split()[0]
+        names = [key.split()[1] for key in valid if key.startswith(family + " ")]
+        raise ConfigError(
+            f"{where}.name = {spec.get('name')!r} is not one of {', '.join(names)} (family "
+            f"{family})"
+        )
+    options = {k: v for k, v in spec.items() if k not in ("family", "name")}
+    if label == "ode_transformer" and not isinstance(options.get("block", ""), str):
+        raise ConfigError(
+            f"{where}.block must be a block name ({', '.join(schema_keys_choices('block'))}), "
+            f"got {options['block']!r}; give your own Butcher tableau as tableau: [A, b] instead"
+        )
+    for old, new in RENAMED.items():
+        if old in options:
+            raise ConfigError(
+                f"{where}.{old} was renamed {new} (one name for the layer count in every "
+                f"model); write {new}: {options[old]!r}"
+            )
+    keys = schema_keys(valid[label])
+    unknown = [key for key in options if key not in keys]
+    if unknown:
+        verb = "is not a key" if len(unknown) == 1 else "are not keys"
+        named = ", ".join(f"{where}.{key}" for key in sorted(unknown))
+        fixed = "family" if label == "ode_transformer" else "family, name"
+        raise ConfigError(
+            f"{named} {verb} of {label}; its keys: {fixed}, {', '.join(keys) or '(none)'} "
+            "(odelm models lists every model's keys)"
+        )
+    preset = options.pop("preset", "small") if label == "ode_transformer" else "small"
+    from ode_transformer.presets import PRESETS
+
+    if preset not in PRESETS:
+        raise ConfigError(f"{where}.preset = {preset!r} is not one of {', '.join(PRESETS)}")
+    try:
+        schema_parser(label).parse_object(options)
+    except ArgumentError as error:
+        raise config_error(
+            error, lambda key: f"{where}.{key}".rstrip("."), options, valid[label]
+        ) from None
+
+
+def schema_keys_choices(key: str) -> tuple[str, ...]:
+    """The ``Literal`` choices of an ``ode_transformer`` key (``block``: the block names)."""
+    from ode_transformer.config import ODETransformerConfig
+
+    return typing.get_args(typing.get_type_hints(ODETransformerConfig)[key])
+
+
+HASHED_SPELLINGS = {
+    "neuralode_lm lstm": {"n_layers": "num_layers"},
+    "neuralode_lm ode-lstm": {"n_layers": "num_layers"},
+    "neuralode_lm node-transformer": {"n_layers": "n_blocks"},
+}
+"""Keys renamed since odelm 0.3, hashed under their old spelling so that a run's identity
+(``config_sha256``) stays what it was: the same science, the same run."""
+
+
+def hashed_spelling(model: dict[str, Any]) -> dict[str, Any]:
+    """A ``model:`` section as its run identity spells it (:data:`HASHED_SPELLINGS`)."""
+    renames = HASHED_SPELLINGS.get(f"{model.get('family')} {model.get('name')}", {})
+    return {renames.get(key, key): value for key, value in model.items()}
+
+
+def model_keys_help() -> str:
+    """One line per model: its typed keys with their defaults (``odelm train --help``)."""
+    lines = []
+    for label, schema in schemas().items():
+        fields = {f.name: f for f in dataclasses.fields(schema)}
+        hints = typing.get_type_hints(schema)
+        cells = ["preset small"] if label == "ode_transformer" else []
+        for key in schema_keys(schema):
+            if key == "preset":
+                continue
+            default = fields[key].default
+            cells.append(f"{key}: {type_label(hints[key])} = {default!r}")
+        name = label.replace(" ", ", name: ")
+        lines.append(f"  family: {name}\n      " + "; ".join(cells or ["(no keys)"]))
+    return "\n".join(lines)
+
+
+def type_label(annotation: Any) -> str:
+    """A type as a short label: ``int``, ``float | None``, ``{mlp,time-concat}``."""
+    if typing.get_origin(annotation) is typing.Literal:
+        return "{" + ",".join(str(a) for a in typing.get_args(annotation)) + "}"
+    args = typing.get_args(annotation)
+    if args and type(None) in args and len(args) == 2:
+        (other,) = [a for a in args if a is not type(None)]
+        return f"{type_label(other)} | None"
+    if typing.get_origin(annotation) is not None:
+        return str(annotation).replace("typing.", "")
+    return getattr(annotation, "__name__", str(annotation))
