@@ -25,6 +25,7 @@ from experiments.config_checks import ConfigError, check_range, config_error, ke
 from experiments.data.corpora import CORPUS_NAMES
 from experiments.discretize import register_discretize
 from experiments.help_examples import OptionsHelpFormatter, epilog
+from experiments.model_schema import model_keys_help
 from experiments.threads import set_threads
 
 # Short flags kept beside the dotted options they stand for (``--max-steps`` is
@@ -40,6 +41,10 @@ ALIASES = {
     "--protocol": "data.protocol",
 }
 COMMAND_KEYS = ("config", "overwrite", "quiet", "verbose", "print_config")
+MODEL_KEYS_TITLE = (
+    "model keys (model: in the config, --model.KEY here), typed, by model; an unknown key or "
+    "value is refused when the config is read:"
+)
 
 
 def options_parser(prog: str, description: str) -> ArgumentParser:
@@ -138,6 +143,7 @@ def train_parser() -> ArgumentParser:
         "--verbose", action="store_true", help="show Lightning's hardware lines and tips"
     )
     add_run_options(parser)
+    parser.epilog = f"{parser.epilog or ''}\n\n{MODEL_KEYS_TITLE}\n{model_keys_help()}".lstrip()
     return parser
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import textwrap
 import typing
 from argparse import ArgumentError
 from typing import Any
@@ -29,15 +30,15 @@ initial embeddings are a tensor (Python API only)."""
 @functools.cache
 def schemas() -> dict[str, type]:
     """``"family name"`` (``"ode_transformer"`` alone) -> the model's config dataclass."""
-    from experiments.reference import BigramLM, WordLMTransformer
+    from experiments.reference import BigramConfig, WordLMTransformerConfig
     from neuralode_lm.models import MODELS
     from ode_transformer.config import ODETransformerConfig
 
     return {
         "ode_transformer": ODETransformerConfig,
         **{f"neuralode_lm {name}": cls.config_class for name, cls in MODELS.items()},  # type: ignore[attr-defined]
-        "reference bigram": BigramLM.config_class,
-        "reference transformer": WordLMTransformer.config_class,
+        "reference bigram": BigramConfig,
+        "reference transformer": WordLMTransformerConfig,
     }
 
 
@@ -91,7 +92,7 @@ def check_model(spec: dict[str, Any], where: str = "model") -> None:
             f"{family})"
         )
     options = {k: v for k, v in spec.items() if k not in ("family", "name")}
-    if label == "ode_transformer" and not isinstance(options.get("block", ""), str):
+    if label == "ode_transformer" and not isinstance(options.get("block", ""), (str, type(None))):
         raise ConfigError(
             f"{where}.block must be a block name ({', '.join(schema_keys_choices('block'))}), "
             f"got {options['block']!r}; give your own Butcher tableau as tableau: [A, b] instead"
@@ -117,6 +118,8 @@ def check_model(spec: dict[str, Any], where: str = "model") -> None:
 
     if preset not in PRESETS:
         raise ConfigError(f"{where}.preset = {preset!r} is not one of {', '.join(PRESETS)}")
+    if options.get("block", "") is None:  # block: null with a tableau: the custom block
+        options.pop("block")
     try:
         schema_parser(label).parse_object(options)
     except ArgumentError as error:
@@ -160,7 +163,10 @@ def model_keys_help() -> str:
             default = fields[key].default
             cells.append(f"{key}: {type_label(hints[key])} = {default!r}")
         name = label.replace(" ", ", name: ")
-        lines.append(f"  family: {name}\n      " + "; ".join(cells or ["(no keys)"]))
+        text = "; ".join(cells or ["(no keys)"])
+        indent = " " * 6
+        wrapped = textwrap.fill(text, 92, initial_indent=indent, subsequent_indent=indent)
+        lines.append(f"  family: {name}\n{wrapped}")
     return "\n".join(lines)
 
 

@@ -23,10 +23,10 @@ __all__ = ["FAMILIES", "build_model", "count_parameters", "depth_kind", "model_k
 def build_model(spec: dict[str, Any], vocab_size: int) -> nn.Module:
     """A contract model from a ``model`` config section and the tokenizer's vocabulary size
     (the section is checked against its model's typed config first)."""
+    label = model_label(spec)
+    check_model_size(spec, vocab_size, model_keys())  # first: a size of 1e11 is named as such
     check_model(spec)
     options = {k: v for k, v in spec.items() if k not in ("family", "name")}
-    label = model_label(spec)
-    check_model_size(spec, vocab_size, model_keys())
     try:
         if label == "ode_transformer":
             from ode_transformer import ODETransformerLM

@@ -84,7 +84,7 @@ CLI_CASES: dict[str, tuple[Callable[[Path], list[str]], str]] = {
     "data seed negative": (_train(data={"seed": -3}), "data.seed = -3 is out of range"),
     "key of another family": (
         _train(model=OTHER_FAMILY),
-        "model.block, model.d_ff, model.d_model, model.n_heads, model.n_layers, model.preset "
+        "model.block, model.d_ff, model.d_model, model.n_heads, model.preset "
         + "are not keys of neuralode_lm ode-lstm; its keys: family, name, embed_dim",
     ),
     "mini with one line": (_one_line_mini, "is empty; protocol mini trains on the first 90%"),
