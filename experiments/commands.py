@@ -25,7 +25,7 @@ from experiments.config_checks import ConfigError, check_range, config_error, ke
 from experiments.data.corpora import CORPUS_NAMES
 from experiments.discretize import register_discretize
 from experiments.help_examples import OptionsHelpFormatter, epilog
-from experiments.model_schema import model_keys_help
+from experiments.model_schema import model_keys_help, resolved_model_comment
 from experiments.threads import set_threads
 
 # Short flags kept beside the dotted options they stand for (``--max-steps`` is
@@ -160,6 +160,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         config.name = f"{Path(command['config']).stem}-{config_sha256(config)[:10]}"
     if command["print_config"]:
         print(yaml.safe_dump(config.to_dict(), sort_keys=False, default_flow_style=None), end="")
+        print(resolved_model_comment(config.model), end="")
         return 0
     if not command["verbose"]:
         quiet_lightning()

@@ -17,6 +17,7 @@ import typing
 from argparse import ArgumentError
 from typing import Any
 
+import yaml
 from jsonargparse import ArgumentParser
 
 from experiments.config_checks import ConfigError, config_error
@@ -133,6 +134,27 @@ def schema_keys_choices(key: str) -> tuple[str, ...]:
     from ode_transformer.config import ODETransformerConfig
 
     return typing.get_args(typing.get_type_hints(ODETransformerConfig)[key])
+
+
+def resolved_model(spec: dict[str, Any]) -> dict[str, Any]:
+    """Every typed key of the model ``spec`` picks, its defaults (a preset's sizes for
+    ``ode_transformer``) filled in under the given keys."""
+    schema = schemas()[model_label(spec)]
+    defaults = {f.name: f.default for f in dataclasses.fields(schema) if f.name not in SKIPPED}
+    if schema.__name__ == "ODETransformerConfig":
+        from ode_transformer.presets import PRESETS
+
+        defaults = {"preset": "small", **defaults, **PRESETS[spec.get("preset", "small")]}
+    return {**{k: spec[k] for k in ("family", "name") if k in spec}, **defaults, **spec}
+
+
+def resolved_model_comment(spec: dict[str, Any]) -> str:
+    """:func:`resolved_model` as YAML comment lines (``--print_config`` appends them: the
+    run's identity is the section as written, so the defaults stay out of the YAML)."""
+    text = yaml.safe_dump(resolved_model(spec), sort_keys=False, default_flow_style=False)
+    lines = [f"#   {line}" for line in text.splitlines()]
+    label = model_label(spec)
+    return "\n".join([f"# model: every key of {label}, defaults filled in:", *lines]) + "\n"
 
 
 HASHED_SPELLINGS = {

@@ -59,7 +59,7 @@ class BigramLM(PretrainedMixin, nn.Module):
 
     def __init__(self, vocab_size: int) -> None:
         super().__init__()
-        self.vocab_size = vocab_size
+        self.vocab_size, self.config = vocab_size, BigramConfig()
         self.table = nn.Embedding(vocab_size, vocab_size)
         nn.init.zeros_(self.table.weight)
 
@@ -114,6 +114,9 @@ class WordLMTransformer(PretrainedMixin, nn.Module):
         max_positions: int = 512,
     ) -> None:
         super().__init__()
+        self.config = WordLMTransformerConfig(
+            d_model, n_heads, d_ff, n_layers, dropout, layer_dropout, init_range, max_positions
+        )
         self.vocab_size, self.d_model, self.max_positions = vocab_size, d_model, max_positions
         self.embedding = nn.Embedding(vocab_size, d_model)
         position = torch.arange(max_positions, dtype=torch.float).unsqueeze(1)

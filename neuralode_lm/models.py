@@ -72,6 +72,7 @@ class LSTMLM(PretrainedMixin, nn.Module):
         super().__init__()
         self.vocab_size = vocab_size
         self.encoder = LSTMEncoder(vocab_size, config, **options)
+        self.config = self.encoder.config
         self.head = nn.Linear(self.encoder.hidden_dim, vocab_size)
         self.encoder.tie_output(self.head)
 
@@ -122,9 +123,9 @@ class GPT2LM(PretrainedMixin, nn.Module):
 
     def __init__(self, vocab_size: int, **options: Any) -> None:
         super().__init__()
-        config = from_options(GPT2LMConfig, options)
+        self.config = from_options(GPT2LMConfig, options)
         self.vocab_size = vocab_size
-        self.encoder = _gpt2_encoder(vocab_size, config, -1)
+        self.encoder = _gpt2_encoder(vocab_size, self.config, -1)
 
     @property
     def max_positions(self) -> int:
@@ -147,6 +148,8 @@ class GPT2LM(PretrainedMixin, nn.Module):
 
 class _ODELanguageModel(PretrainedMixin, nn.Module):
     """Encoder + continuous-depth head; reports the solver's statistics."""
+
+    config_class: type[ODEHeadConfig] = ODEHeadConfig
 
     def __init__(
         self, encoder: nn.Module, vocab_size: int, config: ODEHeadConfig, field_hidden: int | None
@@ -216,6 +219,7 @@ class ODELSTM(_ODELanguageModel):
         config = from_options(ODELSTMConfig, options, base)
         encoder = LSTMEncoder(vocab_size, config.lstm())
         super().__init__(encoder, vocab_size, config.head(), config.field_hidden)
+        self.config = config
         encoder.tie_output(self.head.proj)
 
     def forward(
@@ -233,7 +237,7 @@ class ODEGPT2(_ODELanguageModel):
     width defaults to ``n_embd`` (768 in the report).
     """
 
-    config_class: type[ODEGPT2Config] = ODEGPT2Config
+    config_class = ODEGPT2Config
 
     def __init__(self, vocab_size: int, **options: Any) -> None:
         config = from_options(self.config_class, options)
@@ -241,6 +245,7 @@ class ODEGPT2(_ODELanguageModel):
         if config.augment_dim is None:  # aug-ode-gpt2: as wide as GPT-2's state
             config = dataclasses.replace(config, augment_dim=encoder.output_dim)
         super().__init__(encoder, vocab_size, config.head(), config.field_hidden)
+        self.config = config
 
     @property
     def max_positions(self) -> int:

@@ -128,6 +128,7 @@ class NODETransformerLM(PretrainedMixin, nn.Module):
         ``config=``, with options replacing its fields)."""
         super().__init__()
         config = from_options(NODETransformerConfig, options, config)
+        self.config = config
         d_model, n_heads, d_ff = config.d_model, config.n_heads, config.d_ff
         max_positions, integration_time = config.max_positions, config.integration_time
         kinetic_weight, jacobian_weight = config.kinetic_weight, config.jacobian_weight

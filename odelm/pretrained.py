@@ -1,21 +1,24 @@
 """``save_pretrained`` / ``from_pretrained`` for every model of the library, Hugging Face style.
 
 A saved model is a directory with ``config.json`` (the model's class, its family and its
-constructor arguments) and ``model.safetensors`` (the weights). Any ``nn.Module`` that
-inherits :class:`PretrainedMixin` gets both methods: like Lightning's
-``save_hyperparameters``, the mixin records the arguments of the outermost constructor
-call, so a model class needs no saving code of its own. A class whose constructor takes
-objects rather than plain values overrides :meth:`PretrainedMixin.pretrained_config` (what
-to write) and :meth:`PretrainedMixin.from_config` (how to rebuild).
+config) and ``model.safetensors`` (the weights). The library's models each hold one typed,
+frozen config (``model.config``, an instance of the class's ``config_class``): the saved
+config is ``{"vocab_size": ..., **config.to_dict()}`` and the model rebuilds from it. Any
+other ``nn.Module`` that inherits :class:`PretrainedMixin` (a user's own class) gets both
+methods too: for it, like Lightning's ``save_hyperparameters``, the mixin records the
+arguments of the outermost constructor call. A class whose constructor takes objects rather
+than plain values overrides :meth:`PretrainedMixin.pretrained_config` (what to write) and
+:meth:`PretrainedMixin.from_config` (how to rebuild).
 
-Tensors passed to a constructor (e.g. initial embeddings) are not written to the config:
-the weights file holds their trained values. Weights go through
-``safetensors.torch.save_model`` / ``load_model``, which keep tied weights tied.
+Tensors (e.g. initial embeddings) are not written to the config: the weights file holds
+their trained values. Weights go through ``safetensors.torch.save_model`` / ``load_model``,
+which keep tied weights tied.
 
 Loading runs no code named by the files: ``architecture`` must be one of
 :data:`ARCHITECTURES` (the library's own model classes) or the class ``from_pretrained`` is
 called on, the weights are safetensors (no pickle), their SHA-256 recorded in
-``config.json`` must match, and every weight must be finite.
+``config.json`` must match, and every weight must be finite. A config saved by odelm 0.3
+and before (the recorded constructor arguments, old key spellings) still loads.
 """
 
 from __future__ import annotations
@@ -112,16 +115,25 @@ class PretrainedMixin:
     """
 
     renamed_keys: typing.ClassVar[dict[str, str]] = {}
+    config_class: typing.ClassVar[type | None] = None
+    """The model's typed config (a dataclass): set, the model keeps one in ``self.config``
+    and its constructor arguments are not recorded."""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        if "__init__" in cls.__dict__:
+        if "__init__" in cls.__dict__ and cls.config_class is None:
             cls.__init__ = _recording_arguments(cls.__dict__["__init__"])
 
     def pretrained_config(self) -> dict[str, Any]:
-        """The constructor arguments as JSON data: ``type(self).from_config(config)`` rebuilds
-        the architecture."""
-        arguments = self.__dict__.get("_constructor_arguments", {})
+        """``vocab_size`` and the typed config (or, for a class without one, the recorded
+        constructor arguments) as JSON data: ``type(self).from_config(config)`` rebuilds the
+        architecture."""
+        config = getattr(self, "config", None)
+        if self.config_class is not None and isinstance(config, self.config_class):
+            fields = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
+            arguments = {"vocab_size": self.vocab_size, **fields}  # type: ignore[attr-defined]
+        else:
+            arguments = self.__dict__.get("_constructor_arguments", {})
         return {
             key: _json_ready(value, key)
             for key, value in arguments.items()
