@@ -23,7 +23,7 @@ import yaml
 from jsonargparse import ArgumentParser, get_loader
 
 from experiments.config_checks import ConfigError, check_values, config_error
-from experiments.model_schema import check_model
+from experiments.model_schema import check_model, current_spelling
 
 
 @dataclass
@@ -312,6 +312,15 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Ru
     """Read a YAML run config (``base: other.yaml`` inherits from another file)."""
     values = load_yaml(path)
     return parse_config(merge(values, overrides or {}), where=str(path))
+
+
+def load_run_config(path: str | Path) -> RunConfig:
+    """A run folder's ``config.yaml``; one written by odelm 0.3 or before, whose model keys
+    have since been renamed (``num_layers``, ``n_blocks``), loads under the new names."""
+    values = load_yaml(path)
+    if isinstance(values.get("model"), dict):
+        values["model"] = current_spelling(values["model"])
+    return parse_config(values, where=str(path))
 
 
 def load_yaml(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:

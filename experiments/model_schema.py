@@ -168,8 +168,19 @@ HASHED_SPELLINGS = {
 
 def hashed_spelling(model: dict[str, Any]) -> dict[str, Any]:
     """A ``model:`` section as its run identity spells it (:data:`HASHED_SPELLINGS`)."""
-    renames = HASHED_SPELLINGS.get(f"{model.get('family')} {model.get('name')}", {})
+    renames = HASHED_SPELLINGS.get(_label(model), {})
     return {renames.get(key, key): value for key, value in model.items()}
+
+
+def current_spelling(model: dict[str, Any]) -> dict[str, Any]:
+    """A ``model:`` section saved by odelm 0.3 or before, its renamed keys under their names
+    now (a saved run's ``config.yaml`` loads; a config file given by hand is refused)."""
+    renames = {old: new for new, old in HASHED_SPELLINGS.get(_label(model), {}).items()}
+    return {renames.get(key, key): value for key, value in model.items()}
+
+
+def _label(model: dict[str, Any]) -> str:
+    return f"{model.get('family')} {model.get('name')}"
 
 
 def model_keys_help() -> str:

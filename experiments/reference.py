@@ -11,6 +11,7 @@ embeddings scaled by ``sqrt(d_model)``), so a comparison can hold the field's ba
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -24,6 +25,10 @@ from odelm.pretrained import PretrainedMixin
 @dataclass(frozen=True)
 class BigramConfig:
     """``reference bigram``: a table of next-token logits; it has no options."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """No fields: ``config.json`` holds the vocabulary size only."""
+        return {}
 
 
 @dataclass(frozen=True)
@@ -49,6 +54,10 @@ class WordLMTransformerConfig:
     layer_dropout: float = 0.1
     init_range: float = 0.1
     max_positions: int = 512
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields as ``config.json`` holds them."""
+        return dataclasses.asdict(self)
 
 
 class BigramLM(PretrainedMixin, nn.Module):

@@ -78,8 +78,17 @@ def fields_of(config: Any, names: list[str] | None = None) -> dict[str, Any]:
     }
 
 
+class _Config:
+    """``to_dict``: a model config as ``config.json`` holds it (``embeddings`` left to the
+    weights file)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """The config's fields as a dict (an ``embeddings`` tensor left out)."""
+        return {k: v for k, v in fields_of(self).items() if k != "embeddings"}
+
+
 @dataclass(frozen=True)
-class LSTMConfig:
+class LSTMConfig(_Config):
     """The LSTM encoder of ``lstm`` and ``ode-lstm`` (pytorch/examples word_language_model).
 
     Attributes:
@@ -120,13 +129,9 @@ class LSTMConfig:
         """``config`` with ``options`` (its field names) replaced, or a new one from them."""
         return from_options(cls, options, config)
 
-    def to_dict(self) -> dict[str, Any]:
-        """The config as JSON data (an ``embeddings`` tensor is left to the weights file)."""
-        return {k: v for k, v in fields_of(self).items() if k != "embeddings"}
-
 
 @dataclass(frozen=True)
-class ODEHeadConfig:
+class ODEHeadConfig(_Config):
     """The continuous-depth head of the ODE models (``neuralode_lm.heads``).
 
     Attributes:
@@ -183,12 +188,9 @@ class ODELSTMConfig(ODEHeadConfig, LSTMConfig):
         """The encoder's own part of the config."""
         return LSTMConfig(**fields_of(self, [f.name for f in dataclasses.fields(LSTMConfig)]))
 
-    def to_dict(self) -> dict[str, Any]:
-        return {k: v for k, v in fields_of(self).items() if k != "embeddings"}
-
 
 @dataclass(frozen=True)
-class GPT2LMConfig:
+class GPT2LMConfig(_Config):
     """``gpt2``: GPT-2 with its tied output embedding, pretrained or from a config.
 
     Attributes:
@@ -231,7 +233,7 @@ class AugODEGPT2Config(ODEGPT2Config):
 
 
 @dataclass(frozen=True)
-class NODETransformerConfig:
+class NODETransformerConfig(_Config):
     """``node-transformer``: n_layers depth ODEs of one attention + FFN field each.
 
     Attributes:

@@ -130,8 +130,7 @@ class PretrainedMixin:
         architecture."""
         config = getattr(self, "config", None)
         if self.config_class is not None and isinstance(config, self.config_class):
-            fields = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
-            arguments = {"vocab_size": self.vocab_size, **fields}  # type: ignore[attr-defined]
+            arguments = {"vocab_size": self.vocab_size, **config.to_dict()}  # type: ignore[attr-defined]
         else:
             arguments = self.__dict__.get("_constructor_arguments", {})
         return {

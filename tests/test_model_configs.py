@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 from experiments.cli import main
 from experiments.commands import train_parser
@@ -134,3 +135,49 @@ def test_train_help_lists_the_typed_keys_of_every_model():
     ):
         assert label in text
     assert "n_layers: int = 1" in text and "field: {mlp,time-concat} = 'mlp'" in text
+
+
+def test_print_config_shows_the_models_typed_keys_as_comments(capsys):
+    capsys.readouterr()
+    node = "{family: neuralode_lm, name: node-transformer, n_layers: 3}"
+    assert main(["train", "--config", str(EXAMPLE), "--model", node, "--print_config"]) == 0
+    out = capsys.readouterr().out
+    assert "# model: every key of neuralode_lm node-transformer, defaults filled in:" in out
+    assert "#   n_layers: 3\n" in out and "#   time_conditioning: none\n" in out
+    assert yaml.safe_load(out)["model"] == {**yaml.safe_load(node)}  # the section as given
+
+
+def test_config_json_is_the_typed_config(tmp_path):
+    model = build_model("ode-lstm", 20, embed_dim=8, hidden_dim=8, field_hidden=4)
+    model.save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())["config"]
+    expected = {k: v for k, v in dataclasses.asdict(model.config).items() if k != "embeddings"}
+    assert saved == {"vocab_size": 20, **expected} and saved["field_hidden"] == 4
+
+
+def test_a_run_folder_of_an_old_version_loads_and_resumes(tmp_path, tiny_config, capsys):
+    """An LSTM run whose config.yaml and model config.json say num_layers (as odelm 0.3
+    wrote them) loads, evaluates to the same number, and is the same run for resuming."""
+    from experiments.runfolder import record_run_files
+    from experiments.runs import config_changes, config_sha256
+    from experiments.trained import load_run
+
+    lstm = {"family": "neuralode_lm", "name": "lstm", "embed_dim": 8, "hidden_dim": 8}
+    values = tiny_config(tmp_path, "run", trainer={"max_steps": 2})
+    values["model"] = {**lstm, "n_layers": 2}
+    config_file = tmp_path / "run.yaml"
+    config_file.write_text(yaml.safe_dump(values))
+    assert main(["train", "--config", str(config_file), "--quiet"]) == 0
+    run_dir = tmp_path / "run"
+    new_run = load_run(run_dir)
+    before = new_run.evaluate("valid")["ppl"]
+    for name in ("config.yaml", "model/config.json"):
+        path = run_dir / name
+        path.write_text(path.read_text().replace("n_layers", "num_layers"))
+    record_run_files(run_dir, ["config.yaml", "tokenizer", "model"])  # as 0.3 recorded them
+    assert "num_layers: 2" in (run_dir / "config.yaml").read_text()
+    old_run = load_run(run_dir)
+    assert old_run.config.model["n_layers"] == 2
+    assert old_run.evaluate("valid")["ppl"] == before
+    assert config_changes(run_dir, new_run.config) == []
+    assert config_sha256(old_run.config) == config_sha256(new_run.config)
