@@ -41,10 +41,6 @@ ALIASES = {
     "--protocol": "data.protocol",
 }
 COMMAND_KEYS = ("config", "overwrite", "quiet", "verbose", "print_config")
-MODEL_KEYS_TITLE = (
-    "model keys (model: in the config, --model.KEY here), typed, by model; an unknown key or "
-    "value is refused when the config is read:"
-)
 
 
 def options_parser(prog: str, description: str) -> ArgumentParser:
@@ -143,7 +139,7 @@ def train_parser() -> ArgumentParser:
         "--verbose", action="store_true", help="show Lightning's hardware lines and tips"
     )
     add_run_options(parser)
-    parser.epilog = f"{parser.epilog or ''}\n\n{MODEL_KEYS_TITLE}\n{model_keys_help()}".lstrip()
+    parser.epilog = f"{parser.epilog or ''}\n\n{model_keys_help()}".lstrip()
     return parser
 
 

@@ -79,7 +79,8 @@ def schema_parser(label: str) -> ArgumentParser:
 
 def check_model(spec: dict[str, Any], where: str = "model") -> None:
     """Refuse a ``model:`` section whose keys or values its model does not take."""
-    from neuralode_lm.configs import RENAMED
+    from neuralode_lm.configs import check_renamed
+    from neuralode_lm.errors import ModelConfigError
 
     if not isinstance(spec, dict) or not spec:
         return  # check_values names an empty section
@@ -98,12 +99,10 @@ def check_model(spec: dict[str, Any], where: str = "model") -> None:
             f"{where}.block must be a block name ({', '.join(schema_keys_choices('block'))}), "
             f"got {options['block']!r}; give your own Butcher tableau as tableau: [A, b] instead"
         )
-    for old, new in RENAMED.items():
-        if old in options:
-            raise ConfigError(
-                f"{where}.{old} was renamed {new} (one name for the layer count in every "
-                f"model); write {new}: {options[old]!r}"
-            )
+    try:
+        check_renamed(options, f"{where}.")
+    except ModelConfigError as error:
+        raise ConfigError(str(error)) from None
     keys = schema_keys(valid[label])
     unknown = [key for key in options if key not in keys]
     if unknown:
@@ -183,9 +182,15 @@ def _label(model: dict[str, Any]) -> str:
     return f"{model.get('family')} {model.get('name')}"
 
 
+KEYS_TITLE = (
+    "model keys (model: in the config, --model.KEY here), typed, by model; an unknown key "
+    "or value is refused when the config is read:"
+)
+
+
 def model_keys_help() -> str:
-    """One line per model: its typed keys with their defaults (``odelm train --help``)."""
-    lines = []
+    """Per model, its typed keys with their defaults (``odelm train --help``)."""
+    lines = [KEYS_TITLE]
     for label, schema in schemas().items():
         fields = {f.name: f for f in dataclasses.fields(schema)}
         hints = typing.get_type_hints(schema)

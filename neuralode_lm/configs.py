@@ -8,7 +8,8 @@ options dict is split by name.
 
 One name per concept: the layer count is ``n_layers`` everywhere. The spellings of odelm
 0.3 and before (:data:`RENAMED`) are refused with a hint naming the new key
-(:func:`check_renamed`); a model saved by those versions loads through :func:`upgrade`.
+(:func:`check_renamed`); a model saved by those versions loads (its class's
+``renamed_keys``, :class:`odelm.pretrained.PretrainedMixin`).
 """
 
 from __future__ import annotations
@@ -24,16 +25,28 @@ from .errors import ModelConfigError
 __all__ = [
     "RENAMED",
     "AugODEGPT2Config",
+    "AugmentInit",
+    "CausalMode",
+    "FieldName",
     "GPT2LMConfig",
     "LSTMConfig",
     "NODETransformerConfig",
     "ODEGPT2Config",
     "ODEHeadConfig",
     "ODELSTMConfig",
+    "TimeConditioning",
     "check_renamed",
     "from_options",
-    "upgrade",
 ]
+
+FieldName = Literal["mlp", "time-concat"]
+"""The built-in vector fields (``neuralode_lm.fields.FIELDS``)."""
+AugmentInit = Literal["zeros", "first"]
+"""How augmented dimensions start: zeros (Dupont et al.) or the first real token's state."""
+TimeConditioning = Literal["none", "concat", "film"]
+"""How the depth field of ``node-transformer`` sees the depth ``s``."""
+CausalMode = Literal["shared", "prefix"]
+"""``node-transformer``'s solves: one per batch, or every prefix alone in evaluation."""
 
 RENAMED = {"num_layers": "n_layers", "n_blocks": "n_layers"}
 """Model keys of odelm 0.3 and before, and the one name each has now."""
@@ -47,11 +60,6 @@ def check_renamed(options: dict[str, Any], where: str = "") -> None:
                 f"{where}{old} was renamed {new} (one name for the layer count in every model); "
                 f"write {new}: {options[old]!r}"
             )
-
-
-def upgrade(options: dict[str, Any]) -> dict[str, Any]:
-    """A saved config of odelm 0.3 and before with its keys under their current names."""
-    return {RENAMED.get(key, key): value for key, value in options.items()}
 
 
 def from_options(cls: type, options: dict[str, Any], base: Any = None) -> Any:
@@ -149,12 +157,12 @@ class ODEHeadConfig(_Config):
         reconstruction: the NODE-LM report's non-causal reconstruction decoder
     """
 
-    field: Literal["mlp", "time-concat"] = "mlp"
+    field: FieldName = "mlp"
     field_hidden: int | None = None
     integration_time: float = 1.0
     solver: dict[str, Any] | None = None
     augment_dim: int = 0
-    augment_init: Literal["zeros", "first"] = "zeros"
+    augment_init: AugmentInit = "zeros"
     kinetic_weight: float = 0.0
     jacobian_weight: float = 0.0
     exact_causal_eval: bool = False
@@ -229,7 +237,7 @@ class AugODEGPT2Config(ODEGPT2Config):
     """
 
     augment_dim: int | None = None  # type: ignore[assignment]
-    augment_init: Literal["zeros", "first"] = "first"
+    augment_init: AugmentInit = "first"
 
 
 @dataclass(frozen=True)
@@ -262,12 +270,12 @@ class NODETransformerConfig(_Config):
     n_layers: int = 1
     max_positions: int = 256
     integration_time: float = 1.0
-    time_conditioning: Literal["none", "concat", "film"] = "none"
+    time_conditioning: TimeConditioning = "none"
     solver: dict[str, Any] | None = None
     steps: int | None = None
     kinetic_weight: float = 0.0
     jacobian_weight: float = 0.0
-    causal_mode: Literal["shared", "prefix"] = "shared"
+    causal_mode: CausalMode = "shared"
     dropout: float = 0.1
     field_dropout: float = 0.0
     layer_norm_eps: float = 1e-5

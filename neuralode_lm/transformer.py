@@ -21,6 +21,7 @@ With ``rk4``, one step and ``S = 1`` a block *is* an ODE Transformer RK4 block (
 
 from __future__ import annotations
 
+import typing
 from typing import Any
 
 import torch
@@ -31,7 +32,7 @@ from ode_transformer.backbone import init_weights
 from ode_transformer.layers import KVCache
 from odelm.pretrained import PretrainedMixin
 
-from .configs import RENAMED, NODETransformerConfig, from_options
+from .configs import RENAMED, CausalMode, NODETransformerConfig, from_options
 from .depth_field import GRID_TABLEAUX, DepthField, FixedGrid
 from .encoders import check_token_batch
 from .errors import ModelConfigError
@@ -41,7 +42,7 @@ from .solvers.config import grid_steps
 
 __all__ = ["CAUSAL_MODES", "NODETransformerLM"]
 
-CAUSAL_MODES = ("shared", "prefix")
+CAUSAL_MODES = typing.get_args(CausalMode)
 
 
 class _SummedStats:
