@@ -147,11 +147,13 @@ class PretrainedMixin:
 
     def model_spec(self) -> dict[str, Any]:
         """``{"architecture", "family", "config"}``: what :func:`build_from_config` needs to
-        rebuild this model's architecture (Lightning keeps it as a hyperparameter)."""
+        rebuild this model's architecture (Lightning keeps it as a hyperparameter). ``family``
+        is the run config's ``model.family`` (the reference models': ``reference``)."""
         cls = type(self)
+        package = cls.__module__.split(".")[0]
         return {
             "architecture": f"{cls.__module__}:{cls.__qualname__}",
-            "family": cls.__module__.split(".")[0],
+            "family": "reference" if cls.__module__ == "experiments.reference" else package,
             "config": self.pretrained_config(),
         }
 

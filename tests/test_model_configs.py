@@ -153,6 +153,11 @@ def test_config_json_is_the_typed_config(tmp_path):
     saved = json.loads((tmp_path / "config.json").read_text())["config"]
     expected = {k: v for k, v in dataclasses.asdict(model.config).items() if k != "embeddings"}
     assert saved == {"vocab_size": 20, **expected} and saved["field_hidden"] == 4
+    # config.json's family is the run config's model.family
+    from experiments.reference import BigramLM
+
+    assert BigramLM(5).model_spec()["family"] == "reference"
+    assert model.model_spec()["family"] == "neuralode_lm"
 
 
 def test_a_run_folder_of_an_old_version_loads_and_resumes(tmp_path, tiny_config, capsys):
