@@ -90,8 +90,7 @@ def check_model(spec: dict[str, Any], where: str = "model") -> None:
         family = label.split()[0]
         names = [key.split()[1] for key in valid if key.startswith(family + " ")]
         raise ConfigError(
-            f"{where}.name = {spec.get('name')!r} is not one of {', '.join(names)} (family "
-            f"{family})"
+            f"{where}.name = {spec.get('name')!r} for family {family}; valid: {', '.join(names)}"
         )
     options = {k: v for k, v in spec.items() if k not in ("family", "name")}
     if label == "ode_transformer" and not isinstance(options.get("block", ""), (str, type(None))):
