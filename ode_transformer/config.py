@@ -8,6 +8,8 @@ is checked here, once, so the layers that build from it trust their arguments. `
 from __future__ import annotations
 
 import dataclasses
+import functools
+import typing
 from dataclasses import dataclass
 from typing import Literal
 
@@ -23,6 +25,18 @@ BlockName = Literal[(*BLOCKS, "custom")]  # type: ignore[valid-type]
 """A block of :data:`~ode_transformer.blocks.BLOCKS` (``custom``: a user tableau)."""
 SublayerName = Literal[tuple(SUBLAYERS)]  # type: ignore[valid-type]
 StackName = Literal[tuple(STACKS)]  # type: ignore[valid-type]
+
+
+@functools.cache
+def _choices() -> dict[str, tuple[str, ...]]:
+    """The ``Literal`` fields of :class:`ODETransformerConfig` and their values: the one
+    list of every name choice (jsonargparse reads the same types from a run config)."""
+    hints = typing.get_type_hints(ODETransformerConfig)
+    return {
+        name: typing.get_args(hint)
+        for name, hint in hints.items()
+        if typing.get_origin(hint) is Literal
+    }
 
 
 @dataclass(frozen=True)
@@ -72,7 +86,7 @@ class ODETransformerConfig:
     stack: StackName = "plain"
     tie_embeddings: bool = True
     layer_norm_eps: float = 1e-5
-    positions: Literal["learned", "sinusoidal"] = "learned"
+    positions: Literal[POSITIONS] = "learned"  # type: ignore[valid-type]
     scale_embeddings: bool = False
 
     def __post_init__(self) -> None:
@@ -116,18 +130,11 @@ class ODETransformerConfig:
                 f"unknown block {self.block!r}; valid: {', '.join(BLOCKS)} "
                 "(or pass tableau=(A, b) for your own explicit Runge-Kutta method)"
             )
-        if self.positions not in POSITIONS:
-            raise ODETransformerConfigError(
-                f"unknown positions {self.positions!r}; valid: {', '.join(POSITIONS)}"
-            )
-        if self.sublayer not in SUBLAYERS:
-            raise ODETransformerConfigError(
-                f"unknown sublayer {self.sublayer!r}; valid: {', '.join(SUBLAYERS)}"
-            )
-        if self.stack not in STACKS:
-            raise ODETransformerConfigError(
-                f"unknown stack {self.stack!r}; valid: {', '.join(STACKS)}"
-            )
+        for name, valid in _choices().items():
+            if name != "block" and getattr(self, name) not in valid:
+                raise ODETransformerConfigError(
+                    f"unknown {name} {getattr(self, name)!r}; valid: {', '.join(valid)}"
+                )
         if self.stack == "macaron":
             if self.block != "residual" or self.sublayer != "both":
                 raise ODETransformerConfigError(
