@@ -17,7 +17,7 @@ import typing
 from argparse import ArgumentError
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from jsonargparse import ArgumentParser, get_loader
@@ -55,13 +55,13 @@ class DataConfig:
     protocol: str = "full"
     download: bool = False
     verify_checksums: bool = True
-    tokenizer: str = "word"
+    tokenizer: Literal["word", "bpe"] = "word"
     bpe_vocab_size: int = 4000
     tokenizer_dir: str | None = None
-    batching: str = "stream"
+    batching: Literal["stream", "sentences"] = "stream"
     batch_size: int = 16
     bptt: int = 35
-    padding_side: str = "right"
+    padding_side: Literal["left", "right"] = "right"
     eval_window: int = 128
     eval_batch_size: int = 16
     stateful: bool = False
@@ -87,12 +87,12 @@ class OptimConfig:
         label_smoothing: label smoothing of the training loss
     """
 
-    optimizer: str = "adam"
+    optimizer: Literal["adam", "adamw", "sgd"] = "adam"
     lr: float = 1e-3
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
     momentum: float = 0.0
     weight_decay: float = 0.0
-    schedule: str = "constant"
+    schedule: Literal["constant", "inverse_sqrt", "plateau"] = "constant"
     warmup_steps: int = 0
     anneal_factor: float = 4.0
     anneal_patience: int = 1
@@ -162,7 +162,7 @@ class EvalConfig:
     bleu_sentences: int = 200
     continuation_sentences: int = 50
     prompt_len: int = 3
-    decode: str = "greedy"
+    decode: Literal["greedy", "beam"] = "greedy"
 
 
 @dataclass
