@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from experiments.commands import REGISTRARS, positive_int
+from experiments.commands import REGISTRARS
 from experiments.data.corpora import (
     CORPUS_NAMES,
     DEFAULT_CACHE_DIR,
@@ -18,6 +18,7 @@ from experiments.data.corpora import (
     Corpus,
 )
 from experiments.help_examples import KeepExamples, epilog
+from experiments.threads import positive_int
 from odelm.errors import OdelmError
 
 

@@ -26,7 +26,8 @@ from experiments.data.corpora import CORPUS_NAMES
 from experiments.discretize import register_discretize
 from experiments.help_examples import OptionsHelpFormatter, epilog
 from experiments.launchers import LAUNCH_KEYS, add_launch_options, launch_settings
-from experiments.threads import set_threads
+from experiments.model_schema import model_keys_help, resolved_model_comment
+from experiments.threads import positive_int, set_threads
 
 # Short flags kept beside the dotted options they stand for (``--max-steps`` is
 # ``--trainer.max_steps``): the settings a user changes most from the shell, the same on
@@ -139,6 +140,7 @@ def train_parser() -> ArgumentParser:
         "--verbose", action="store_true", help="show Lightning's hardware lines and tips"
     )
     add_run_options(parser)
+    parser.epilog = f"{parser.epilog or ''}\n\n{model_keys_help()}".lstrip()
     return parser
 
 
@@ -155,6 +157,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         config.name = f"{Path(command['config']).stem}-{config_sha256(config)[:10]}"
     if command["print_config"]:
         print(yaml.safe_dump(config.to_dict(), sort_keys=False, default_flow_style=None), end="")
+        print(resolved_model_comment(config.model), end="")
         return 0
     if not command["verbose"]:
         quiet_lightning()
@@ -222,14 +225,6 @@ def cmd_generate(args: argparse.Namespace) -> int:
     )
     print(text)
     return 0
-
-
-def positive_int(text: str) -> int:
-    """An argparse type: an integer >= 1 (thread counts)."""
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
 
 
 def compare_parser() -> ArgumentParser:

@@ -1,9 +1,10 @@
 """Run configuration: typed sections, parsed by jsonargparse, with unknown keys and wrong
 types named in one line.
 
-A run config has five sections: ``data``, ``model`` (free-form: the model family's own
-keyword arguments), ``optim``, ``trainer`` and ``eval``, plus ``name``, ``recipe``, ``seed``
-and ``out_dir``. ``model`` is passed to ``experiments.models.build_model``, which checks it.
+A run config has five sections: ``data``, ``model`` (a typed union keyed by ``family`` and
+``name``: each model's config dataclass, checked by ``experiments.model_schema`` when the
+config is parsed), ``optim``, ``trainer`` and ``eval``, plus ``name``, ``recipe``, ``seed``
+and ``out_dir``. ``model`` is kept as written and passed to ``experiments.models.build_model``.
 The dataclasses below are the schema: jsonargparse reads their types (``1e-3`` is a float)
 and their ``Attributes:`` docstrings (the help line of every ``--section.key`` option).
 """
@@ -16,12 +17,13 @@ import typing
 from argparse import ArgumentError
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from jsonargparse import ArgumentParser, get_loader
 
 from experiments.config_checks import ConfigError, check_values, config_error
+from experiments.model_schema import check_model, current_spelling
 
 
 @dataclass
@@ -53,13 +55,13 @@ class DataConfig:
     protocol: str = "full"
     download: bool = False
     verify_checksums: bool = True
-    tokenizer: str = "word"
+    tokenizer: Literal["word", "bpe"] = "word"
     bpe_vocab_size: int = 4000
     tokenizer_dir: str | None = None
-    batching: str = "stream"
+    batching: Literal["stream", "sentences"] = "stream"
     batch_size: int = 16
     bptt: int = 35
-    padding_side: str = "right"
+    padding_side: Literal["left", "right"] = "right"
     eval_window: int = 128
     eval_batch_size: int = 16
     stateful: bool = False
@@ -85,12 +87,12 @@ class OptimConfig:
         label_smoothing: label smoothing of the training loss
     """
 
-    optimizer: str = "adam"
+    optimizer: Literal["adam", "adamw", "sgd"] = "adam"
     lr: float = 1e-3
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
     momentum: float = 0.0
     weight_decay: float = 0.0
-    schedule: str = "constant"
+    schedule: Literal["constant", "inverse_sqrt", "plateau"] = "constant"
     warmup_steps: int = 0
     anneal_factor: float = 4.0
     anneal_patience: int = 1
@@ -160,7 +162,7 @@ class EvalConfig:
     bleu_sentences: int = 200
     continuation_sentences: int = 50
     prompt_len: int = 3
-    decode: str = "greedy"
+    decode: Literal["greedy", "beam"] = "greedy"
 
 
 @dataclass
@@ -175,10 +177,11 @@ class RunConfig:
             (null: none; the config's own settings win over the recipe's)
         seed: seed of initialization, batching and dropout
         out_dir: folder of run directories
-        model: the model family's keyword arguments (odelm models lists each family's
-            keys); --model '{family: neuralode_lm, name: lstm, embed_dim: 128, hidden_dim:
-            128}' replaces the config file's model section, --model.KEY VALUE edits one key
-            of it (--model.dropout 0.2)
+        model: the model: family (ode_transformer, neuralode_lm, reference), name, and
+            that model's typed keys (listed below the options; odelm models);
+            --model '{family: neuralode_lm, name: lstm, embed_dim: 128, hidden_dim: 128}'
+            replaces the config file's model section, --model.KEY VALUE edits one key of
+            it (--model.dropout 0.2)
     """
 
     name: str = "run"
@@ -282,6 +285,7 @@ def parse_config(values: dict[str, Any], *, where: str = "config") -> RunConfig:
     sections = {key: schema(**parsed.pop(key)) for key, schema in SECTIONS.items()}
     config = RunConfig(**parsed, **sections)
     check_values(config)
+    check_model(config.model)
     return config
 
 
@@ -308,6 +312,15 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Ru
     """Read a YAML run config (``base: other.yaml`` inherits from another file)."""
     values = load_yaml(path)
     return parse_config(merge(values, overrides or {}), where=str(path))
+
+
+def load_run_config(path: str | Path) -> RunConfig:
+    """A run folder's ``config.yaml``; one written by odelm 0.3 or before, whose model keys
+    have since been renamed (``num_layers``, ``n_blocks``), loads under the new names."""
+    values = load_yaml(path)
+    if isinstance(values.get("model"), dict):
+        values["model"] = current_spelling(values["model"])
+    return parse_config(values, where=str(path))
 
 
 def load_yaml(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:

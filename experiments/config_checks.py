@@ -1,7 +1,8 @@
 """What makes a run config valid beyond its types, and config errors as one line each.
 
-jsonargparse checks types; the checks here name choices, ranges, budgets and combinations
-of settings, and turn jsonargparse's messages into one line naming the key.
+jsonargparse checks types (choices are ``Literal`` types); the checks here name ranges,
+budgets and combinations of settings, and turn jsonargparse's messages into one line naming
+the key.
 """
 
 from __future__ import annotations
@@ -70,6 +71,8 @@ def key_type(schema: Any, key: str) -> Any:
 
 
 def _type_name(annotation: Any) -> str:
+    if typing.get_origin(annotation) is typing.Literal:
+        return "one of " + ", ".join(str(arg) for arg in typing.get_args(annotation))
     if typing.get_origin(annotation) in (typing.Union, types.UnionType):
         return " or ".join(_type_name(arg) for arg in typing.get_args(annotation))
     if annotation is type(None):
@@ -80,18 +83,8 @@ def _type_name(annotation: Any) -> str:
 
 
 def check_values(config: RunConfig) -> None:
-    """The checks types cannot say: choices, ranges, budgets and combinations."""
-    choices = {
-        "data.tokenizer": (config.data.tokenizer, ("word", "bpe")),
-        "data.batching": (config.data.batching, ("stream", "sentences")),
-        "data.padding_side": (config.data.padding_side, ("left", "right")),
-        "optim.optimizer": (config.optim.optimizer, ("adam", "adamw", "sgd")),
-        "optim.schedule": (config.optim.schedule, ("constant", "inverse_sqrt", "plateau")),
-        "eval.decode": (config.eval.decode, ("greedy", "beam")),
-    }
-    for key, (value, valid) in choices.items():
-        if value not in valid:
-            raise ConfigError(f"{key} = {value!r} is not one of {', '.join(valid)}")
+    """The checks types cannot say: ranges, budgets and combinations (the choices are the
+    config's ``Literal`` types, which jsonargparse checks)."""
     for key, value in _ranged_values(config).items():
         check_range(key, value)
     for index, beta in enumerate(config.optim.betas):

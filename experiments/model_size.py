@@ -49,14 +49,14 @@ def estimate_parameters(
         tied = sizes.get("tie_embeddings") is not False
     elif family == "neuralode_lm" and name in ("lstm", "ode-lstm"):
         sizes = {**keys[f"neuralode_lm: {name}"], **options}
-        e, h, n = (_int(sizes, key) for key in ("embed_dim", "hidden_dim", "num_layers"))
+        e, h, n = (_int(sizes, key) for key in ("embed_dim", "hidden_dim", "n_layers"))
         if None in (e, h, n):
             return None
         tied = sizes.get("tie_weights") is True
         return vocab_size * e + n * 4 * h * h + (0 if tied else vocab_size * h)
     elif family == "neuralode_lm" and name == "node-transformer":
         sizes = {**keys["neuralode_lm: node-transformer"], **options}
-        wanted, tied = ("d_model", "d_ff", "n_blocks", "max_positions"), True
+        wanted, tied = ("d_model", "d_ff", "n_layers", "max_positions"), True
     elif family == "reference" and name == "transformer":
         sizes = {**keys["reference: transformer"], **options, "max_positions": 0}  # sinusoidal
         wanted, tied = ("d_model", "d_ff", "n_layers", "max_positions"), False

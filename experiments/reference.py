@@ -11,7 +11,9 @@ embeddings scaled by ``sqrt(d_model)``), so a comparison can hold the field's ba
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -20,14 +22,53 @@ from torch import nn
 from odelm.pretrained import PretrainedMixin
 
 
+@dataclass(frozen=True)
+class BigramConfig:
+    """``reference bigram``: a table of next-token logits; it has no options."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """No fields: ``config.json`` holds the vocabulary size only."""
+        return {}
+
+
+@dataclass(frozen=True)
+class WordLMTransformerConfig:
+    """``reference transformer``: pytorch/examples word_language_model's Transformer.
+
+    Attributes:
+        d_model: width of the embeddings and layers
+        n_heads: attention heads
+        d_ff: hidden width of the feed-forward network
+        n_layers: post-norm encoder layers
+        dropout: dropout on the embeddings
+        layer_dropout: dropout inside every layer
+        init_range: embedding and decoder weights uniform in [-init_range, init_range]
+        max_positions: longest sequence (sinusoidal positions)
+    """
+
+    d_model: int = 200
+    n_heads: int = 2
+    d_ff: int = 200
+    n_layers: int = 2
+    dropout: float = 0.2
+    layer_dropout: float = 0.1
+    init_range: float = 0.1
+    max_positions: int = 512
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields as ``config.json`` holds them."""
+        return dataclasses.asdict(self)
+
+
 class BigramLM(PretrainedMixin, nn.Module):
     """``logits[b, t] = table[tokens[b, t]]``: the smallest model that meets the contract."""
 
     is_causal = True
+    config_class = BigramConfig
 
     def __init__(self, vocab_size: int) -> None:
         super().__init__()
-        self.vocab_size = vocab_size
+        self.vocab_size, self.config = vocab_size, BigramConfig()
         self.table = nn.Embedding(vocab_size, vocab_size)
         nn.init.zeros_(self.table.weight)
 
@@ -66,6 +107,7 @@ class WordLMTransformer(PretrainedMixin, nn.Module):
     """
 
     is_causal = True
+    config_class = WordLMTransformerConfig
 
     def __init__(
         self,
@@ -81,6 +123,9 @@ class WordLMTransformer(PretrainedMixin, nn.Module):
         max_positions: int = 512,
     ) -> None:
         super().__init__()
+        self.config = WordLMTransformerConfig(
+            d_model, n_heads, d_ff, n_layers, dropout, layer_dropout, init_range, max_positions
+        )
         self.vocab_size, self.d_model, self.max_positions = vocab_size, d_model, max_positions
         self.embedding = nn.Embedding(vocab_size, d_model)
         position = torch.arange(max_positions, dtype=torch.float).unsqueeze(1)

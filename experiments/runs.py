@@ -29,7 +29,8 @@ from pytorch_lightning.loggers import CSVLogger
 from pytorch_lightning.loggers.csv_logs import ExperimentWriter
 from pytorch_lightning.loggers.logger import rank_zero_experiment
 
-from experiments.config import ConfigError, RunConfig, load_config
+from experiments.config import ConfigError, RunConfig, load_run_config
+from experiments.model_schema import hashed_spelling
 from odelm.errors import OdelmError
 
 CONFIG_FILE = "config.yaml"
@@ -68,8 +69,10 @@ def _flatten(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def identity(config: RunConfig) -> dict[str, Any]:
-    """The flattened settings that determine what a run computes (dotted keys)."""
-    flat = _flatten(config.to_dict())
+    """The flattened settings that determine what a run computes (dotted keys; renamed
+    model keys under the spelling runs were first hashed with)."""
+    values = config.to_dict()
+    flat = _flatten({**values, "model": hashed_spelling(values["model"])})
     return {
         key: value
         for key, value in sorted(flat.items())
@@ -92,7 +95,7 @@ def config_changes(run_dir: Path, config: RunConfig) -> list[str]:
     if not path.is_file() or not any(p.is_file() for p in progress):
         return []
     try:
-        old = identity(load_config(path))
+        old = identity(load_run_config(path))
     except ConfigError as error:
         return [f"(the run's {CONFIG_FILE} is no longer valid: {error})"]
     new = identity(config)

@@ -39,7 +39,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from experiments.config import RunConfig, load_config
+from experiments.config import RunConfig, load_run_config
 from experiments.config_checks import ConfigError, check_range
 from experiments.data.corpora import load_corpus
 from experiments.data.tokenization import (
@@ -336,7 +336,7 @@ def load_run(run_dir: str | os.PathLike[str], map_location: str = "cpu") -> Trai
             f"vocabulary has {vocab}; restore the run's own tokenizer"
         )
     model = load_pretrained(run_dir / MODEL_DIR, map_location)
-    return TrainedRun(model, tokenizer, load_config(run_dir / CONFIG_FILE), run_dir)
+    return TrainedRun(model, tokenizer, load_run_config(run_dir / CONFIG_FILE), run_dir)
 
 
 def _read_tokenizer(path: Path) -> Tokenizer:

@@ -7,7 +7,16 @@ ODE head and the NODE-LM report's reconstruction decoder, encoders, and the mode
 :class:`NODETransformerLM`, all trained in minibatches.
 """
 
-from .encoders import GPT2Encoder, LSTMConfig, LSTMEncoder
+from .configs import (
+    AugODEGPT2Config,
+    GPT2LMConfig,
+    LSTMConfig,
+    NODETransformerConfig,
+    ODEGPT2Config,
+    ODEHeadConfig,
+    ODELSTMConfig,
+)
+from .encoders import GPT2Encoder, LSTMEncoder
 from .errors import ModelConfigError
 from .fields import FIELDS, AutonomousField, MLPField, TimeConcatField, as_field, make_field
 from .heads import CausalODEHead, ReconstructionODEDecoder, RegularizedField
@@ -40,17 +49,23 @@ __all__ = [
     "MODELS",
     "ODEGPT2",
     "ODELSTM",
+    "AugODEGPT2Config",
     "AugmentedODEGPT2",
     "AutonomousField",
     "CausalODEHead",
     "GPT2Encoder",
+    "GPT2LMConfig",
     "LSTMConfig",
     "LSTMEncoder",
     "MLPField",
     "MaxStepsExceeded",
     "ModelConfigError",
+    "NODETransformerConfig",
     "NODETransformerLM",
     "NonFiniteStateError",
+    "ODEGPT2Config",
+    "ODEHeadConfig",
+    "ODELSTMConfig",
     "ReconstructionODEDecoder",
     "RegularizedField",
     "SolverConfig",

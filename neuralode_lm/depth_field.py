@@ -11,6 +11,7 @@ ODE Transformer RK4 block.
 
 from __future__ import annotations
 
+import typing
 from dataclasses import dataclass
 
 import torch
@@ -19,11 +20,12 @@ from torch import nn
 from ode_transformer.layers import AttentionContext, KVCache, PreNormAttentionFFN
 from ode_transformer.tableau import TABLEAUX, Tableau, rk_step
 
+from .configs import TimeConditioning
 from .errors import ModelConfigError
 
 __all__ = ["GRID_METHODS", "GRID_TABLEAUX", "TIME_CONDITIONINGS", "DepthField", "FixedGrid"]
 
-TIME_CONDITIONINGS = ("none", "concat", "film")
+TIME_CONDITIONINGS = typing.get_args(TimeConditioning)
 GRID_METHODS = ("euler", "midpoint", "rk2", "rk3", "rk4", "rk4_38")
 GRID_TABLEAUX: dict[str, Tableau] = {name: TABLEAUX[name] for name in GRID_METHODS}
 """Fixed-grid methods the model integrates itself: a view of the one registry ``TABLEAUX``."""

@@ -1,6 +1,7 @@
 """Causal encoders ``tokens [B, T] -> hidden [B, T, D]`` for the ODE heads and baselines.
 
-* :class:`LSTMEncoder`: embedding + LSTM + dropout, configured by one :class:`LSTMConfig`;
+* :class:`LSTMEncoder`: embedding + LSTM + dropout, configured by one
+  :class:`~neuralode_lm.configs.LSTMConfig`;
   the NODE-LM report's baseline (300-d, dropout 0.1) is :meth:`LSTMEncoder.report_preset`.
 * :class:`GPT2Encoder`: a ``transformers`` ``GPT2Model`` whose hidden layer ``layer``
   (0 = embeddings, ``n_layer`` = the final, layer-normed output; the report uses the 12th)
@@ -12,7 +13,6 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -21,54 +21,10 @@ from torch import nn
 
 from ode_transformer.backbone import TokenInputError, check_tokens
 
+from .configs import LSTMConfig
 from .errors import ModelConfigError
 
 __all__ = ["GPT2Encoder", "LSTMConfig", "LSTMEncoder", "is_offline"]
-
-
-@dataclass
-class LSTMConfig:
-    """The LSTM options, written once for :class:`LSTMEncoder`, ``LSTMLM`` and ``ODELSTM``.
-
-    ``dropout`` acts on the LSTM outputs (and between layers), ``input_dropout`` on the
-    embeddings (pytorch/examples ``word_language_model`` uses one rate for both).
-    ``tie_weights`` makes the output projection share the embedding matrix (Press & Wolf;
-    Inan et al.), which needs the projection's input width to equal ``embed_dim``.
-    ``init_range`` initialises the embedding and the output projection uniformly in
-    ``[-init_range, init_range]`` with a zero bias (``word_language_model`` uses 0.1);
-    ``None`` keeps PyTorch's defaults.
-    """
-
-    embed_dim: int = 300
-    hidden_dim: int = 300
-    num_layers: int = 1
-    dropout: float = 0.1
-    input_dropout: float = 0.0
-    tie_weights: bool = False
-    init_range: float | None = None
-    embeddings: torch.Tensor | None = None
-    freeze_embeddings: bool = False
-
-    def __post_init__(self) -> None:
-        if min(self.embed_dim, self.hidden_dim, self.num_layers) <= 0:
-            raise ModelConfigError("embed_dim, hidden_dim and num_layers must be positive")
-        for name in ("dropout", "input_dropout"):
-            if not 0.0 <= getattr(self, name) < 1.0:
-                raise ModelConfigError(f"{name} must be in [0, 1), got {getattr(self, name)}")
-        if self.init_range is not None and not self.init_range > 0:
-            raise ModelConfigError(f"init_range must be positive or None, got {self.init_range}")
-
-    @classmethod
-    def coerce(cls, config: LSTMConfig | None, options: dict[str, Any]) -> LSTMConfig:
-        """``config`` with ``options`` (its field names) replaced, or a new one from them."""
-        return replace(config, **options) if config is not None else cls(**options)
-
-    @classmethod
-    def split(cls, options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-        """Keyword options as (this config's fields, the rest)."""
-        names = {f.name for f in fields(cls)}
-        mine = {k: v for k, v in options.items() if k in names}
-        return mine, {k: v for k, v in options.items() if k not in names}
 
 
 def check_token_batch(
@@ -113,9 +69,9 @@ class LSTMEncoder(nn.Module):
         self.lstm = nn.LSTM(
             config.embed_dim,
             config.hidden_dim,
-            num_layers=config.num_layers,
+            num_layers=config.n_layers,
             batch_first=True,
-            dropout=config.dropout if config.num_layers > 1 else 0.0,
+            dropout=config.dropout if config.n_layers > 1 else 0.0,
         )
         self.dropout = nn.Dropout(config.dropout)
 

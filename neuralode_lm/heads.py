@@ -19,11 +19,13 @@ the state and returned in ``aux["reg"]`` for the training loss.
 
 from __future__ import annotations
 
+import typing
 from typing import Any
 
 import torch
 from torch import nn
 
+from .configs import AugmentInit
 from .errors import ModelConfigError
 from .fields import as_field, make_field
 from .solvers import (
@@ -37,7 +39,7 @@ from .solvers import (
 
 __all__ = ["CausalODEHead", "ReconstructionODEDecoder", "RegularizedField"]
 
-AUGMENT_INITS = ("zeros", "first")
+AUGMENT_INITS = typing.get_args(AugmentInit)
 
 
 class RegularizedField(nn.Module):

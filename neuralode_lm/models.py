@@ -18,6 +18,7 @@ Every model saves and loads with ``save_pretrained(dir)`` / ``from_pretrained(di
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Any
 
@@ -26,7 +27,18 @@ from torch import nn
 
 from odelm.pretrained import PretrainedMixin
 
-from .encoders import GPT2Encoder, LSTMConfig, LSTMEncoder
+from .configs import (
+    RENAMED,
+    AugODEGPT2Config,
+    GPT2LMConfig,
+    LSTMConfig,
+    ODEGPT2Config,
+    ODEHeadConfig,
+    ODELSTMConfig,
+    fields_of,
+    from_options,
+)
+from .encoders import GPT2Encoder, LSTMEncoder
 from .errors import ModelConfigError
 from .heads import CausalODEHead, ReconstructionODEDecoder
 from .solvers import SolverStats
@@ -46,18 +58,21 @@ __all__ = [
 class LSTMLM(PretrainedMixin, nn.Module):
     """The report's LSTM baseline: 300-d embedding, 300-unit LSTM, dropout 0.1, linear.
 
-    Options are :class:`~neuralode_lm.encoders.LSTMConfig` fields (or ``config=``), e.g.
+    Options are :class:`~neuralode_lm.configs.LSTMConfig` fields (or ``config=``), e.g.
     ``tie_weights=True`` to share the embedding with the output layer. Stateful: pass
     ``state`` (``None`` for a fresh stream) and read the next one from ``aux["state"]``.
     """
 
     is_causal = True
     supports_state = True
+    config_class = LSTMConfig
+    renamed_keys = RENAMED
 
     def __init__(self, vocab_size: int, config: LSTMConfig | None = None, **options: Any) -> None:
         super().__init__()
         self.vocab_size = vocab_size
         self.encoder = LSTMEncoder(vocab_size, config, **options)
+        self.config = self.encoder.config
         self.head = nn.Linear(self.encoder.hidden_dim, vocab_size)
         self.encoder.tie_output(self.head)
 
@@ -77,14 +92,9 @@ def _gpt2_pretrained_config(config: dict[str, Any], encoder: GPT2Encoder) -> dic
     return {**config, "pretrained": None, "config": encoder.config.to_dict(), "offline": None}
 
 
-def _gpt2_encoder(
-    vocab_size: int,
-    pretrained: str | os.PathLike[str] | None,
-    config: Any,
-    layer: int,
-    freeze: bool,
-    offline: bool | None,
-) -> GPT2Encoder:
+def _gpt2_encoder(vocab_size: int, options: GPT2LMConfig, layer: int) -> GPT2Encoder:
+    pretrained, config = options.pretrained, options.config
+    freeze, offline = options.freeze, options.offline
     if pretrained is not None and config is not None:
         raise ModelConfigError(
             "pass either pretrained (a directory or hub name) or config, not both"
@@ -102,22 +112,20 @@ def _gpt2_encoder(
 
 
 class GPT2LM(PretrainedMixin, nn.Module):
-    """GPT-2 with its tied output embedding, as ``GPT2LMHeadModel``; pretrained or from config."""
+    """GPT-2 with its tied output embedding, as ``GPT2LMHeadModel``; pretrained or from config.
+
+    Options are :class:`~neuralode_lm.configs.GPT2LMConfig` fields (``config`` is GPT-2's
+    own ``GPT2Config`` or a dict of its fields).
+    """
 
     is_causal = True
+    config_class = GPT2LMConfig
 
-    def __init__(
-        self,
-        vocab_size: int,
-        *,
-        pretrained: str | os.PathLike[str] | None = None,
-        config: Any = None,
-        freeze: bool = False,
-        offline: bool | None = None,
-    ) -> None:
+    def __init__(self, vocab_size: int, **options: Any) -> None:
         super().__init__()
+        self.config = from_options(GPT2LMConfig, options)
         self.vocab_size = vocab_size
-        self.encoder = _gpt2_encoder(vocab_size, pretrained, config, -1, freeze, offline)
+        self.encoder = _gpt2_encoder(vocab_size, self.config, -1)
 
     @property
     def max_positions(self) -> int:
@@ -141,26 +149,22 @@ class GPT2LM(PretrainedMixin, nn.Module):
 class _ODELanguageModel(PretrainedMixin, nn.Module):
     """Encoder + continuous-depth head; reports the solver's statistics."""
 
+    config_class: type[ODEHeadConfig] = ODEHeadConfig
+
     def __init__(
-        self,
-        encoder: nn.Module,
-        vocab_size: int,
-        *,
-        reconstruction: bool,
-        field_hidden: int | None,
-        head_options: dict[str, Any],
+        self, encoder: nn.Module, vocab_size: int, config: ODEHeadConfig, field_hidden: int | None
     ) -> None:
         super().__init__()
         self.vocab_size = vocab_size
         self.encoder = encoder
-        if reconstruction and "exact_causal_eval" in head_options:
+        if config.reconstruction and config.exact_causal_eval:
             raise ModelConfigError(
                 "exact_causal_eval applies to the causal head; the reconstruction decoder "
                 "reads the whole sentence and is not causal (drop one of the two options)"
             )
-        head_class = ReconstructionODEDecoder if reconstruction else CausalODEHead
+        head_class = ReconstructionODEDecoder if config.reconstruction else CausalODEHead
         self.head = head_class(
-            encoder.output_dim, vocab_size, field_hidden=field_hidden, **head_options
+            encoder.output_dim, vocab_size, field_hidden=field_hidden, **config.head_options()
         )
 
     @property
@@ -191,36 +195,31 @@ class _ODELanguageModel(PretrainedMixin, nn.Module):
 class ODELSTM(_ODELanguageModel):
     """The report's ODE-LSTM: the LSTM baseline's states decoded by an ODE (MLP field, 100).
 
-    :class:`~neuralode_lm.encoders.LSTMConfig` fields (or ``config=``) configure the LSTM;
+    Options are :class:`~neuralode_lm.configs.ODELSTMConfig` fields: the LSTM's
+    (:class:`~neuralode_lm.configs.LSTMConfig`, also accepted as ``config=``) and the head's
+    (:class:`~neuralode_lm.configs.ODEHeadConfig`: ``field``, ``integration_time``,
+    ``solver``, ``augment_dim``, ``augment_init``, ``kinetic_weight``, ``jacobian_weight``,
+    ``reconstruction`` and, for the causal head, ``exact_causal_eval``).
     ``tie_weights=True`` shares the embedding with the head's readout, which needs the ODE
-    state's width (``hidden_dim + augment_dim``) to equal ``embed_dim``. The other options
-    go to the head: ``field`` ("mlp", "time-concat" or a module), ``integration_time``,
-    ``solver`` (a :class:`~neuralode_lm.solvers.SolverConfig` or dict), ``augment_dim``,
-    ``augment_init``, ``kinetic_weight``, ``jacobian_weight`` and, for the causal head,
-    ``exact_causal_eval`` (see :class:`~neuralode_lm.heads.CausalODEHead`). Stateful like
+    state's width (``hidden_dim + augment_dim``) to equal ``embed_dim``. Stateful like
     ``LSTMLM``.
     """
 
     supports_state = True
+    config_class = ODELSTMConfig
+    renamed_keys = RENAMED
 
     def __init__(
         self,
         vocab_size: int,
-        config: LSTMConfig | None = None,
-        *,
-        field_hidden: int | None = 100,
-        reconstruction: bool = False,
+        config: ODELSTMConfig | LSTMConfig | None = None,
         **options: Any,
     ) -> None:
-        lstm_options, head_options = LSTMConfig.split(options)
-        encoder = LSTMEncoder(vocab_size, config, **lstm_options)
-        super().__init__(
-            encoder,
-            vocab_size,
-            reconstruction=reconstruction,
-            field_hidden=field_hidden,
-            head_options=head_options,
-        )
+        base = None if config is None else ODELSTMConfig(**fields_of(config))
+        config = from_options(ODELSTMConfig, options, base)
+        encoder = LSTMEncoder(vocab_size, config.lstm())
+        super().__init__(encoder, vocab_size, config.head(), config.field_hidden)
+        self.config = config
         encoder.tie_output(self.head.proj)
 
     def forward(
@@ -234,35 +233,19 @@ class ODELSTM(_ODELanguageModel):
 class ODEGPT2(_ODELanguageModel):
     """The report's ODE-GPT2: GPT-2 hidden layer ``layer`` (12 there) decoded by an ODE.
 
-    The field's hidden width defaults to ``n_embd`` (768 in the report).
+    Options are :class:`~neuralode_lm.configs.ODEGPT2Config` fields; the field's hidden
+    width defaults to ``n_embd`` (768 in the report).
     """
 
-    def __init__(
-        self,
-        vocab_size: int,
-        *,
-        pretrained: str | os.PathLike[str] | None = None,
-        config: Any = None,
-        layer: int = -1,
-        freeze: bool = False,
-        offline: bool | None = None,
-        field_hidden: int | None = None,
-        reconstruction: bool = False,
-        **head_options: Any,
-    ) -> None:
-        encoder = _gpt2_encoder(vocab_size, pretrained, config, layer, freeze, offline)
-        super().__init__(
-            encoder,
-            vocab_size,
-            reconstruction=reconstruction,
-            field_hidden=field_hidden,
-            head_options={**self._head_defaults(encoder), **head_options},
-        )
+    config_class = ODEGPT2Config
 
-    @staticmethod
-    def _head_defaults(encoder: GPT2Encoder) -> dict[str, Any]:
-        """Head options this model sets unless the caller does."""
-        return {}
+    def __init__(self, vocab_size: int, **options: Any) -> None:
+        config = from_options(self.config_class, options)
+        encoder = _gpt2_encoder(vocab_size, config, config.layer)
+        if config.augment_dim is None:  # aug-ode-gpt2: as wide as GPT-2's state
+            config = dataclasses.replace(config, augment_dim=encoder.output_dim)
+        super().__init__(encoder, vocab_size, config.head(), config.field_hidden)
+        self.config = config
 
     @property
     def max_positions(self) -> int:
@@ -277,9 +260,7 @@ class AugmentedODEGPT2(ODEGPT2):
     initialised, as in the report, to GPT-2's state at the first token (``augment_init``
     "first"; "zeros" is Dupont et al.'s original)."""
 
-    @staticmethod
-    def _head_defaults(encoder: GPT2Encoder) -> dict[str, Any]:
-        return {"augment_dim": encoder.output_dim, "augment_init": "first"}
+    config_class = AugODEGPT2Config
 
 
 MODELS: dict[str, type[nn.Module]] = {

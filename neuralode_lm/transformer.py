@@ -3,7 +3,7 @@
 The depth field ``F_theta(s, y)`` (the ODE Transformer's pre-norm attention + FFN function,
 optionally conditioned on ``s``) and the fixed-grid integrator driven by Butcher tableaux
 live in :mod:`neuralode_lm.depth_field`. This module is the model: token + position
-embeddings, ``n_blocks`` depth ODEs ``dy/ds = F_k(s, y)`` on ``s in [0, S]``, final
+embeddings, ``n_layers`` depth ODEs ``dy/ds = F_k(s, y)`` on ``s in [0, S]``, final
 LayerNorm, tied softmax.
 
 Two ways to solve each block:
@@ -21,6 +21,7 @@ With ``rk4``, one step and ``S = 1`` a block *is* an ODE Transformer RK4 block (
 
 from __future__ import annotations
 
+import typing
 from typing import Any
 
 import torch
@@ -31,6 +32,7 @@ from ode_transformer.backbone import init_weights
 from ode_transformer.layers import KVCache
 from odelm.pretrained import PretrainedMixin
 
+from .configs import RENAMED, CausalMode, NODETransformerConfig, from_options
 from .depth_field import GRID_TABLEAUX, DepthField, FixedGrid
 from .encoders import check_token_batch
 from .errors import ModelConfigError
@@ -40,7 +42,7 @@ from .solvers.config import grid_steps
 
 __all__ = ["CAUSAL_MODES", "NODETransformerLM"]
 
-CAUSAL_MODES = ("shared", "prefix")
+CAUSAL_MODES = typing.get_args(CausalMode)
 
 
 class _SummedStats:
@@ -104,7 +106,7 @@ def _integration(
 
 
 class NODETransformerLM(PretrainedMixin, nn.Module):
-    """Causal LM whose depth is ``n_blocks`` ODEs ``dy/ds = F_k(s, y)``, ``s in [0, S]``.
+    """Causal LM whose depth is ``n_layers`` ODEs ``dy/ds = F_k(s, y)``, ``s in [0, S]``.
 
     ``solver``: a facade config or dict for adaptive solves (e.g. ``{"method": "dopri5",
     "rtol": 1e-3, "adjoint": True}``), or ``{"method": "rk4"}`` with ``steps`` for a fixed
@@ -117,28 +119,22 @@ class NODETransformerLM(PretrainedMixin, nn.Module):
 
     is_causal = True
 
+    config_class = NODETransformerConfig
+    renamed_keys = RENAMED
+
     def __init__(
-        self,
-        vocab_size: int,
-        *,
-        d_model: int = 128,
-        n_heads: int = 4,
-        d_ff: int = 512,
-        n_blocks: int = 1,
-        max_positions: int = 256,
-        integration_time: float = 1.0,
-        time_conditioning: str = "none",
-        solver: SolverConfig | dict[str, Any] | None = None,
-        steps: int | None = None,
-        kinetic_weight: float = 0.0,
-        jacobian_weight: float = 0.0,
-        causal_mode: str = "shared",
-        dropout: float = 0.1,
-        field_dropout: float = 0.0,
-        layer_norm_eps: float = 1e-5,
+        self, vocab_size: int, config: NODETransformerConfig | None = None, **options: Any
     ) -> None:
+        """Options are :class:`~neuralode_lm.configs.NODETransformerConfig` fields (or
+        ``config=``, with options replacing its fields)."""
         super().__init__()
-        for name, value in (("vocab_size", vocab_size), ("n_blocks", n_blocks)):
+        config = from_options(NODETransformerConfig, options, config)
+        self.config = config
+        d_model, n_heads, d_ff = config.d_model, config.n_heads, config.d_ff
+        max_positions, integration_time = config.max_positions, config.integration_time
+        kinetic_weight, jacobian_weight = config.kinetic_weight, config.jacobian_weight
+        causal_mode, layer_norm_eps = config.causal_mode, config.layer_norm_eps
+        for name, value in (("vocab_size", vocab_size), ("n_layers", config.n_layers)):
             if not isinstance(value, int) or value < 1:
                 raise ModelConfigError(f"{name} must be a positive integer, got {value!r}")
         if not integration_time > 0:
@@ -153,20 +149,20 @@ class NODETransformerLM(PretrainedMixin, nn.Module):
         self.integration_time = float(integration_time)
         self.kinetic_weight, self.jacobian_weight = float(kinetic_weight), float(jacobian_weight)
         self.causal_mode = causal_mode
-        self.integration = _integration(solver, steps, self.integration_time)
+        self.integration = _integration(config.solver, config.steps, self.integration_time)
         self.token_embedding = nn.Embedding(vocab_size, d_model)
         self.position_embedding = nn.Embedding(max_positions, d_model)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = nn.Dropout(config.dropout)
         self.fields = nn.ModuleList(
             DepthField(
                 d_model,
                 n_heads,
                 d_ff,
-                dropout=field_dropout,
-                time_conditioning=time_conditioning,
+                dropout=config.field_dropout,
+                time_conditioning=config.time_conditioning,
                 eps=layer_norm_eps,
             )
-            for _ in range(n_blocks)
+            for _ in range(config.n_layers)
         )
         self.norm = nn.LayerNorm(d_model, eps=layer_norm_eps)
         self.head = nn.Linear(d_model, vocab_size, bias=False)
@@ -327,7 +323,7 @@ class NODETransformerLM(PretrainedMixin, nn.Module):
             d_model=config.d_model,
             n_heads=config.n_heads,
             d_ff=config.d_ff,
-            n_blocks=config.n_layers,
+            n_layers=config.n_layers,
             max_positions=config.max_positions,
             solver={"method": method},
             steps=1,

@@ -8,7 +8,10 @@ is checked here, once, so the layers that build from it trust their arguments. `
 from __future__ import annotations
 
 import dataclasses
+import functools
+import typing
 from dataclasses import dataclass
+from typing import Literal
 
 from .blocks import BLOCKS
 from .errors import ODETransformerConfigError
@@ -18,10 +21,27 @@ from .tableau import Tableau
 POSITIONS = ("learned", "sinusoidal")
 """How position enters the input: a learned table or the fixed sinusoids of Vaswani et al."""
 
+BlockName = Literal[(*BLOCKS, "custom")]  # type: ignore[valid-type]
+"""A block of :data:`~ode_transformer.blocks.BLOCKS` (``custom``: a user tableau)."""
+SublayerName = Literal[tuple(SUBLAYERS)]  # type: ignore[valid-type]
+StackName = Literal[tuple(STACKS)]  # type: ignore[valid-type]
 
-@dataclass
+
+@functools.cache
+def _choices() -> dict[str, tuple[str, ...]]:
+    """The ``Literal`` fields of :class:`ODETransformerConfig` and their values: the one
+    list of every name choice (jsonargparse reads the same types from a run config)."""
+    hints = typing.get_type_hints(ODETransformerConfig)
+    return {
+        name: typing.get_args(hint)
+        for name, hint in hints.items()
+        if typing.get_origin(hint) is Literal
+    }
+
+
+@dataclass(frozen=True)
 class ODETransformerConfig:
-    """Sizes and architecture of an ODE Transformer LM or encoder.
+    """Sizes and architecture of an ODE Transformer LM or encoder (``ode_transformer``).
 
     ``block`` names a block of :data:`ode_transformer.blocks.BLOCKS`; alternatively pass
     ``tableau=(A, b)`` (explicit, fixed weights), which sets ``block="custom"``.
@@ -30,6 +50,25 @@ class ODETransformerConfig:
     ``sinusoidal``) and ``scale_embeddings`` (token embeddings times ``sqrt(d_model)``, as
     in Vaswani et al.) shape the input to the first block only, so every block compares on
     the same input.
+
+    Attributes:
+        vocab_size: tokens of the vocabulary (the tokenizer's, in a run config)
+        d_model: width of the residual stream
+        n_heads: attention heads
+        d_ff: hidden width of the feed-forward network
+        n_layers: layers, each one block
+        max_positions: longest sequence
+        dropout: dropout on the embeddings and sub-layer outputs
+        attention_dropout: dropout on the attention weights
+        relu_dropout: dropout inside the feed-forward network
+        block: the Runge-Kutta block of every layer (custom: the tableau's)
+        tableau: your own explicit Runge-Kutta method as [A, b] (sets block custom)
+        sublayer: the function F of a block: attention, ffn or both
+        stack: how layers combine: plain or macaron
+        tie_embeddings: the output projection shares the token embedding
+        layer_norm_eps: LayerNorm epsilon
+        positions: learned or sinusoidal positions
+        scale_embeddings: token embeddings times sqrt(d_model) (Vaswani et al.)
     """
 
     vocab_size: int = 10000
@@ -41,13 +80,13 @@ class ODETransformerConfig:
     dropout: float = 0.1
     attention_dropout: float = 0.1
     relu_dropout: float = 0.1
-    block: str = "residual"
+    block: BlockName = "residual"
     tableau: tuple | None = None
-    sublayer: str = "both"
-    stack: str = "plain"
+    sublayer: SublayerName = "both"
+    stack: StackName = "plain"
     tie_embeddings: bool = True
     layer_norm_eps: float = 1e-5
-    positions: str = "learned"
+    positions: Literal[POSITIONS] = "learned"  # type: ignore[valid-type]
     scale_embeddings: bool = False
 
     def __post_init__(self) -> None:
@@ -84,25 +123,18 @@ class ODETransformerConfig:
             tableau = (
                 Tableau(*self.tableau) if not isinstance(self.tableau, Tableau) else self.tableau
             )
-            self.tableau = (tableau.A, tableau.b)
-            self.block = "custom"
+            object.__setattr__(self, "tableau", (tableau.A, tableau.b))
+            object.__setattr__(self, "block", "custom")
         elif self.block not in BLOCKS:
             raise ODETransformerConfigError(
                 f"unknown block {self.block!r}; valid: {', '.join(BLOCKS)} "
                 "(or pass tableau=(A, b) for your own explicit Runge-Kutta method)"
             )
-        if self.positions not in POSITIONS:
-            raise ODETransformerConfigError(
-                f"unknown positions {self.positions!r}; valid: {', '.join(POSITIONS)}"
-            )
-        if self.sublayer not in SUBLAYERS:
-            raise ODETransformerConfigError(
-                f"unknown sublayer {self.sublayer!r}; valid: {', '.join(SUBLAYERS)}"
-            )
-        if self.stack not in STACKS:
-            raise ODETransformerConfigError(
-                f"unknown stack {self.stack!r}; valid: {', '.join(STACKS)}"
-            )
+        for name, valid in _choices().items():
+            if name != "block" and getattr(self, name) not in valid:
+                raise ODETransformerConfigError(
+                    f"unknown {name} {getattr(self, name)!r}; valid: {', '.join(valid)}"
+                )
         if self.stack == "macaron":
             if self.block != "residual" or self.sublayer != "both":
                 raise ODETransformerConfigError(

@@ -1,21 +1,24 @@
 """``save_pretrained`` / ``from_pretrained`` for every model of the library, Hugging Face style.
 
 A saved model is a directory with ``config.json`` (the model's class, its family and its
-constructor arguments) and ``model.safetensors`` (the weights). Any ``nn.Module`` that
-inherits :class:`PretrainedMixin` gets both methods: like Lightning's
-``save_hyperparameters``, the mixin records the arguments of the outermost constructor
-call, so a model class needs no saving code of its own. A class whose constructor takes
-objects rather than plain values overrides :meth:`PretrainedMixin.pretrained_config` (what
-to write) and :meth:`PretrainedMixin.from_config` (how to rebuild).
+config) and ``model.safetensors`` (the weights). The library's models each hold one typed,
+frozen config (``model.config``, an instance of the class's ``config_class``): the saved
+config is ``{"vocab_size": ..., **config.to_dict()}`` and the model rebuilds from it. Any
+other ``nn.Module`` that inherits :class:`PretrainedMixin` (a user's own class) gets both
+methods too: for it, like Lightning's ``save_hyperparameters``, the mixin records the
+arguments of the outermost constructor call. A class whose constructor takes objects rather
+than plain values overrides :meth:`PretrainedMixin.pretrained_config` (what to write) and
+:meth:`PretrainedMixin.from_config` (how to rebuild).
 
-Tensors passed to a constructor (e.g. initial embeddings) are not written to the config:
-the weights file holds their trained values. Weights go through
-``safetensors.torch.save_model`` / ``load_model``, which keep tied weights tied.
+Tensors (e.g. initial embeddings) are not written to the config: the weights file holds
+their trained values. Weights go through ``safetensors.torch.save_model`` / ``load_model``,
+which keep tied weights tied.
 
 Loading runs no code named by the files: ``architecture`` must be one of
 :data:`ARCHITECTURES` (the library's own model classes) or the class ``from_pretrained`` is
 called on, the weights are safetensors (no pickle), their SHA-256 recorded in
-``config.json`` must match, and every weight must be finite.
+``config.json`` must match, and every weight must be finite. A config saved by odelm 0.3
+and before (the recorded constructor arguments, old key spellings) still loads.
 """
 
 from __future__ import annotations
@@ -105,18 +108,32 @@ def _json_ready(value: Any, key: str) -> Any:
 
 
 class PretrainedMixin:
-    """Adds ``save_pretrained(dir)`` and ``from_pretrained(dir)`` to an ``nn.Module``."""
+    """Adds ``save_pretrained(dir)`` and ``from_pretrained(dir)`` to an ``nn.Module``.
+
+    ``renamed_keys`` maps a constructor keyword an earlier version saved to its name now
+    (``num_layers`` -> ``n_layers``), so a model saved by that version still loads.
+    """
+
+    renamed_keys: typing.ClassVar[dict[str, str]] = {}
+    config_class: typing.ClassVar[type | None] = None
+    """The model's typed config (a dataclass): set, the model keeps one in ``self.config``
+    and its constructor arguments are not recorded."""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        if "__init__" in cls.__dict__:
+        if "__init__" in cls.__dict__ and cls.config_class is None:
             # wrapped to record the arguments save_pretrained writes to config.json
             cls.__init__ = _recording_arguments(cls.__dict__["__init__"])  # type: ignore[method-assign]
 
     def pretrained_config(self) -> dict[str, Any]:
-        """The constructor arguments as JSON data: ``type(self).from_config(config)`` rebuilds
-        the architecture."""
-        arguments = self.__dict__.get("_constructor_arguments", {})
+        """``vocab_size`` and the typed config (or, for a class without one, the recorded
+        constructor arguments) as JSON data: ``type(self).from_config(config)`` rebuilds the
+        architecture."""
+        config = getattr(self, "config", None)
+        if self.config_class is not None and isinstance(config, self.config_class):
+            arguments = {"vocab_size": self.vocab_size, **config.to_dict()}  # type: ignore[attr-defined]
+        else:
+            arguments = self.__dict__.get("_constructor_arguments", {})
         return {
             key: _json_ready(value, key)
             for key, value in arguments.items()
@@ -127,15 +144,17 @@ class PretrainedMixin:
     def from_config(cls, config: dict[str, Any]) -> Self:
         """A freshly initialised model from :meth:`pretrained_config`'s output (a dict given
         for a dataclass-typed constructor argument becomes that dataclass)."""
-        return cls(**_with_dataclasses(cls.__init__, config))
+        return cls(**_with_dataclasses(cls.__init__, _renamed(config, cls.renamed_keys)))
 
     def model_spec(self) -> dict[str, Any]:
         """``{"architecture", "family", "config"}``: what :func:`build_from_config` needs to
-        rebuild this model's architecture (Lightning keeps it as a hyperparameter)."""
+        rebuild this model's architecture (Lightning keeps it as a hyperparameter). ``family``
+        is the run config's ``model.family`` (the reference models': ``reference``)."""
         cls = type(self)
+        package = cls.__module__.split(".")[0]
         return {
             "architecture": f"{cls.__module__}:{cls.__qualname__}",
-            "family": cls.__module__.split(".")[0],
+            "family": "reference" if cls.__module__ == "experiments.reference" else package,
             "config": self.pretrained_config(),
         }
 
@@ -216,6 +235,14 @@ def _with_dataclasses(init: Any, config: dict[str, Any]) -> dict[str, Any]:
         if target is not None and isinstance(value, dict) and not takes_dict:
             arguments[key] = target(**value)
     return arguments
+
+
+def _renamed(config: dict[str, Any], renamed: dict[str, str]) -> dict[str, Any]:
+    """``config`` (and a nested ``config`` mapping) with old keyword names made current."""
+    out = {renamed.get(key, key): value for key, value in config.items()}
+    if isinstance(out.get("config"), dict) and renamed:
+        out["config"] = _renamed(out["config"], renamed)
+    return out
 
 
 def _is_tensor(value: Any) -> bool:

@@ -200,12 +200,10 @@ def test_every_listed_key_is_accepted_by_its_model():
     ode_transformer = {k: v for k, v in keys["ode_transformer"].items() if k != "preset"}
     assert build_model({"family": "ode_transformer", **ode_transformer, **small}, vocab)
     lstm = {**keys["neuralode_lm: ode-lstm"], "embed_dim": 8, "hidden_dim": 8, "field_hidden": 8}
-    head = keys["ODE heads (ode-lstm, ode-gpt2, aug-ode-gpt2)"]
     solver = keys["solver: {...} (ODE heads, node-transformer)"]
-    spec = {"family": "neuralode_lm", "name": "ode-lstm", **lstm, **head, "solver": solver}
+    spec = {"family": "neuralode_lm", "name": "ode-lstm", **lstm, "solver": solver}
     assert build_model(spec, vocab)
     node = {**keys["neuralode_lm: node-transformer"], **small, "solver": solver}
-    node = {k: v for k, v in node.items() if k != "n_layers"}
     assert build_model({"family": "neuralode_lm", "name": "node-transformer", **node}, vocab)
     reference = {**keys["reference: transformer"], **small}
     assert build_model({"family": "reference", "name": "transformer", **reference}, vocab)

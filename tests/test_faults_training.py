@@ -234,7 +234,8 @@ def test_compare_names_a_failed_run_keeps_the_others_and_retrains_changed_config
     tmp_path, tiny_model, capsys
 ):
     runs = [
-        {"name": "broken", "model": {**tiny_model, "no_such_option": 1}},
+        # a model: section of valid keys and types that its model refuses when built
+        {"name": "broken", "model": {**tiny_model, "d_model": 30, "n_heads": 4}},
         {"name": "fine", "model": tiny_model},
     ]
     grid = tmp_path / "grid.yaml"
@@ -244,7 +245,7 @@ def test_compare_names_a_failed_run_keeps_the_others_and_retrains_changed_config
     threads, err = capsys.readouterr().err.strip().split("\n")  # the thread policy's line first
     log = out / "logs" / "broken.log"
     assert threads.startswith("threads: ") and "broken" in err and str(log) in err
-    assert "no_such_option" in log.read_text()
+    assert "not divisible by n_heads=4" in log.read_text()
     finished = out / "runs" / "fine" / "result.json"
     assert json.loads(finished.read_text())["steps"] == 4
     assert "| fine |" in (out / "results.md").read_text()
@@ -445,7 +446,7 @@ def test_a_key_added_later_keeps_old_runs_hashes() -> None:
     while turning it on is a change."""
     from experiments.runs import IDENTITY_ADDED, config_sha256, identity
 
-    values = {"model": {"family": "lstm"}, "trainer": {"max_steps": 4}}
+    values = {"model": {"family": "reference"}, "trainer": {"max_steps": 4}}
     plain = parse_config(values)
     assert IDENTITY_ADDED == {"trainer.compile": False}
     assert "trainer.compile" not in identity(plain)

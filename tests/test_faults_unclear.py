@@ -84,7 +84,7 @@ CLI_CASES: dict[str, tuple[Callable[[Path], list[str]], str]] = {
     "data seed negative": (_train(data={"seed": -3}), "data.seed = -3 is out of range"),
     "key of another family": (
         _train(model=OTHER_FAMILY),
-        "model.block, model.d_ff, model.d_model, model.n_heads, model.n_layers, model.preset "
+        "model.block, model.d_ff, model.d_model, model.n_heads, model.preset "
         + "are not keys of neuralode_lm ode-lstm; its keys: family, name, embed_dim",
     ),
     "mini with one line": (_one_line_mini, "is empty; protocol mini trains on the first 90%"),
@@ -230,7 +230,7 @@ def test_a_model_too_large_for_memory_is_refused_before_it_is_built(spec, vocab,
         TINY_MODEL,
         {**TINY_MODEL, "tie_embeddings": False, "stack": "macaron", "block": "residual"},
         {"family": "neuralode_lm", "name": "lstm", "embed_dim": 8, "hidden_dim": 12},
-        {"family": "neuralode_lm", "name": "ode-lstm", "embed_dim": 8, "num_layers": 2},
+        {"family": "neuralode_lm", "name": "ode-lstm", "embed_dim": 8, "n_layers": 2},
         {"family": "neuralode_lm", "name": "node-transformer", "d_model": 16, "n_heads": 2},
         {"family": "reference", "name": "transformer", "d_model": 16, "d_ff": 24},
         {"family": "reference"},

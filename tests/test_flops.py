@@ -120,7 +120,7 @@ def test_neuralode_lm_lstm_counts_its_fused_recurrence():
             "name": "lstm",
             "embed_dim": 32,
             "hidden_dim": 48,
-            "num_layers": 2,
+            "n_layers": 2,
         },
         VOCAB,
     )

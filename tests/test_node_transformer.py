@@ -48,7 +48,7 @@ def test_rk4_grid_one_step_per_unit_depth_is_an_ode_transformer_rk4_block():
         block="rk4",
     )
     discrete = ODETransformerLM(config).eval()
-    continuous = tiny(n_blocks=2, solver={"method": "rk4"}, steps=1)
+    continuous = tiny(n_layers=2, solver={"method": "rk4"}, steps=1)
     state = {}
     for name, value in discrete.state_dict().items():
         if name.startswith("stack.layers."):
@@ -119,7 +119,7 @@ def test_fixed_grid_converges_to_the_tight_dopri5_solution_with_rk4_order():
 
 
 def test_fixed_grid_generation_with_a_per_stage_cache_equals_recomputation():
-    model = tiny(n_blocks=2, solver={"method": "rk3"}, steps=2, time_conditioning="film")
+    model = tiny(n_layers=2, solver={"method": "rk3"}, steps=2, time_conditioning="film")
     randomize_time_codes(model)
     x = tokens(2, 8)
     cache = KVCache()
