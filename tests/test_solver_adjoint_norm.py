@@ -95,3 +95,33 @@ def test_a_model_builds_its_solver_config_once_not_per_forward(
     logits.sum().backward()
     assert built == []  # no SolverConfig was made (validated) in the forward or backward
     torch.testing.assert_close(logits, before)
+
+
+def test_result_records_the_adjoints_backward_nfe_only_where_training_used_it(
+    tmp_path, tiny_config
+) -> None:
+    from experiments.config import parse_config
+    from experiments.train import train
+
+    node = {"family": "neuralode_lm", "name": "node-transformer", "d_model": 16, "d_ff": 32}
+    results = {}
+    for adjoint in (True, False):
+        solver = {"method": "dopri5", "adjoint": adjoint}
+        if adjoint:
+            solver["adjoint_norm"] = "seminorm"
+        config = tiny_config(
+            tmp_path,
+            f"adjoint-{adjoint}",
+            trainer={"max_steps": 3, "val_every": 3, "checkpoint_every": 3},
+            eval={"bleu_sentences": 0},
+        )
+        config["model"] = {**node, "n_heads": 2, "solver": solver}  # replaces the tiny model
+        results[adjoint] = train(parse_config(config))
+    assert results[True]["train_nfe_backward"] > 0
+    assert "train_nfe_backward" not in results[False]
+
+
+def test_seminorm_saving_is_a_registered_benchmark() -> None:
+    from experiments.bench import BENCHMARKS, resolve
+
+    assert callable(resolve("seminorm-saving")) and "seminorm-saving" in BENCHMARKS
