@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from experiments.allocator import keep_freed_memory
 from experiments.compiled import CompiledModel
 from experiments.config import OptimConfig
 from experiments.contract import call_model, check_stateful, detach_state
@@ -94,6 +95,8 @@ class LMTask(FollowsTrainer, *lightning_bases("LightningModule")):  # type: igno
 
     def on_fit_start(self) -> None:
         self._fit_started = time.perf_counter()
+        if self.device.type == "cpu":
+            keep_freed_memory()  # no page faults on each step's fresh logit-sized buffers
 
     def elapsed(self) -> float:
         """Wall-clock seconds of training so far, across resumptions."""
