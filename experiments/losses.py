@@ -56,41 +56,6 @@ class _ChunkedCrossEntropy(torch.autograd.Function):
         return out, None, None
 
 
-class _BlockedCrossEntropy(torch.autograd.Function):
-    """``F.cross_entropy`` (mean, ``ignore_index``) of fp32/fp64 logits, bit for bit: the
-    same kernels (log-softmax, NLL, log-softmax backward) applied to blocks of rows, so the
-    one-hot gradient and the log-softmax backward of a block stay in cache."""
-
-    @staticmethod
-    def forward(ctx, logits: torch.Tensor, targets: torch.Tensor, ignore_index: int):
-        log_probs = torch.empty_like(logits)
-        for start in range(0, logits.shape[0], ROWS_PER_BLOCK):
-            rows = slice(start, start + ROWS_PER_BLOCK)
-            torch.log_softmax(logits[rows], 1, out=log_probs[rows])
-        keep = targets != ignore_index
-        safe = targets.masked_fill(~keep, 0)
-        # NLL over the picked log-probabilities as one-class rows: the same values summed
-        # in the same order as F.nll_loss over all classes
-        picked = log_probs.gather(1, safe[:, None])
-        loss = F.nll_loss(picked, targets.masked_fill(keep, 0), ignore_index=ignore_index)
-        ctx.save_for_backward(log_probs, safe, keep)
-        return loss
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        log_probs, safe, keep = ctx.saved_tensors
-        weight = (-grad / keep.sum()).to(log_probs.dtype)
-        picked = torch.where(keep, weight, 0.0).to(log_probs.dtype)[:, None]
-        out = torch.empty_like(log_probs)
-        for start in range(0, log_probs.shape[0], ROWS_PER_BLOCK):
-            rows = slice(start, start + ROWS_PER_BLOCK)
-            onehot = torch.zeros_like(log_probs[rows]).scatter_(1, safe[rows, None], picked[rows])
-            out[rows] = torch._log_softmax_backward_data(
-                onehot, log_probs[rows], 1, log_probs.dtype
-            )
-        return out, None, None
-
-
 def chunked_cross_entropy(
     logits: torch.Tensor, targets: torch.Tensor, ignore_index: int = -100
 ) -> torch.Tensor:
@@ -108,9 +73,7 @@ def training_nll(
     sliced off: no copy of the logits forward or backward, the same gradients bit for bit
     (the loss value may differ in its last bit, a different summation). Low-precision
     logits (mixed precision) are scored in fp32 blocks of rows
-    (:func:`experiments.losses.chunked_cross_entropy`); fp32 logits by
-    ``F.cross_entropy``'s own kernels on blocks of rows (the same bits, about a third less
-    time: the one-hot gradient and its log-softmax backward stay in cache)."""
+    (:func:`experiments.losses.chunked_cross_entropy`)."""
     length = tokens.shape[1]
     if mask is not None or logits.shape[1] not in (length, length - 1):
         loss, _ = lm_nll(logits, tokens, mask, reduction="mean", label_smoothing=label_smoothing)
@@ -121,8 +84,6 @@ def training_nll(
     predictions, targets = logits.reshape(-1, logits.shape[-1]), targets.reshape(-1)
     if predictions.dtype in (torch.bfloat16, torch.float16) and not label_smoothing:
         return chunked_cross_entropy(predictions, targets, IGNORE_INDEX)
-    if not label_smoothing:
-        return _BlockedCrossEntropy.apply(predictions, targets, IGNORE_INDEX)
     return F.cross_entropy(
         predictions.float(), targets, ignore_index=IGNORE_INDEX, label_smoothing=label_smoothing
     )
