@@ -28,6 +28,7 @@ BENCHMARKS: dict[str, str] = {
     "solver-overhead": "neuralode_lm.benchmarks:solver_overhead",
     "ct-step-overhead": "neuralode_lm.ct_benchmarks:ct_step_overhead",
     "ct-adjoint-memory": "neuralode_lm.ct_benchmarks:ct_adjoint_memory",
+    "seminorm-saving": "neuralode_lm.ct_benchmarks:seminorm_saving",
     "precision-speedup": "experiments.benchmarks_speed:precision_speedup",
     "peak": "experiments.benchmarks_speed:peak",
     "compile-speedup": "experiments.benchmarks_speed:compile_speedup",

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from experiments.allocator import keep_freed_memory
 from experiments.compiled import CompiledModel
 from experiments.config import OptimConfig
 from experiments.contract import call_model, check_stateful, detach_state
@@ -86,6 +87,7 @@ class LMTask(FollowsTrainer, *lightning_bases("LightningModule")):  # type: igno
         self._val_state: Any = None
         self.annealer: PlateauAnnealer | None = None
         self._restored_annealer: dict[str, Any] | None = None
+        self.adjoint_nfe = [0, 0]  # the adjoint's backward NFE summed over steps, and steps
 
     def configure_callbacks(self) -> list[Any]:
         """A progress bar that counts steps when the budget is in steps."""
@@ -93,6 +95,8 @@ class LMTask(FollowsTrainer, *lightning_bases("LightningModule")):  # type: igno
 
     def on_fit_start(self) -> None:
         self._fit_started = time.perf_counter()
+        if self.device.type == "cpu":
+            keep_freed_memory()  # no page faults on each step's fresh logit-sized buffers
 
     def elapsed(self) -> float:
         """Wall-clock seconds of training so far, across resumptions."""
@@ -150,6 +154,9 @@ class LMTask(FollowsTrainer, *lightning_bases("LightningModule")):  # type: igno
         return (self.global_step + 1) % self.trainer.log_every_n_steps == 0
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        stats = getattr(self.model, "solver_stats", None)
+        if stats is not None and getattr(stats, "adjoint", "direct") != "direct":
+            self.adjoint_nfe = [self.adjoint_nfe[0] + stats.nfe_backward, self.adjoint_nfe[1] + 1]
         if not self.logs_this_step():
             return  # Lightning writes step logs only at this cadence; skip the norms
         blocks = self.model.block_modules() if hasattr(self.model, "block_modules") else []
@@ -159,9 +166,14 @@ class LMTask(FollowsTrainer, *lightning_bases("LightningModule")):  # type: igno
                 self.log(f"grad_norm/block_{index}", torch.stack(grads).norm())
         # Continuous-depth models expose the latest solve's statistics; the backward NFE of
         # this step is known only now, after backward and before the optimizer step.
-        stats = getattr(self.model, "solver_stats", None)
         if stats is not None and stats.nfe_backward:
             self.log("train/nfe_backward", float(stats.nfe_backward))
+
+    def adjoint_record(self) -> dict[str, float]:
+        """``{"train_nfe_backward": mean backward NFE per step}`` where training used the
+        adjoint (its backward solve's evaluations), else ``{}``."""
+        total, steps = self.adjoint_nfe
+        return {"train_nfe_backward": total / steps} if steps else {}
 
     def on_validation_epoch_start(self) -> None:
         self.val_nll, self.val_tokens, self._val_state = 0.0, 0, None
@@ -233,6 +245,7 @@ class LMTask(FollowsTrainer, *lightning_bases("LightningModule")):  # type: igno
         checkpoint["rng_state"] = torch.get_rng_state()
         checkpoint["elapsed_s"] = self.elapsed()
         checkpoint["stream_state"] = self.train_state
+        checkpoint["adjoint_nfe"] = self.adjoint_nfe
         if self.annealer is not None:
             checkpoint["annealer"] = self.annealer.state_dict()
 
@@ -240,6 +253,7 @@ class LMTask(FollowsTrainer, *lightning_bases("LightningModule")):  # type: igno
         self._restored_rng = checkpoint.get("rng_state")
         self.elapsed_before = checkpoint.get("elapsed_s", 0.0)
         self.train_state = checkpoint.get("stream_state")
+        self.adjoint_nfe = checkpoint.get("adjoint_nfe", [0, 0])
         self._restored_annealer = checkpoint.get("annealer")
 
     def on_train_start(self) -> None:

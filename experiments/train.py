@@ -239,6 +239,7 @@ def _train_locked(
         "train_seconds": task.elapsed(),
         "train_tokens_per_s": parts.meter.tokens_per_second,
         "train_mfu": parts.meter.utilisation(parts.meter.tokens_per_second),
+        **task.adjoint_record(),
         "peak_memory_mb": peak_memory_mb(next(model.parameters()).device),
         "seed": config.seed,
         "config_sha256": config_sha256(config),

@@ -60,6 +60,7 @@ class _SummedStats:
     nfe_backward = property(lambda self: self._sum("nfe_backward"))
     accepted_steps = property(lambda self: self._sum("accepted_steps"))
     rejected_steps = property(lambda self: self._sum("rejected_steps"))
+    adjoint = property(lambda self: self.stats[0].adjoint if self.stats else "direct")
 
 
 def _integration(

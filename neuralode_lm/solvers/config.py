@@ -19,6 +19,7 @@ from .errors import SolverConfigError, UnknownSolverOptionError
 __all__ = [
     "ADAPTIVE_METHODS",
     "ADJOINT_KINDS",
+    "ADJOINT_NORMS",
     "BACKEND_METHODS",
     "DEFAULT_MAX_NUM_STEPS",
     "FIXED_METHODS",
@@ -41,6 +42,11 @@ BACKEND_METHODS: dict[str, frozenset[str]] = {
 }
 
 ADJOINT_KINDS = ("direct", "backsolve", "interpolated")
+ADJOINT_NORMS = ("mixed", "seminorm")
+"""Error norms of the adjoint's backward solve: torchdiffeq's default (the largest RMS of
+the state, the adjoint state and the parameter gradients) or the seminorm (Kidger et al.
+2021), which leaves the parameter gradients out of step-size control: the same gradients
+within tolerance, usually with fewer backward steps."""
 
 # A healthy solve of a trained NODE-LM head takes tens of steps; a stiff or diverging field
 # can take millions. The cap turns such a solve into a MaxStepsExceeded error in seconds.
@@ -68,6 +74,9 @@ class SolverConfig:
             the NFE and last step size. ``None`` removes the cap.
         adjoint_method, adjoint_rtol, adjoint_atol: options of the backward solve
             (default: those of the forward solve).
+        adjoint_norm: the backward solve's error norm, ``"mixed"`` (torchdiffeq's default)
+            or ``"seminorm"`` (:data:`ADJOINT_NORMS`; torchdiffeq's adjoint with an
+            adaptive method only).
     """
 
     method: str = "dopri5"
@@ -80,6 +89,7 @@ class SolverConfig:
     adjoint_method: str | None = None
     adjoint_rtol: float | None = None
     adjoint_atol: float | None = None
+    adjoint_norm: str = "mixed"
 
     def __post_init__(self) -> None:
         _validate(self)
@@ -231,9 +241,25 @@ def _validate(cfg: SolverConfig) -> None:
             raise SolverConfigError(
                 "a fixed-grid adjoint_method needs a fixed-grid method (step_size)"
             )
+    _check_adjoint_norm(cfg, kind)
     if kind != "direct" and cfg.backend == "torchdyn" and cfg.fixed:
         raise SolverConfigError("TorchDyn's adjoints need an adaptive method (e.g. dopri5) here")
     if kind == "interpolated" and cfg.backend != "torchdyn":
         raise SolverConfigError(
             "the interpolated adjoint is TorchDyn's; use backend='torchdyn' or adjoint=True"
+        )
+
+
+def _check_adjoint_norm(cfg: SolverConfig, kind: str) -> None:
+    if cfg.adjoint_norm not in ADJOINT_NORMS:
+        raise SolverConfigError(
+            f"unknown adjoint_norm {cfg.adjoint_norm!r}; valid: {', '.join(ADJOINT_NORMS)}"
+        )
+    if cfg.adjoint_norm == "mixed":
+        return
+    if kind != "backsolve" or cfg.backend != "torchdiffeq" or cfg.fixed:
+        raise SolverConfigError(
+            "adjoint_norm='seminorm' controls the steps of torchdiffeq's adjoint backward "
+            "solve: it needs adjoint=True, backend='torchdiffeq' and an adaptive method "
+            f"(got adjoint={cfg.adjoint!r}, backend={cfg.backend!r}, method={cfg.method!r})"
         )

@@ -59,7 +59,10 @@ def solve(
         SolverError: MaxStepsExceeded, NonFiniteStateError or StepSizeUnderflowError when
             the solve fails.
     """
-    cfg = SolverConfig.coerce(config, **options)
+    if isinstance(config, SolverConfig) and not options:
+        cfg = config  # a model builds (and validates) its config once, at construction
+    else:
+        cfg = SolverConfig.coerce(config, **options)
     if not isinstance(y0, torch.Tensor) or not y0.is_floating_point():
         raise TypeError("y0 must be a floating-point tensor")
     if y0.dim() == 0 or y0.numel() == 0:

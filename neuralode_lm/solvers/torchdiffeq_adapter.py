@@ -8,7 +8,7 @@ under :data:`CLASSIC_RK4`, and the facade's ``rk4_38`` is torchdiffeq's ``rk4``.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torchdiffeq
@@ -99,7 +99,7 @@ def run(
                 adjoint_method=adjoint_method,
                 adjoint_rtol=cfg.adjoint_rtol or cfg.rtol,
                 adjoint_atol=cfg.adjoint_atol or cfg.atol,
-                adjoint_options=dict(options) if cfg.fixed else {},
+                adjoint_options=_adjoint_options(cfg, options),
                 adjoint_params=tuple(p for p in field.parameters() if p.requires_grad),
             )
     except AssertionError as error:  # torchdiffeq's own checks, e.g. "underflow in dt"
@@ -107,3 +107,10 @@ def run(
     if cfg.fixed:
         monitor.set_step_counts(monitor.steps, 0)
     return states
+
+
+def _adjoint_options(cfg: SolverConfig, options: dict[str, Any]) -> dict[str, Any]:
+    """torchdiffeq's ``adjoint_options``: the forward grid, or the seminorm if asked for."""
+    if cfg.fixed:
+        return dict(options)
+    return {"norm": "seminorm"} if cfg.adjoint_norm == "seminorm" else {}
