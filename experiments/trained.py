@@ -251,7 +251,7 @@ class TrainedRun:
         :func:`experiments.decoding.decode_continuation`: ``generator`` (a generator of your
         own, used instead of ``seed``), ``eos_id``, ``length_penalty``, ``use_cache``.
         """
-        from experiments.decoding import decode_continuation
+        from odelm.decoding import decode_continuation
 
         options.setdefault("generator", torch.Generator().manual_seed(seed))
         if stop_at_eos:

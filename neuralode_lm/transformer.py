@@ -26,9 +26,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from ode_transformer import generation
 from ode_transformer.backbone import init_weights
 from ode_transformer.layers import KVCache
+from odelm import decoding
 from odelm.pretrained import PretrainedMixin
 
 from .depth_field import GRID_TABLEAUX, DepthField, FixedGrid
@@ -295,15 +295,15 @@ class NODETransformerLM(PretrainedMixin, nn.Module):
     @property
     def init_cache(self) -> type[KVCache] | None:
         """On a fixed grid, the factory of an empty cache (one key/value leaf per block,
-        step and stage), which the shared decoding in :mod:`ode_transformer.generation`
+        step and stage), which the shared decoding in :mod:`odelm.decoding`
         feeds incrementally; None for adaptive solves, whose steps depend on the whole
         prefix, so decoding recomputes it at every token."""
         return KVCache if isinstance(self.integration, FixedGrid) else None
 
     @torch.no_grad()
     def generate(self, tokens: torch.Tensor, max_new_tokens: int, **options: Any) -> torch.Tensor:
-        """Continue ``tokens`` with :func:`ode_transformer.generation.generate`."""
-        return generation.generate(self, tokens, max_new_tokens, **options)
+        """Continue ``tokens`` with :func:`odelm.decoding.generate`."""
+        return decoding.generate(self, tokens, max_new_tokens, **options)
 
     # -------------------------------------------------------------------------------------
 

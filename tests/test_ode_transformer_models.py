@@ -276,7 +276,7 @@ def test_ode_transformer_modules_import_without_a_circle() -> None:
 
 def test_user_errors_are_odelm_errors() -> None:
     """The command line prints OdelmError as one line; these are all things a user fixes."""
-    from ode_transformer.generation import generate
+    from odelm.decoding import generate
     from odelm.errors import OdelmError
 
     model = ODETransformerLM(tiny_config(max_positions=8))
