@@ -31,6 +31,7 @@ from .solvers import (
     odeint,
     solve,
 )
+from .stats import ForwardStats
 from .transformer import NODETransformerLM
 
 __all__ = [
@@ -43,6 +44,7 @@ __all__ = [
     "AugmentedODEGPT2",
     "AutonomousField",
     "CausalODEHead",
+    "ForwardStats",
     "GPT2Encoder",
     "LSTMConfig",
     "LSTMEncoder",

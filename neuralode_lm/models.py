@@ -29,7 +29,7 @@ from odelm.pretrained import PretrainedMixin
 from .encoders import GPT2Encoder, LSTMConfig, LSTMEncoder
 from .errors import ModelConfigError
 from .heads import CausalODEHead, ReconstructionODEDecoder
-from .solvers import SolverStats
+from .stats import ForwardStats
 from .transformer import NODETransformerLM
 
 __all__ = [
@@ -168,8 +168,9 @@ class _ODELanguageModel(PretrainedMixin, nn.Module):
         return self.head.is_causal
 
     @property
-    def solver_stats(self) -> SolverStats | None:
-        """Statistics of the latest solve (``nfe_backward`` filled by its backward pass)."""
+    def solver_stats(self) -> ForwardStats:
+        """Statistics of the latest forward pass (``nfe_backward`` filled by its backward
+        pass); the same type as :attr:`NODETransformerLM.solver_stats`."""
         return self.head.last_stats
 
     @property
