@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-LAYERS = ("odelm", "ode_transformer", "neuralode_lm", "experiments")
+LAYERS = ("odelm", "ode_transformer", "neuralode_lm", "experiments", "benchmarks")
 """The package layering, bottom first: a package imports only itself and packages before it
-(``odelm`` no other package of the library; the model packages never ``experiments``)."""
+(``odelm`` no other package of the library; the model packages never ``experiments``; no
+package imports ``benchmarks``, which ``odelm bench`` finds by name)."""
 PACKAGES = LAYERS
 MODULES = {
     ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__"): path
