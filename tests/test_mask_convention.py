@@ -1,8 +1,8 @@
 """One padding-mask convention across the library: ``attention_mask`` True on real tokens.
 
-The harness's sentence batches, the contract's ``call_model``, GPT-2 based models and the
-ODE Transformer encoder all read the same mask without conversion, with the numbers of
-the old ``padding_mask`` (True at padding) spelling, which is refused with a hint.
+The harness's sentence batches reach a masked model through ``call_model`` unchanged, the
+ODE Transformer encoder reads them as GPT-2 does, its attention equals torch's under the
+negated ``key_padding_mask``, and the old ``padding_mask`` spelling is refused with a hint.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from torch import nn
 from experiments.data.batching import sentence_batch
 from ode_transformer import ODETransformerConfig, ODETransformerEncoder
 from ode_transformer.backbone import TokenInputError
-from ode_transformer.layers import AttentionContext
+from ode_transformer.layers import AttentionContext, MultiHeadSelfAttention
 from odelm.contract import call_model
 
 VOCAB = 23
@@ -61,17 +61,24 @@ def test_the_harness_mask_reaches_the_encoder_unchanged_and_hides_the_padding():
     torch.testing.assert_close(other_pad[1, :4], logits[1, :4], rtol=0, atol=1e-6)
 
 
-def test_the_encoder_gives_the_numbers_of_the_old_padding_mask_exactly():
-    """The old code masked keys with ``~padding_mask``; the attention mask is that tensor."""
-    tokens, mask = sentence_batch(SENTENCES, pad_id=1, bos_id=0, side="right")
-    encoder = _encoder()
-    padding_mask = ~mask
+def test_attention_under_the_mask_is_torchs_under_the_negated_key_padding_mask():
+    """The conversion at the boundary: ``attention_mask`` is ``~key_padding_mask``, number for
+    number, against ``torch.nn.MultiheadAttention`` with the same weights."""
+    torch.manual_seed(4)
+    attention = MultiHeadSelfAttention(16, 2, causal=False).eval()
+    reference = nn.MultiheadAttention(16, 2, batch_first=True).eval()
     with torch.no_grad():
-        new = encoder(tokens, attention_mask=mask)
-        old = encoder.states(tokens, context=AttentionContext(attention_mask=~padding_mask))
-        unmasked = encoder(tokens)
-    assert torch.equal(new, old)
-    assert (new[1, :4] - unmasked[1, :4]).abs().max() > 1e-4  # the mask does act
+        reference.in_proj_weight.copy_(attention.qkv.weight)
+        reference.in_proj_bias.copy_(attention.qkv.bias)
+        reference.out_proj.weight.copy_(attention.out.weight)
+        reference.out_proj.bias.copy_(attention.out.bias)
+        _, mask = sentence_batch(SENTENCES, pad_id=1, bos_id=0, side="left")
+        x = torch.randn(*mask.shape, 16)
+        ours = attention(x, AttentionContext(attention_mask=mask))
+        torchs, _ = reference(x, x, x, key_padding_mask=~mask, need_weights=False)
+        unmasked = attention(x)
+    torch.testing.assert_close(ours, torchs, rtol=0, atol=1e-6)
+    assert (ours - unmasked).abs().max() > 1e-3  # the mask does act
 
 
 def test_the_old_spelling_and_a_wrong_mask_are_refused_with_a_hint():
