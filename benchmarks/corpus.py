@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from benchmarks.timing import seconds
 from experiments.data.corpora import load_corpus
 from experiments.data.tokenization import LMData, WordTokenizer, encode_corpus
+from odelm.timing import seconds
 
 
 def corpus_load() -> list[dict[str, Any]]:

@@ -7,7 +7,7 @@
 * ``solver-overhead``: the facade against calling each backend directly.
 
 Each is sized to run in about a minute on a small CPU; the callers compared are timed by
-:func:`benchmarks.timing.alternating` and medians reported, so neither side gains from warm
+:func:`odelm.timing.alternating` and medians reported, so neither side gains from warm
 caches or from a busy machine. Iteration counts are in the records.
 """
 
@@ -23,11 +23,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from benchmarks.timing import alternating, medians, seconds
 from neuralode_lm.fields import MLPField
 from neuralode_lm.models import ODELSTM
 from neuralode_lm.solvers import solve
 from neuralode_lm.solvers.facade import _INSTALL_HINT
+from odelm.timing import alternating, medians, seconds
 
 __all__ = ["adjoint_memory", "ode_batching", "solver_overhead"]
 

@@ -2,7 +2,7 @@
 
 Each function returns a list of records (``bench``, ``metric``, ``value``, ``target``,
 ``unit``, ``better`` plus raw timings); the variants are timed by
-:func:`benchmarks.timing.alternating` and their medians compared.
+:func:`odelm.timing.alternating` and their medians compared.
 """
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ from typing import Any
 
 import torch
 
-from benchmarks.timing import alternating
 from ode_transformer.blocks import RKBlock
 from ode_transformer.config import ODETransformerConfig
 from ode_transformer.layers import PreNormAttentionFFN
 from ode_transformer.lm import ODETransformerLM
+from odelm.timing import alternating
 
 
 def rk_overhead(

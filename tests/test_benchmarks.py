@@ -6,8 +6,8 @@ from collections.abc import Callable
 
 import pytest
 
-from benchmarks.timing import alternating, medians
 from experiments.bench import BENCHMARKS, resolve
+from odelm.timing import alternating, medians
 
 
 def _recorder(log: list[str], name: str) -> Callable[[], None]:

@@ -1,4 +1,5 @@
-"""The one timing helper of every benchmark: variants interleaved, order alternating.
+"""The one timing helper of the library's benchmarks and measurements: variants
+interleaved, order alternating.
 
 Compared variants run inside one process, one round after another, in order on even
 rounds and reversed on odd ones, so no variant always runs first (cold caches) or last;
