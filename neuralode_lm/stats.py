@@ -30,6 +30,11 @@ class ForwardStats:
         return None if not values or None in values else sum(values)
 
     @property
+    def adjoint(self) -> str:
+        """How the solves backpropagate (their ``SolverStats.adjoint``; ``"direct"`` for none)."""
+        return self.solves[0].adjoint if self.solves else "direct"
+
+    @property
     def nfe_forward(self) -> int:
         """Evaluations of the field in the forward solves."""
         return sum(solve.nfe_forward for solve in self.solves)

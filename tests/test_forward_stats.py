@@ -46,6 +46,8 @@ def test_the_sums_are_over_solves() -> None:
     assert ForwardStats((a, a)).nfe_forward == 16 and ForwardStats((a, a)).accepted_steps == 4
     assert ForwardStats((a, b)).nfe_backward == 11 and ForwardStats((a, b)).rejected_steps is None
     assert ForwardStats().accepted_steps is None and ForwardStats().nfe_forward == 0
+    c = SolverStats("torchdiffeq", "dopri5", "backsolve", 10, 20, 3, 1)
+    assert ForwardStats((c, c)).adjoint == "backsolve" and ForwardStats().adjoint == "direct"
 
 
 def test_the_flagship_is_exported() -> None:
