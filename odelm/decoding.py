@@ -110,7 +110,7 @@ def generate(
     if not isinstance(prompt_ids, torch.Tensor) or prompt_ids.dim() != 2 or prompt_ids.shape[1] < 1:
         shape = tuple(prompt_ids.shape) if isinstance(prompt_ids, torch.Tensor) else prompt_ids
         raise DecodingError(f"prompt_ids must be a LongTensor [batch, P] with P >= 1, got {shape}")
-    was_training = getattr(model, "training", False)
+    was_training = getattr(model, "training", False)  # an nn.Module in training mode
     if was_training:
         model.eval()  # type: ignore[attr-defined]
     try:
@@ -123,7 +123,7 @@ def generate(
         )
     finally:
         if was_training:
-            model.train(True)  # type: ignore[attr-defined]  # `training` implies nn.Module
+            model.train(True)  # type: ignore[attr-defined]
 
 
 def _check_options(
