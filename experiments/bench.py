@@ -27,12 +27,12 @@ BENCHMARKS: dict[str, str] = {
     "ode-batching": "benchmarks.ode_heads:ode_batching",
     "adjoint-memory": "benchmarks.ode_heads:adjoint_memory",
     "solver-overhead": "benchmarks.ode_heads:solver_overhead",
-    "ct-step-overhead": "neuralode_lm.ct_benchmarks:ct_step_overhead",
-    "ct-adjoint-memory": "neuralode_lm.ct_benchmarks:ct_adjoint_memory",
-    "precision-speedup": "experiments.benchmarks_speed:precision_speedup",
-    "peak": "experiments.benchmarks_speed:peak",
-    "compile-speedup": "experiments.benchmarks_speed:compile_speedup",
-    "harness-throughput": "experiments.benchmarks_harness:harness_throughput",
+    "ct-step-overhead": "benchmarks.node_transformer:ct_step_overhead",
+    "ct-adjoint-memory": "benchmarks.node_transformer:ct_adjoint_memory",
+    "precision-speedup": "benchmarks.training_speed:precision_speedup",
+    "peak": "benchmarks.training_speed:peak",
+    "compile-speedup": "benchmarks.training_speed:compile_speedup",
+    "harness-throughput": "benchmarks.harness:harness_throughput",
 }
 
 
