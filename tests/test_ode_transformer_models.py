@@ -181,7 +181,9 @@ def test_encoder_is_bidirectional_and_ignores_padding() -> None:
     torch.testing.assert_close(hidden[1, :5], alone[0], rtol=0, atol=1e-5)
     other_pad = tokens.clone()
     other_pad[1, 5:] = 0
-    torch.testing.assert_close(encoder(other_pad, ~padding)[1, :5], hidden[1, :5], rtol=0, atol=1e-6)
+    torch.testing.assert_close(
+        encoder(other_pad, ~padding)[1, :5], hidden[1, :5], rtol=0, atol=1e-6
+    )
     future = tokens.clone()
     future[0, 8] = (future[0, 8] + 1) % VOCAB
     assert (encoder(future, ~padding)[0, 0] - hidden[0, 0]).abs().max() > 1e-4  # sees the future
