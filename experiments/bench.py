@@ -1,9 +1,10 @@
 """The benchmark registry behind ``odelm bench``.
 
-A benchmark is a function ``() -> list[dict]`` living in any package; each dict is one
-measurement with at least ``bench``, ``metric``, ``value``, ``target``, ``unit`` and
-``better`` ("lower" or "higher"; how ``value`` compares with ``target``). The registry maps
-names to ``"module:function"`` strings so model packages never import ``experiments``.
+A benchmark is a function ``() -> list[dict]`` (the library's own live in the top-level
+``benchmarks`` package); each dict is one measurement with at least ``bench``, ``metric``,
+``value``, ``target``, ``unit`` and ``better`` ("lower" or "higher"; how ``value`` compares
+with ``target``). The registry maps names to ``"module:function"`` strings, imported only
+when run, so ``benchmarks`` (which imports the harness) stays above it.
 """
 
 from __future__ import annotations
@@ -20,19 +21,19 @@ from odelm.errors import OdelmError
 REQUIRED_FIELDS = ("bench", "metric", "value", "target", "unit", "better")
 
 BENCHMARKS: dict[str, str] = {
-    "corpus-load": "experiments.data.benchmarks:corpus_load",
-    "rk-overhead": "ode_transformer.benchmarks:rk_overhead",
-    "generate-cache": "ode_transformer.benchmarks:generate_cache",
-    "ode-batching": "neuralode_lm.benchmarks:ode_batching",
-    "adjoint-memory": "neuralode_lm.benchmarks:adjoint_memory",
-    "solver-overhead": "neuralode_lm.benchmarks:solver_overhead",
-    "ct-step-overhead": "neuralode_lm.ct_benchmarks:ct_step_overhead",
-    "ct-adjoint-memory": "neuralode_lm.ct_benchmarks:ct_adjoint_memory",
-    "seminorm-saving": "neuralode_lm.ct_benchmarks:seminorm_saving",
-    "precision-speedup": "experiments.benchmarks_speed:precision_speedup",
-    "peak": "experiments.benchmarks_speed:peak",
-    "compile-speedup": "experiments.benchmarks_speed:compile_speedup",
-    "harness-throughput": "experiments.benchmarks_harness:harness_throughput",
+    "corpus-load": "benchmarks.corpus:corpus_load",
+    "rk-overhead": "benchmarks.rk_blocks:rk_overhead",
+    "generate-cache": "benchmarks.rk_blocks:generate_cache",
+    "ode-batching": "benchmarks.ode_heads:ode_batching",
+    "adjoint-memory": "benchmarks.ode_heads:adjoint_memory",
+    "solver-overhead": "benchmarks.ode_heads:solver_overhead",
+    "ct-step-overhead": "benchmarks.node_transformer:ct_step_overhead",
+    "ct-adjoint-memory": "benchmarks.node_transformer:ct_adjoint_memory",
+    "seminorm-saving": "benchmarks.node_transformer:seminorm_saving",
+    "precision-speedup": "benchmarks.training_speed:precision_speedup",
+    "peak": "benchmarks.training_speed:peak",
+    "compile-speedup": "benchmarks.training_speed:compile_speedup",
+    "harness-throughput": "benchmarks.harness:harness_throughput",
 }
 
 

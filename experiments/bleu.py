@@ -19,8 +19,8 @@ from typing import Any
 import torch
 from nltk.translate.bleu_score import SmoothingFunction, corpus_bleu
 
-from experiments.contract import call_model
-from experiments.decoding import decode_continuation
+from odelm.contract import call_model
+from odelm.decoding import decode_continuation
 from odelm.errors import OdelmError
 
 

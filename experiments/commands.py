@@ -337,8 +337,7 @@ def register_eval(commands: Any) -> None:
 
 
 def register_generate(commands: Any) -> None:
-    from experiments.decoding import STRATEGIES
-    from ode_transformer.generation import MAX_NEW_TOKENS
+    from odelm.decoding import MAX_NEW_TOKENS, STRATEGIES
 
     parser = commands.add_parser("generate", help="continue a prompt with a trained run")
     parser.add_argument("run", help="a run directory written by odelm train")

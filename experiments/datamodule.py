@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Iterator
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import torch
 from torch.utils.data import DataLoader, Sampler
@@ -103,7 +103,7 @@ class LMDataModule(FollowsTrainer, *lightning_bases("LightningDataModule")):  # 
         name: str,
         data_dir: str | None = None,
         protocol: str = "full",
-        tokenizer: str = "word",
+        tokenizer: Literal["word", "bpe"] = "word",
         batch_size: int = 16,
         bptt: int = 35,
         *,

@@ -15,7 +15,6 @@ import torch
 from torch import nn
 
 from experiments.config import DataConfig, RunConfig
-from experiments.contract import call_model, check_stateful
 from experiments.data.batching import (
     evaluation_windows,
     lm_nll,
@@ -24,6 +23,7 @@ from experiments.data.batching import (
 )
 from experiments.data.tokenization import LMData
 from experiments.flops import counting_flops
+from odelm.contract import call_model, check_stateful
 from odelm.errors import OdelmError
 
 FLOPS_SAMPLE = "every batch of the split, the forward passes of the perplexity and NFE"

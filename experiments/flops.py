@@ -36,7 +36,7 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 
-from experiments.contract import call_model
+from odelm.contract import call_model
 
 aten = torch.ops.aten
 

@@ -1,7 +1,7 @@
 """What the speed benchmarks share: the models, the library's training step, alternating
 timing, and the machine's matrix-product peak (the denominator of model FLOPs utilisation).
 
-The benchmarks (:mod:`experiments.benchmarks_speed`) time the library's own training step
+The benchmarks (:mod:`benchmarks.training_speed`) time the library's own training step
 (:class:`TrainingStep`: the task's loss under Lightning's precision plugin, backward,
 gradient clipping, the optimizer) on fixed random 20 x 35 batches with a 10k vocabulary,
 one thread unless ``ODELM_BENCH_THREADS`` says otherwise. Configurations are timed in one
@@ -12,8 +12,6 @@ changes during the run moves all of them alike.
 from __future__ import annotations
 
 import os
-import statistics
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -25,6 +23,7 @@ from experiments.config import OptimConfig
 from experiments.models import build_model
 from experiments.task import LMTask
 from odelm.errors import OdelmError
+from odelm.timing import alternating, medians
 
 VOCAB, BATCH, BPTT = 10_000, 20, 35
 """The reference example's word-level setting: 10k words, 20 x 35-token windows."""
@@ -135,18 +134,8 @@ def alternate(
     calls: dict[str, Callable[[], Any]], rounds: int, warmup: int = 1
 ) -> dict[str, float]:
     """Median seconds of each call over ``rounds`` rounds, alternating which goes first
-    (each call runs ``warmup`` times untimed before)."""
-    for call in calls.values():
-        for _ in range(warmup):
-            call()
-    seconds: dict[str, list[float]] = {name: [] for name in calls}
-    order = list(calls)
-    for index in range(rounds):
-        for name in order if index % 2 == 0 else order[::-1]:
-            started = time.perf_counter()
-            calls[name]()
-            seconds[name].append(time.perf_counter() - started)
-    return {name: statistics.median(values) for name, values in seconds.items()}
+    (each call runs ``warmup`` times untimed before): :mod:`odelm.timing`'s medians."""
+    return medians(alternating(calls, rounds, warmup=warmup))
 
 
 def step_loop(step: Callable[[torch.Tensor], Any], data: list[torch.Tensor]) -> Callable[[], None]:

@@ -20,7 +20,6 @@ from torch import nn
 from experiments.allocator import keep_freed_memory
 from experiments.compiled import CompiledModel
 from experiments.config import OptimConfig
-from experiments.contract import call_model, check_stateful, detach_state
 from experiments.data.batching import lm_nll
 from experiments.datamodule import StreamWindow
 from experiments.losses import training_nll
@@ -30,6 +29,7 @@ from experiments.recipes import (
     inverse_sqrt_lambda,
 )
 from experiments.spellings import FollowsTrainer, lightning_bases, step_progress_bar
+from odelm.contract import call_model, check_stateful, detach_state
 from odelm.errors import OdelmError
 
 

@@ -248,10 +248,10 @@ class TrainedRun:
 
         ``strategy`` is greedy, sample or beam; sampling draws from a ``torch.Generator``
         seeded with ``seed``. ``options`` go to
-        :func:`experiments.decoding.decode_continuation`: ``generator`` (a generator of your
+        :func:`odelm.decoding.decode_continuation`: ``generator`` (a generator of your
         own, used instead of ``seed``), ``eos_id``, ``length_penalty``, ``use_cache``.
         """
-        from experiments.decoding import decode_continuation
+        from odelm.decoding import decode_continuation
 
         options.setdefault("generator", torch.Generator().manual_seed(seed))
         if stop_at_eos:

@@ -40,6 +40,7 @@ from .solvers import (
     odeint,
     solve,
 )
+from .stats import ForwardStats
 from .transformer import NODETransformerLM
 
 __all__ = [
@@ -53,6 +54,7 @@ __all__ = [
     "AugmentedODEGPT2",
     "AutonomousField",
     "CausalODEHead",
+    "ForwardStats",
     "GPT2Encoder",
     "GPT2LMConfig",
     "LSTMConfig",

@@ -33,9 +33,9 @@ from .solvers import (
     BACKEND_METHODS,
     SolverConfig,
     SolverConfigError,
-    SolverStats,
     solve,
 )
+from .stats import ForwardStats
 
 __all__ = ["CausalODEHead", "ReconstructionODEDecoder", "RegularizedField"]
 
@@ -139,7 +139,7 @@ class _ODEHead(nn.Module):
         else:
             self.augment_proj = nn.Identity()
         self.proj = nn.Linear(self.width, vocab_size)
-        self.last_stats: SolverStats | None = None
+        self.last_stats = ForwardStats()
 
     def _augment(
         self, z: torch.Tensor, hidden: torch.Tensor, mask: torch.Tensor | None = None
@@ -164,13 +164,13 @@ class _ODEHead(nn.Module):
         kinetic, jacobian = self.kinetic_weight > 0, self.jacobian_weight > 0
         if not (self.training and (kinetic or jacobian)):
             states, stats = solve(self.field, z0, times, solver or self.solver)
-            self.last_stats = stats
+            self.last_stats = ForwardStats((stats,))
             return states, None
         regularized = RegularizedField(self.field, self.width, kinetic=kinetic, jacobian=jacobian)
         regularized.noise = torch.randn_like(z0) if jacobian else None
         x0 = torch.cat([z0, z0.new_zeros(z0.shape[0], regularized.extra)], dim=-1)
         states, stats = solve(regularized, x0, times, self.solver)
-        self.last_stats = stats
+        self.last_stats = ForwardStats((stats,))
         totals = states[-1, :, self.width :].mean(0)
         weights = [w for w in (self.kinetic_weight, self.jacobian_weight) if w > 0]
         reg = sum(w * total for w, total in zip(weights, totals))
@@ -178,8 +178,8 @@ class _ODEHead(nn.Module):
 
     def _aux(self, reg: torch.Tensor | None) -> dict[str, Any]:
         stats = self.last_stats
-        aux: dict[str, Any] = {"nfe": stats.nfe_forward if stats else 0}
-        if stats is not None and stats.accepted_steps is not None:
+        aux: dict[str, Any] = {"nfe": stats.nfe_forward}
+        if stats.accepted_steps is not None:
             aux["accepted_steps"] = stats.accepted_steps
             aux["rejected_steps"] = stats.rejected_steps
         if reg is not None:
@@ -282,7 +282,7 @@ class ReconstructionODEDecoder(_ODEHead):
         length = hidden.shape[1]
         z0 = self._augment(_row_states(hidden, mask, last=True), hidden, mask)
         if length == 1:
-            self.last_stats = None
+            self.last_stats = ForwardStats()
             return self.proj(z0)[:, None], self._aux(None)
         dtype = torch.promote_types(z0.dtype, torch.float32)  # bf16 states: fp32 times
         times = torch.linspace(0.0, self.integration_time, length, dtype=dtype, device=z0.device)

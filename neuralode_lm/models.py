@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -41,7 +41,7 @@ from .configs import (
 from .encoders import GPT2Encoder, LSTMEncoder
 from .errors import ModelConfigError
 from .heads import CausalODEHead, ReconstructionODEDecoder
-from .solvers import SolverStats
+from .stats import ForwardStats
 from .transformer import NODETransformerLM
 
 __all__ = [
@@ -149,7 +149,7 @@ class GPT2LM(PretrainedMixin, nn.Module):
 class _ODELanguageModel(PretrainedMixin, nn.Module):
     """Encoder + continuous-depth head; reports the solver's statistics."""
 
-    config_class: type[ODEHeadConfig] = ODEHeadConfig
+    config_class: ClassVar[type | None] = ODEHeadConfig
 
     def __init__(
         self, encoder: nn.Module, vocab_size: int, config: ODEHeadConfig, field_hidden: int | None
@@ -172,8 +172,9 @@ class _ODELanguageModel(PretrainedMixin, nn.Module):
         return self.head.is_causal
 
     @property
-    def solver_stats(self) -> SolverStats | None:
-        """Statistics of the latest solve (``nfe_backward`` filled by its backward pass)."""
+    def solver_stats(self) -> ForwardStats:
+        """Statistics of the latest forward pass (``nfe_backward`` filled by its backward
+        pass); the same type as :attr:`NODETransformerLM.solver_stats`."""
         return self.head.last_stats
 
     @property
@@ -216,10 +217,10 @@ class ODELSTM(_ODELanguageModel):
         **options: Any,
     ) -> None:
         base = None if config is None else ODELSTMConfig(**fields_of(config))
-        config = from_options(ODELSTMConfig, options, base)
-        encoder = LSTMEncoder(vocab_size, config.lstm())
-        super().__init__(encoder, vocab_size, config.head(), config.field_hidden)
-        self.config = config
+        settings = from_options(ODELSTMConfig, options, base)
+        encoder = LSTMEncoder(vocab_size, settings.lstm())
+        super().__init__(encoder, vocab_size, settings.head(), settings.field_hidden)
+        self.config = settings
         encoder.tie_output(self.head.proj)
 
     def forward(

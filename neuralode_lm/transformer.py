@@ -27,9 +27,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from ode_transformer import generation
 from ode_transformer.backbone import init_weights
 from ode_transformer.layers import KVCache
+from odelm import decoding
 from odelm.pretrained import PretrainedMixin
 
 from .configs import RENAMED, CausalMode, NODETransformerConfig, from_options
@@ -39,28 +39,11 @@ from .errors import ModelConfigError
 from .heads import RegularizedField
 from .solvers import FIXED_METHODS, SolverConfig, SolverStats, solve
 from .solvers.config import grid_steps
+from .stats import ForwardStats
 
 __all__ = ["CAUSAL_MODES", "NODETransformerLM"]
 
 CAUSAL_MODES = typing.get_args(CausalMode)
-
-
-class _SummedStats:
-    """The solver statistics of all blocks of one forward pass, summed lazily (the
-    backward NFE is filled in by each block's backward pass)."""
-
-    def __init__(self, stats: list[SolverStats]) -> None:
-        self.stats = stats
-
-    def _sum(self, name: str) -> int | None:
-        values = [getattr(s, name) for s in self.stats]
-        return None if any(v is None for v in values) else sum(values)
-
-    nfe_forward = property(lambda self: self._sum("nfe_forward"))
-    nfe_backward = property(lambda self: self._sum("nfe_backward"))
-    accepted_steps = property(lambda self: self._sum("accepted_steps"))
-    rejected_steps = property(lambda self: self._sum("rejected_steps"))
-    adjoint = property(lambda self: self.stats[0].adjoint if self.stats else "direct")
 
 
 def _integration(
@@ -169,12 +152,12 @@ class NODETransformerLM(PretrainedMixin, nn.Module):
         self.head = nn.Linear(d_model, vocab_size, bias=False)
         self.apply(init_weights)
         self.head.weight = self.token_embedding.weight
-        self.last_stats: list[SolverStats] = []
+        self.last_stats = ForwardStats()
 
     @property
-    def solver_stats(self) -> _SummedStats:
-        """Statistics of the latest forward pass, summed over blocks."""
-        return _SummedStats(self.last_stats)
+    def solver_stats(self) -> ForwardStats:
+        """Statistics of the latest forward pass, one solve per block."""
+        return self.last_stats
 
     @property
     def exactly_causal(self) -> bool:
@@ -196,9 +179,9 @@ class NODETransformerLM(PretrainedMixin, nn.Module):
 
     def _solve_block(
         self, field: DepthField, y: torch.Tensor, cache: KVCache | None
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """``y(S)`` of one block and, in training with weights, its RNODE regulariser
-        (the kinetic / Jacobian integrals ride along as extra state columns)."""
+    ) -> tuple[torch.Tensor, torch.Tensor | None, SolverStats]:
+        """``y(S)`` of one block, in training with weights its RNODE regulariser (the
+        kinetic / Jacobian integrals ride along as extra state columns), and its solve."""
         kinetic, jacobian = self.kinetic_weight > 0, self.jacobian_weight > 0
         regularized = None
         if self.training and (kinetic or jacobian):
@@ -220,13 +203,12 @@ class NODETransformerLM(PretrainedMixin, nn.Module):
             times = torch.tensor([0.0, self.integration_time], dtype=y.dtype, device=y.device)
             states, stats = solve(target, x0, times, self.integration)
             final = states[-1]
-        self.last_stats.append(stats)
         if regularized is None:
-            return final, None
+            return final, None, stats
         width = y.shape[-1]
         totals = final[..., width:].reshape(-1, regularized.extra).mean(0)
         weights = [w for w in (self.kinetic_weight, self.jacobian_weight) if w > 0]
-        return final[..., :width], sum(w * t for w, t in zip(weights, totals))
+        return final[..., :width], sum(w * t for w, t in zip(weights, totals)), stats
 
     def final_state(
         self, tokens: torch.Tensor, cache: KVCache | None = None
@@ -237,16 +219,17 @@ class NODETransformerLM(PretrainedMixin, nn.Module):
         check_token_batch(tokens, self.vocab_size, self.max_positions, offset=start)
         positions = torch.arange(start, start + tokens.shape[1], device=tokens.device)
         y = self.dropout(self.token_embedding(tokens) + self.position_embedding(positions))
-        self.last_stats = []
-        reg = None
+        reg, solves = None, []
         for index, field in enumerate(self.fields):
-            y, block_reg = self._solve_block(
+            y, block_reg, stats = self._solve_block(
                 field, y, None if cache is None else cache.child(index)
             )
+            solves.append(stats)
             if block_reg is not None:
                 reg = block_reg if reg is None else reg + block_reg
         if cache is not None:
             cache.position += tokens.shape[1]
+        self.last_stats = ForwardStats(tuple(solves))
         return y, reg
 
     def _prefix_states(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -257,9 +240,9 @@ class NODETransformerLM(PretrainedMixin, nn.Module):
             for t in range(tokens.shape[1]):
                 y, _ = self.final_state(tokens[b : b + 1, : t + 1])
                 row.append(y[0, -1])
-                stats.extend(self.last_stats)
+                stats.extend(self.last_stats.solves)
             rows.append(torch.stack(row))
-        self.last_stats = stats
+        self.last_stats = ForwardStats(tuple(stats))
         return torch.stack(rows)
 
     def forward(
@@ -274,7 +257,7 @@ class NODETransformerLM(PretrainedMixin, nn.Module):
         else:
             y, reg = self.final_state(tokens, cache)
         stats = self.solver_stats
-        solves = max(1, len(self.last_stats) // len(self.fields))
+        solves = max(1, len(stats.solves) // len(self.fields))
         aux: dict[str, Any] = {
             "nfe": stats.nfe_forward if solves == 1 else stats.nfe_forward / solves,
             "accepted_steps": stats.accepted_steps,
@@ -292,15 +275,15 @@ class NODETransformerLM(PretrainedMixin, nn.Module):
     @property
     def init_cache(self) -> type[KVCache] | None:
         """On a fixed grid, the factory of an empty cache (one key/value leaf per block,
-        step and stage), which the shared decoding in :mod:`ode_transformer.generation`
+        step and stage), which the shared decoding in :mod:`odelm.decoding`
         feeds incrementally; None for adaptive solves, whose steps depend on the whole
         prefix, so decoding recomputes it at every token."""
         return KVCache if isinstance(self.integration, FixedGrid) else None
 
     @torch.no_grad()
     def generate(self, tokens: torch.Tensor, max_new_tokens: int, **options: Any) -> torch.Tensor:
-        """Continue ``tokens`` with :func:`ode_transformer.generation.generate`."""
-        return generation.generate(self, tokens, max_new_tokens, **options)
+        """Continue ``tokens`` with :func:`odelm.decoding.generate`."""
+        return decoding.generate(self, tokens, max_new_tokens, **options)
 
     # -------------------------------------------------------------------------------------
 

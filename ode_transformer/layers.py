@@ -4,7 +4,7 @@ and the attention context that carries both through blocks and stacks.
 Every ``F`` here returns the *increment* only (never ``y + ...``): the blocks in
 :mod:`ode_transformer.blocks` add it to the residual stream with their tableau's weights.
 All ``F`` share one signature, ``F(y, context=NO_CONTEXT)``, so a block can pass the cache
-and the padding mask through without knowing which sub-layer it drives.
+and the attention mask through without knowing which sub-layer it drives.
 """
 
 from __future__ import annotations
@@ -68,31 +68,32 @@ class KVCache:
 
 @dataclass(frozen=True)
 class AttentionContext:
-    """What attention needs besides the states: a key/value cache node and a padding mask.
+    """What attention needs besides the states: a key/value cache node and an attention mask.
 
     ``cache`` (None: no incremental decoding) is the node of :class:`KVCache` this call
-    site owns; ``padding_mask`` ``[B, T]`` is True at padding keys. Layers, blocks and RK
+    site owns; ``attention_mask`` ``[B, T]`` is True at real keys (the library's one mask
+    convention, :mod:`odelm.contract`), False at padding. Layers, blocks and RK
     stages hand ``context.child(name)`` down, so every attention call site gets its own
     cache leaf while the mask travels unchanged.
     """
 
     cache: KVCache | None = None
-    padding_mask: torch.Tensor | None = None
+    attention_mask: torch.Tensor | None = None
 
     @property
     def is_empty(self) -> bool:
         """True when there is neither a cache nor a mask (plain full-sequence attention)."""
-        return self.cache is None and self.padding_mask is None
+        return self.cache is None and self.attention_mask is None
 
     def child(self, name: object) -> AttentionContext:
         """The context of sub-call-site ``name``: the child cache, the same mask."""
         if self.cache is None:
             return self
-        return AttentionContext(self.cache.child(name), self.padding_mask)
+        return AttentionContext(self.cache.child(name), self.attention_mask)
 
 
 NO_CONTEXT = AttentionContext()
-"""The empty context: no cache, no padding mask."""
+"""The empty context: no cache, no attention mask."""
 
 
 class MultiHeadSelfAttention(nn.Module):
@@ -119,8 +120,8 @@ class MultiHeadSelfAttention(nn.Module):
         context: AttentionContext = NO_CONTEXT,
     ) -> torch.Tensor:
         """Attend over ``x`` [B, T, D] (plus the context's cached positions); no query
-        attends to a key the context's padding mask marks True."""
-        cache, padding_mask = context.cache, context.padding_mask
+        attends to a key the context's attention mask marks False (padding)."""
+        cache, attention_mask = context.cache, context.attention_mask
         B, T, D = x.shape
         q, k, v = self.qkv(x).view(B, T, 3, self.n_heads, D // self.n_heads).unbind(2)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
@@ -129,11 +130,11 @@ class MultiHeadSelfAttention(nn.Module):
             past = cache.cached_length
             k, v = cache.append(k, v)
         mask = None
-        if self.causal and T > 1 and (past > 0 or padding_mask is not None):
+        if self.causal and T > 1 and (past > 0 or attention_mask is not None):
             query_pos = torch.arange(past, past + T, device=x.device)
             mask = torch.arange(past + T, device=x.device)[None, :] <= query_pos[:, None]
-        if padding_mask is not None:
-            keep = ~padding_mask[:, None, None, :]
+        if attention_mask is not None:
+            keep = attention_mask[:, None, None, :]
             mask = keep if mask is None else mask & keep
         dropout_p = self.attention_dropout if self.training else 0.0
         causal = self.causal and T > 1 and mask is None

@@ -3,7 +3,7 @@
 Reading order: the model (embeddings -> stack -> final LayerNorm -> tied softmax, from
 :class:`~ode_transformer.backbone.Backbone`), its incremental step with a key/value cache
 in which every RK stage of every block keeps its own keys and values, generation (through
-:mod:`ode_transformer.generation`). Saving and loading come from
+:mod:`odelm.decoding`). Saving and loading come from
 :class:`odelm.pretrained.PretrainedMixin` (``config.json`` + ``model.safetensors``); the
 configuration lives in :mod:`ode_transformer.config`. Meets the library's model contract:
 ``logits, aux = model(tokens)``, ``model.is_causal``.
@@ -16,7 +16,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from . import generation
+from odelm import decoding
+
 from .backbone import Backbone, init_weights
 from .config import ODETransformerConfig
 from .layers import AttentionContext, KVCache
@@ -60,7 +61,7 @@ class ODETransformerLM(Backbone):
 
     @torch.no_grad()
     def generate(self, tokens: torch.Tensor, max_new_tokens: int, **options: Any) -> torch.Tensor:
-        """Continue ``tokens`` [B, T]: :func:`ode_transformer.generation.generate` on this model
+        """Continue ``tokens`` [B, T]: :func:`odelm.decoding.generate` on this model
         (options: ``strategy``, ``num_beams``, ``temperature``, ``top_k``, ``top_p``,
         ``generator``, ``eos_id``, ``use_cache``, ``length_penalty``)."""
-        return generation.generate(self, tokens, max_new_tokens, **options)
+        return decoding.generate(self, tokens, max_new_tokens, **options)

@@ -1,6 +1,7 @@
-"""``odelm``: the leaf package every other package may import (errors, version).
+"""``odelm``: the leaf package every other package may import: errors, the model contract,
+decoding, saving, timing and the version.
 
-It imports nothing from the library, so ``neuralode_lm``, ``ode_transformer`` and
+It imports no other package of the library, so ``neuralode_lm``, ``ode_transformer`` and
 ``experiments`` can all depend on it without creating a cycle.
 """
 

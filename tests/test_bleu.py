@@ -17,7 +17,7 @@ from experiments.bleu import (
     teacher_forced_bleu,
     teacher_forced_predictions,
 )
-from experiments.decoding import DecodingError, decode_continuation, generate
+from odelm.decoding import DecodingError, decode_continuation, generate
 
 EOS = 0
 WORDS = ["<eos>", "the", "cat", "sat", "on", "a", "mat", "dog", "ran", "far", "<zz>"]

@@ -53,7 +53,7 @@ def test_help_of_every_subcommand_renders(capsys):
 
 
 def test_bench_names_the_extra_of_a_missing_backend(monkeypatch):
-    from neuralode_lm import benchmarks
+    from benchmarks import ode_heads as benchmarks
 
     real_find_spec = importlib.util.find_spec
     monkeypatch.setattr(

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).parents[1]
-PACKAGES = ("odelm", "neuralode_lm", "ode_transformer", "experiments")
+PACKAGES = ("odelm", "neuralode_lm", "ode_transformer", "experiments", "benchmarks")
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 
 # A path from the repository root (`experiments/foo.py`, `docs/results/quick/`) or a dotted

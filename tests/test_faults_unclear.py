@@ -21,7 +21,7 @@ from experiments.model_size import estimate_parameters
 from experiments.models import build_model, count_parameters, model_keys
 from neuralode_lm.models import build_model as build_neural_ode
 from neuralode_lm.solvers import FieldOutputError, MaxStepsExceeded, fixed_grid, grid_steps, solve
-from ode_transformer.generation import MAX_NEW_TOKENS, DecodingError, generate
+from odelm.decoding import MAX_NEW_TOKENS, DecodingError, generate
 from odelm.errors import OdelmError
 
 

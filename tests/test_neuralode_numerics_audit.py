@@ -178,7 +178,7 @@ def test_adaptive_causal_head_is_causal_within_tolerance_and_exactly_with_the_ev
 
 
 def test_peak_memory_of_the_benchmarks_sees_one_known_allocation() -> None:
-    from neuralode_lm.benchmarks import _peak_bytes
+    from benchmarks.ode_heads import _peak_bytes
 
     size = 4 * 1000 * 1000  # one float32 tensor of a million elements
     peak = _peak_bytes(lambda: torch.ones(1000, 1000).sum())

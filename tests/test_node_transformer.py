@@ -12,7 +12,7 @@ from neuralode_lm import MaxStepsExceeded, build_model
 from neuralode_lm.depth_field import FixedGrid
 from neuralode_lm.transformer import NODETransformerLM
 from ode_transformer import KVCache, ODETransformerConfig, ODETransformerLM
-from ode_transformer.generation import StepFunction
+from odelm.decoding import StepFunction
 
 VOCAB = 23
 TINY = {"d_model": 16, "n_heads": 2, "d_ff": 32, "max_positions": 32, "dropout": 0.0}

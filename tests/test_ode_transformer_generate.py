@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from ode_transformer import KVCache, ODETransformerConfig, ODETransformerLM
-from ode_transformer.generation import filter_logits
+from odelm.decoding import filter_logits
 
 
 def make_model(vocab: int = 29, seed: int = 0, **overrides: object) -> ODETransformerLM:

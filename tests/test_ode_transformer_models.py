@@ -175,16 +175,18 @@ def test_encoder_is_bidirectional_and_ignores_padding() -> None:
     tokens = torch.randint(1, VOCAB, (2, 9))
     padding = torch.zeros(2, 9, dtype=torch.bool)
     padding[1, 5:] = True
-    hidden = encoder(tokens, padding)
+    hidden = encoder(tokens, ~padding)
     assert hidden.shape == (2, 9, D)
     alone = encoder(tokens[1:, :5])
     torch.testing.assert_close(hidden[1, :5], alone[0], rtol=0, atol=1e-5)
     other_pad = tokens.clone()
     other_pad[1, 5:] = 0
-    torch.testing.assert_close(encoder(other_pad, padding)[1, :5], hidden[1, :5], rtol=0, atol=1e-6)
+    torch.testing.assert_close(
+        encoder(other_pad, ~padding)[1, :5], hidden[1, :5], rtol=0, atol=1e-6
+    )
     future = tokens.clone()
     future[0, 8] = (future[0, 8] + 1) % VOCAB
-    assert (encoder(future, padding)[0, 0] - hidden[0, 0]).abs().max() > 1e-4  # sees the future
+    assert (encoder(future, ~padding)[0, 0] - hidden[0, 0]).abs().max() > 1e-4  # sees the future
 
 
 def test_presets() -> None:
@@ -276,7 +278,7 @@ def test_ode_transformer_modules_import_without_a_circle() -> None:
 
 def test_user_errors_are_odelm_errors() -> None:
     """The command line prints OdelmError as one line; these are all things a user fixes."""
-    from ode_transformer.generation import generate
+    from odelm.decoding import generate
     from odelm.errors import OdelmError
 
     model = ODETransformerLM(tiny_config(max_positions=8))

@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from experiments.config import ConfigError, DataConfig, OptimConfig, TrainerConfig, parse_config
-from experiments.contract import StatelessModelError
 from experiments.data.corpora import load_corpus
 from experiments.data.tokenization import WordTokenizer, encode_corpus
 from experiments.datamodule import LMDataModule
@@ -18,6 +17,7 @@ from experiments.recipes import PlateauAnnealer, build_optimizer, training_budge
 from experiments.reference import BigramLM
 from experiments.task import LMTask
 from neuralode_lm import LSTMLM, ODELSTM
+from odelm.contract import StatelessModelError
 
 
 def test_plateau_annealing_divides_the_lr_after_patience_bad_validations() -> None:

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from experiments.contract import PaddingSideError
 from experiments.data.corpora import load_corpus
 from experiments.data.tokenization import WordTokenizer, encode_corpus
 from experiments.evaluate import perplexity
 from neuralode_lm import CausalODEHead, build_model
+from odelm.contract import PaddingSideError
 
 GPT2_TINY = {"n_layer": 2, "n_embd": 16, "n_head": 2, "n_positions": 32}
 SETTINGS = [(1, "right"), (16, "right"), (1, "left"), (16, "left")]

@@ -1,4 +1,5 @@
-"""Structure rules of issue 9, as tests: no module over 400 lines, no import circle."""
+"""Structure rules of issues 9 and 17, as tests: no module over 400 lines, no import circle,
+packages import only downwards in the layering (``odelm`` at the bottom)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,11 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("odelm", "neuralode_lm", "ode_transformer", "experiments")
+LAYERS = ("odelm", "ode_transformer", "neuralode_lm", "experiments", "benchmarks")
+"""The package layering, bottom first: a package imports only itself and packages before it
+(``odelm`` no other package of the library; the model packages never ``experiments``; no
+package imports ``benchmarks``, which ``odelm bench`` finds by name)."""
+PACKAGES = LAYERS
 MODULES = {
     ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__"): path
     for package in PACKAGES
@@ -92,3 +97,25 @@ def test_module_imports_form_no_circle():
 def test_no_module_over_400_lines(name):
     lines = len(MODULES[name].read_text().splitlines())
     assert lines <= 400, f"{name} has {lines} lines"
+
+
+def _upward_imports(edges: dict[str, set[str]]) -> list[str]:
+    """``"a.x -> b.y"`` for every import of a package later in :data:`LAYERS` than its own."""
+    level = {package: index for index, package in enumerate(LAYERS)}
+    return [
+        f"{name} -> {target}"
+        for name, targets in sorted(edges.items())
+        for target in sorted(targets)
+        if level[target.split(".")[0]] > level[name.split(".")[0]]
+    ]
+
+
+def test_the_layering_check_finds_an_upward_import():
+    edges = {"odelm.decoding": {"odelm.errors", "experiments.task"}, "experiments.x": {"odelm"}}
+    assert _upward_imports(edges) == ["odelm.decoding -> experiments.task"]
+
+
+def test_packages_import_only_downwards():
+    edges = {name: _imports(name, path) for name, path in MODULES.items()}
+    assert "odelm.contract" in edges["experiments.task"]  # the walk sees the shared pieces
+    assert _upward_imports(edges) == []

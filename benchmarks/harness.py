@@ -24,10 +24,10 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from experiments.config import RunConfig, TrainerConfig
-from experiments.contract import detach_state
 from experiments.speed import BATCH, BPTT, SGD, VOCAB, batches, bench_threads, build_task
 from experiments.task import StreamWindow
 from experiments.train import build_trainer, lightning_settings
+from odelm.contract import detach_state
 
 STATEFUL = {"lstm": True, "transformer": False}
 

@@ -19,9 +19,9 @@ hypotheses are ranked by ``sum log p / n ** length_penalty`` with ``n`` the numb
 tokens (eos included): ``length_penalty=1`` (the default) ranks by mean log-probability per
 token, ``0`` by total log-probability. ``num_beams=1`` is exactly greedy decoding.
 
-This module is family-agnostic (it needs only the model contract, and imports nothing of
-``ode_transformer`` but this file), so ``experiments.decoding`` re-exports it and every model
-package (``neuralode_lm`` included) may use it.
+This module is family-agnostic: it needs only the model contract (:mod:`odelm.contract`),
+so both model packages and the harness use it. :func:`decode_continuation` is the form
+continuation BLEU and ``odelm generate`` use.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from odelm.contract import LanguageModel
 from odelm.errors import OdelmError
 
 STRATEGIES = ("greedy", "sample", "beam")
@@ -52,8 +53,8 @@ class StepFunction:
     search's row selection.
     """
 
-    def __init__(self, model: Any, use_cache: bool = True) -> None:
-        self.model = model
+    def __init__(self, model: LanguageModel, use_cache: bool = True) -> None:
+        self.model: Any = model
         self.limit: int | None = getattr(model, "max_positions", None)
         self.cached = use_cache and all(
             callable(getattr(model, name, None)) for name in ("init_cache", "next_token_logits")
@@ -82,7 +83,7 @@ class StepFunction:
 
 @torch.no_grad()
 def generate(
-    model: Any,
+    model: LanguageModel,
     prompt_ids: torch.Tensor,
     max_new_tokens: int,
     *,
@@ -109,9 +110,9 @@ def generate(
     if not isinstance(prompt_ids, torch.Tensor) or prompt_ids.dim() != 2 or prompt_ids.shape[1] < 1:
         shape = tuple(prompt_ids.shape) if isinstance(prompt_ids, torch.Tensor) else prompt_ids
         raise DecodingError(f"prompt_ids must be a LongTensor [batch, P] with P >= 1, got {shape}")
-    was_training = getattr(model, "training", False)
+    was_training = getattr(model, "training", False)  # an nn.Module in training mode
     if was_training:
-        model.eval()
+        model.eval()  # type: ignore[attr-defined]
     try:
         step = StepFunction(model, use_cache)
         if strategy == "beam":
@@ -122,7 +123,7 @@ def generate(
         )
     finally:
         if was_training:
-            model.train(True)
+            model.train(True)  # type: ignore[attr-defined]
 
 
 def _check_options(
@@ -244,3 +245,35 @@ def filter_logits(logits: torch.Tensor, top_k: int | None, top_p: float | None) 
         drop = drop_sorted.scatter(-1, order, drop_sorted)
         logits = logits.masked_fill(drop, float("-inf"))
     return logits
+
+
+def decode_continuation(
+    model: LanguageModel,
+    prompt: torch.Tensor,
+    max_new_tokens: int,
+    strategy: str = "greedy",
+    num_beams: int = 4,
+    eos_id: int | None = None,
+    **options: Any,
+) -> list[int]:
+    """New tokens after ``prompt`` [1, P] (at most ``max_new_tokens``, cut before the first eos).
+
+    The prompt is cropped to the model's context (``max_positions``) like every other path;
+    ``options`` go to :func:`generate` (``temperature``, ``top_k``, ``top_p``, ``generator``,
+    ``length_penalty``, ``use_cache``).
+    """
+    if prompt.dim() != 2 or prompt.shape[0] != 1 or prompt.shape[1] < 1:
+        raise DecodingError(
+            f"prompt must be a LongTensor [1, P] with P >= 1, got {tuple(prompt.shape)}"
+        )
+    out = generate(
+        model,
+        prompt,
+        max_new_tokens,
+        strategy=strategy,
+        num_beams=num_beams,
+        eos_id=eos_id,
+        **options,
+    )
+    new = out[0, prompt.shape[1] :].tolist()
+    return new[: new.index(eos_id)] if eos_id in new else new

@@ -1,36 +1,23 @@
-"""Benchmarks behind ``odelm bench rk-overhead`` and ``odelm bench generate-cache``.
+"""The discrete-depth family's benchmarks: ``odelm bench rk-overhead`` and ``generate-cache``.
 
 Each function returns a list of records (``bench``, ``metric``, ``value``, ``target``,
-``unit``, ``better`` plus raw timings). Ratios are measured inside one process with the
-variants interleaved in every repeat, in alternating order (forward on even repeats,
-reversed on odd ones, so no variant always runs first), and medians taken, so machine
-noise and warm caches hit all variants alike.
+``unit``, ``better`` plus raw timings); the variants are timed by
+:func:`odelm.timing.alternating` and their medians compared.
 """
 
 from __future__ import annotations
 
 import statistics
-import time
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from .blocks import RKBlock
-from .config import ODETransformerConfig
-from .layers import PreNormAttentionFFN
-from .lm import ODETransformerLM
-
-
-def _seconds(fn: Callable[[], Any]) -> float:
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
-
-
-def _alternating(variants: list, repeat: int) -> list:
-    """The variants in order on even repeats and reversed on odd ones."""
-    return variants if repeat % 2 == 0 else variants[::-1]
+from ode_transformer.blocks import RKBlock
+from ode_transformer.config import ODETransformerConfig
+from ode_transformer.layers import PreNormAttentionFFN
+from ode_transformer.lm import ODETransformerLM
+from odelm.timing import alternating
 
 
 def rk_overhead(
@@ -66,15 +53,9 @@ def rk_overhead(
         x = y.detach().requires_grad_(True)
         block(x).backward(seed_grad)
 
-    for block in blocks.values():  # warm-up: allocator and kernels
-        step(block)
-    times: dict[str, list[float]] = {name: [] for name in blocks}
-    start = time.perf_counter()
-    for done in range(repeats):
-        if done >= 3 and time.perf_counter() - start > budget_s:
-            break
-        for name in _alternating(list(blocks), done):
-            times[name].append(_seconds(lambda block=blocks[name]: step(block)))
+    calls = {name: lambda block=block: step(block) for name, block in blocks.items()}
+    # one untimed warm-up call each: allocator and kernels
+    times = alternating(calls, repeats, warmup=1, budget_s=budget_s, min_rounds=3)
     residual = statistics.median(times["residual"])
     records = []
     for k, name in ((2, "rk2"), (3, "rk3"), (4, "rk4")):
@@ -96,6 +77,21 @@ def rk_overhead(
             }
         )
     return records
+
+
+def _decoder(
+    model: ODETransformerLM,
+    prompt: torch.Tensor,
+    new_tokens: int,
+    use_cache: bool,
+    outputs: dict[bool, torch.Tensor],
+) -> Callable[[], None]:
+    """A call that decodes ``new_tokens`` greedily and keeps the tokens in ``outputs``."""
+
+    def decode() -> None:
+        outputs[use_cache] = model.generate(prompt, new_tokens, use_cache=use_cache)
+
+    return decode
 
 
 def generate_cache(
@@ -130,15 +126,12 @@ def generate_cache(
         model.generate(torch.zeros(1, prompt_len, dtype=torch.long), 8)  # warm-up
         prompt = torch.randint(0, config.vocab_size, (1, prompt_len))
         outputs: dict[bool, torch.Tensor] = {}
-        times: dict[bool, list[float]] = {True: [], False: []}
-        start = time.perf_counter()
-        for done in range(repeats):
-            if done >= 1 and time.perf_counter() - start > budget_s / len(widths):
-                break
-            for use_cache in _alternating([True, False], done):
-                began = time.perf_counter()
-                outputs[use_cache] = model.generate(prompt, new_tokens, use_cache=use_cache)
-                times[use_cache].append(time.perf_counter() - began)
+
+        calls = {
+            use_cache: _decoder(model, prompt, new_tokens, use_cache, outputs)
+            for use_cache in (True, False)
+        }
+        times = alternating(calls, repeats, budget_s=budget_s / len(widths))
         cached, uncached = statistics.median(times[True]), statistics.median(times[False])
         records.append(
             {

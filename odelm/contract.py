@@ -1,33 +1,89 @@
-"""The one contract every language model in this library meets.
+"""The one contract every language model in this library meets, as ``typing.Protocol``s.
 
 ``logits, aux = model(tokens)`` with ``tokens`` a LongTensor ``[B, T]`` and ``logits`` a
 float tensor ``[B, T, V]`` where ``logits[:, t]`` predicts ``tokens[:, t + 1]``. ``aux`` is a
 dict of extras (for example ``{"nfe": 38}``). ``model.is_causal`` is True when
 ``logits[:, t]`` depends only on ``tokens[:, : t + 1]``; the harness refuses to call the
-perplexity of a non-causal model a language-model perplexity unless asked.
+perplexity of a non-causal model a language-model perplexity unless asked
+(:class:`LanguageModel`).
 
 Optional attributes the harness uses when present: ``vocab_size`` (int),
-``max_positions`` (the longest sequence the model accepts) and ``accepts_attention_mask``:
-True when ``model(tokens, attention_mask=mask)`` (``mask [B, T]``, True on real tokens)
-gives every real token the logits it would have unpadded. Padded sentence batches reach
-such a model with their mask; any other model gets no mask, so it may see padding only
-after a sentence (right padding), where a causal model cannot read it.
+``max_positions`` (the longest sequence the model accepts) and ``accepts_attention_mask``
+(:class:`MaskedLanguageModel`): True when ``model(tokens, attention_mask=mask)`` gives every
+real token the logits it would have unpadded. The library's one mask convention is
+``attention_mask [B, T]`` bool, **True on real tokens** (what ``torch``'s
+``scaled_dot_product_attention`` and Hugging Face take; torch's ``key_padding_mask`` is its
+negation). Padded sentence batches reach such a model with their mask; any other model
+gets no mask, so it may see padding only after a sentence (right padding), where a causal
+model cannot read it.
 
-Optional stateful extension (truncated backpropagation through time): a model with
-``supports_state = True`` also accepts ``model(tokens, state=s)``, where ``s`` is the state
-returned by the previous window of the same streams (``None`` starts fresh), and returns
-the state after its last token in ``aux["state"]`` (a tensor or a tuple of tensors). The
-harness uses it when the data config asks for ``stateful`` batching, detaching the state
-between windows; a model without the attribute is refused there.
+Optional stateful extension (truncated backpropagation through time,
+:class:`StatefulLanguageModel`): a model with ``supports_state = True`` also accepts
+``model(tokens, state=s)``, where ``s`` is the state returned by the previous window of the
+same streams (``None`` starts fresh), and returns the state after its last token in
+``aux["state"]`` (a tensor or a tuple of tensors). The harness uses it when the data config
+asks for ``stateful`` batching, detaching the state between windows; a model without the
+attribute is refused there.
+
+Optional incremental decoding (:class:`CachedLanguageModel`): ``init_cache()`` and
+``next_token_logits(new_tokens, cache)``, which :mod:`odelm.decoding` uses when present.
+
+The protocols are structural: a model meets them by having the attributes, not by
+inheriting from them; :func:`call_model` checks the contract at run time.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
 from odelm.errors import OdelmError
+
+
+class LanguageModel(Protocol):
+    """``logits, aux = model(tokens)``: ``[B, T]`` ids to ``[B, T, V]`` logits and extras."""
+
+    is_causal: bool
+
+    def __call__(self, tokens: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]: ...
+
+
+class MaskedLanguageModel(LanguageModel, Protocol):
+    """A model that hides padding: ``attention_mask [B, T]`` is True on real tokens."""
+
+    accepts_attention_mask: bool
+
+    def __call__(
+        self, tokens: torch.Tensor, attention_mask: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, dict[str, Any]]: ...
+
+
+class StatefulLanguageModel(LanguageModel, Protocol):
+    """A model that carries a state between windows (``aux["state"]`` after the last token)."""
+
+    supports_state: bool
+
+    def __call__(
+        self, tokens: torch.Tensor, state: Any = None
+    ) -> tuple[torch.Tensor, dict[str, Any]]: ...
+
+
+class DecodingCache(Protocol):
+    """The incremental-decoding cache of a :class:`CachedLanguageModel`."""
+
+    def reorder(self, index: torch.Tensor) -> None:
+        """Keep batch rows ``index`` (beam search reorders its hypotheses)."""
+        ...
+
+
+class CachedLanguageModel(LanguageModel, Protocol):
+    """A model that decodes incrementally: the logits after the cached sequence and the new
+    tokens, extending the cache in place."""
+
+    def init_cache(self) -> DecodingCache: ...
+
+    def next_token_logits(self, new_tokens: torch.Tensor, cache: DecodingCache) -> torch.Tensor: ...
 
 
 class ContractError(OdelmError, TypeError):

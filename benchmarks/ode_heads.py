@@ -1,4 +1,4 @@
-"""Benchmarks of the continuous-depth family, registered in ``odelm bench``.
+"""Benchmarks of the ODE heads and the solver facade, registered in ``odelm bench``.
 
 * ``ode-batching``: training tokens/s of ODE-LSTM at batch 32 over batch 1 (the report's
   one-sentence regime), for the library and for plain PyTorch + torchdiffeq in one run;
@@ -6,9 +6,9 @@
   adjoint against direct backpropagation;
 * ``solver-overhead``: the facade against calling each backend directly.
 
-Each is sized to run in about a minute on a small CPU; the callers compared are timed in
-alternating order and medians reported, so neither side gains from warm caches or from
-a busy machine. Iteration counts are in the records.
+Each is sized to run in about a minute on a small CPU; the callers compared are timed by
+:func:`odelm.timing.alternating` and medians reported, so neither side gains from warm
+caches or from a busy machine. Iteration counts are in the records.
 """
 
 from __future__ import annotations
@@ -17,36 +17,19 @@ import importlib.util
 import json
 import statistics
 import tempfile
-import time
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import nn
 
-from .fields import MLPField
-from .models import ODELSTM
-from .solvers import solve
-from .solvers.facade import _INSTALL_HINT
+from neuralode_lm.fields import MLPField
+from neuralode_lm.models import ODELSTM
+from neuralode_lm.solvers import solve
+from neuralode_lm.solvers.facade import _INSTALL_HINT
+from odelm.timing import alternating, medians, seconds
 
 __all__ = ["adjoint_memory", "ode_batching", "solver_overhead"]
-
-
-def _timed(fn: Callable[[], Any]) -> float:
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
-
-
-def _alternating(callers: dict[Any, Callable[[], Any]], repeats: int) -> dict[Any, list[float]]:
-    """Seconds of each caller per repeat, the callers' order reversed on every other repeat
-    so that none is always first (warm caches) or always last."""
-    times: dict[Any, list[float]] = {key: [] for key in callers}
-    order = list(callers)
-    for repeat in range(repeats):
-        for key in order if repeat % 2 == 0 else reversed(order):
-            times[key].append(_timed(callers[key]))
-    return times
 
 
 # ----------------------------------------------------------------------------- ode-batching
@@ -127,10 +110,9 @@ def ode_batching() -> list[dict[str, Any]]:
         for name, impl in (("library", library), ("plain", plain))
         for b in (32, 1)
     }
-    times = _alternating(callers, repeats)
+    times = alternating(callers, repeats)
     tps = {
-        (name, b): steps[b] * b * length / statistics.median(seconds)
-        for (name, b), seconds in times.items()
+        (name, b): steps[b] * b * length / median for (name, b), median in medians(times).items()
     }
     lib_ratio = tps["library", 32] / tps["library", 1]
     plain_ratio = tps["plain", 32] / tps["plain", 1]
@@ -339,13 +321,13 @@ def solver_overhead() -> list[dict[str, Any]]:
     for backend, call in direct.items():
         callers[backend, "facade"] = lambda b=backend: fwd_bwd(through_facade(b))
         callers[backend, "direct"] = lambda c=call: fwd_bwd(c)
-    times = _alternating(callers, repeats)
+    times = alternating(callers, repeats)
     adjoint_time = {
-        backend: _timed(lambda b=backend: fwd_bwd(through_facade(b, adjoint=True)))
+        backend: seconds(lambda b=backend: fwd_bwd(through_facade(b, adjoint=True)))
         for backend in ("torchdiffeq", "torchdyn")
         if backend in direct
     }
-    median = {key: statistics.median(values) for key, values in times.items()}
+    median = medians(times)
     records = []
     print(
         "solver-overhead  backend      facade_s  direct_s  ratio  NFE fwd/bwd  adjoint_s  NFE fwd/bwd"

@@ -28,9 +28,9 @@ from typing import Any
 
 import torch
 
-from .depth_field import DepthField, FixedGrid
-from .solvers import solve
-from .transformer import NODETransformerLM
+from neuralode_lm.depth_field import DepthField, FixedGrid
+from neuralode_lm.solvers import solve
+from neuralode_lm.transformer import NODETransformerLM
 
 __all__ = ["ct_adjoint_memory", "ct_step_overhead", "seminorm_saving"]
 
@@ -187,7 +187,7 @@ def measure_training_step(adjoint: bool, length: float) -> dict[str, Any]:
 
 def _in_fresh_process(adjoint: bool, length: float) -> dict[str, Any]:
     code = (
-        "import json; from neuralode_lm.ct_benchmarks import measure_training_step; "
+        "import json; from benchmarks.node_transformer import measure_training_step; "
         f"print(json.dumps(measure_training_step({adjoint}, {length})))"
     )
     out = subprocess.run(
