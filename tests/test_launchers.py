@@ -172,7 +172,8 @@ def test_compare_reports_a_failed_run_with_its_log_lines(tmp_path, tiny_model, c
         "eval": {"bleu_sentences": 5, "continuation_sentences": 3},
     }
     runs = [
-        {"name": "broken", "model": {**tiny_model, "no_such_option": 1}},
+        # valid keys and types that the model refuses when built (a run-time failure)
+        {"name": "broken", "model": {**tiny_model, "d_model": 30, "n_heads": 4}},
         {"name": "fine", "model": tiny_model},
     ]
     grid = tmp_path / "grid.yaml"
@@ -186,7 +187,7 @@ def test_compare_reports_a_failed_run_with_its_log_lines(tmp_path, tiny_model, c
     at = next(i for i, line in enumerate(lines) if "broken seed 0: FAILED (exit " in line)
     assert lines[at].endswith(f"see {log}")
     tail = lines[at + 1 : at + 6]  # the log's last lines, indented under it
-    assert tail[0].startswith("    | ") and any("no_such_option" in line for line in tail[:5])
+    assert tail[0].startswith("    | ") and any("not divisible by n_heads=4" in line for line in tail[:5])
     assert "1 trained, 0 kept, 1 failed of 2 runs" in captured.out
     assert str(log) in captured.err and captured.err.count("\n") == 1  # one error line
     assert json.loads((out / "runs" / "fine" / "result.json").read_text())["steps"] == 4
