@@ -24,7 +24,13 @@ ROWS_PER_BLOCK = 64
 
 
 class _ChunkedCrossEntropy(torch.autograd.Function):
-    """Mean NLL of ``targets`` under ``logits`` (rows with ``ignore_index`` not scored)."""
+    """Mean NLL of ``targets`` under ``logits`` (rows with ``ignore_index`` not scored).
+
+    Where the logits need a gradient, the forward pass also computes it for an upstream
+    gradient of 1 (what a training loss receives), on each block while it is in cache, so
+    backward does not read the logits again; any other upstream gradient is recomputed
+    from the saved logits by the same arithmetic.
+    """
 
     @staticmethod
     def forward(ctx, logits: torch.Tensor, targets: torch.Tensor, ignore_index: int):
@@ -32,28 +38,45 @@ class _ChunkedCrossEntropy(torch.autograd.Function):
         safe = targets.masked_fill(~keep, 0)
         lse = torch.empty(logits.shape[0], dtype=torch.float32, device=logits.device)
         picked = torch.empty_like(lse)
+        count = keep.sum().clamp(min=1)
+        unit = None
+        if ctx.needs_input_grad[0]:
+            unit = torch.empty_like(logits)
+            unit_scale = (torch.ones((), device=logits.device) / count) * keep
+        block_buffer = torch.empty(ROWS_PER_BLOCK, logits.shape[1], device=logits.device)
         with torch.autocast(logits.device.type, enabled=False):
             for start in range(0, logits.shape[0], ROWS_PER_BLOCK):
                 rows = slice(start, start + ROWS_PER_BLOCK)
-                block = logits[rows].float()
+                block = block_buffer[: logits[rows].shape[0]].copy_(logits[rows])  # fp32
                 lse[rows] = torch.logsumexp(block, dim=1)
                 picked[rows] = block.gather(1, safe[rows, None])[:, 0]
-        count = keep.sum().clamp(min=1)
-        ctx.save_for_backward(logits, safe, lse, keep, count)
+                if unit is not None:
+                    unit[rows] = _gradient_block(block, lse[rows], safe[rows], unit_scale[rows])
+        ctx.save_for_backward(logits, safe, lse, keep, count, unit)
         return ((lse - picked) * keep).sum() / count
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        logits, safe, lse, keep, count = ctx.saved_tensors
+        logits, safe, lse, keep, count, unit = ctx.saved_tensors
+        if unit is not None and bool(grad == 1):
+            return unit, None, None
         scale = (grad / count) * keep
         out = torch.empty_like(logits)
-        minus_one = torch.full((ROWS_PER_BLOCK, 1), -1.0, device=logits.device)
         for start in range(0, logits.shape[0], ROWS_PER_BLOCK):
             rows = slice(start, start + ROWS_PER_BLOCK)
-            block = torch.sub(logits[rows], lse[rows, None]).exp_()  # softmax, in fp32
-            block.scatter_add_(1, safe[rows, None], minus_one[: block.shape[0]])
-            out[rows] = block.mul_(scale[rows, None])
+            block = logits[rows].float()
+            out[rows] = _gradient_block(block, lse[rows], safe[rows], scale[rows])
         return out, None, None
+
+
+def _gradient_block(
+    block: torch.Tensor, lse: torch.Tensor, safe: torch.Tensor, scale: torch.Tensor
+) -> torch.Tensor:
+    """``(softmax - onehot) * scale`` of a block of fp32 logits, computed in place."""
+    block.sub_(lse[:, None]).exp_()  # softmax, in fp32
+    minus_one = torch.full((block.shape[0], 1), -1.0, device=block.device)
+    block.scatter_add_(1, safe[:, None], minus_one)
+    return block.mul_(scale[:, None])
 
 
 def chunked_cross_entropy(

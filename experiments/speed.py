@@ -19,6 +19,7 @@ import torch
 from lightning_fabric.utilities.exceptions import MisconfigurationException
 from pytorch_lightning.plugins.precision import MixedPrecision, Precision
 
+from experiments.allocator import keep_freed_memory
 from experiments.config import OptimConfig
 from experiments.models import build_model
 from experiments.task import LMTask
@@ -112,9 +113,12 @@ def build_task(
 
 class TrainingStep:
     """One optimizer step of ``task`` as Lightning's loop runs it: the task's loss under
-    the precision plugin's autocast region, backward, gradient clipping, the optimizer."""
+    the precision plugin's autocast region, backward, gradient clipping, the optimizer;
+    with the allocator setting a training process has (``LMTask.on_fit_start``)."""
 
     def __init__(self, task: LMTask, precision: str = "32-true") -> None:
+        if task.device.type == "cpu":
+            keep_freed_memory()
         self.task, self.plugin = task, precision_plugin(precision)
         self.optimizer = task.configure_optimizers()["optimizer"]
         self.parameters = [p for p in task.parameters() if p.requires_grad]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from experiments.cli import main
 from experiments.config import parse_config
 from experiments.train import train
@@ -11,6 +13,7 @@ from experiments.train import train
 KEYS = {"method", "setting", "ppl", "nfe", "flops_per_token", "state_error"}
 
 
+@pytest.mark.slow
 def test_discretize_an_rk4_ode_transformer(tmp_path, capsys):
     values = {
         "name": "rk4",

@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -44,6 +45,7 @@ def printed_perplexity(output: str, vocab_size: int) -> float:
     return ppl
 
 
+@pytest.mark.slow
 def test_ode_transformer_with_a_plain_trainer(tmp_path):
     args = [*TINY, "--block", "rk4", "--layers", "1", "--d-model", "16", "--heads", "2"]
     output = run_example("ode_transformer_trainer.py", *args, cwd=tmp_path)
@@ -52,6 +54,7 @@ def test_ode_transformer_with_a_plain_trainer(tmp_path):
     assert list(tmp_path.iterdir()) == []  # no logs or checkpoints left in the folder
 
 
+@pytest.mark.slow
 def test_ode_lstm_with_the_adjoint(tmp_path):
     output = run_example("ode_lstm_adjoint.py", *TINY, "--hidden", "16", cwd=tmp_path)
     printed_perplexity(output, GRAMMAR_VOCAB)
@@ -78,6 +81,7 @@ def tiny_gpt2_folder(path: Path) -> int:
     return len(tokens)
 
 
+@pytest.mark.slow
 def test_ode_head_on_a_local_gpt2(tmp_path):
     vocab = tiny_gpt2_folder(tmp_path / "gpt2")
     work = tmp_path / "work"
@@ -88,6 +92,7 @@ def test_ode_head_on_a_local_gpt2(tmp_path):
     printed_perplexity(output, vocab + 1)  # the corpus tokenizer adds <unk>
 
 
+@pytest.mark.slow
 def test_lightning_cli_script_fits_from_a_config(tmp_path):
     config = yaml.safe_load((EXAMPLES / "lightning_cli.yaml").read_text())
     config["model"]["model"]["config"].update(d_model=16, d_ff=32, n_layers=1)

@@ -170,6 +170,7 @@ def test_kill_anywhere_in_the_cycle_then_resume_gives_the_uninterrupted_result(
     assert not list((tmp_path / "killed" / "checkpoints").glob("*.partial"))
 
 
+@pytest.mark.slow
 def test_resume_keeps_history_and_counts_every_process(tmp_path, tiny_config, reference):
     config = _config(tiny_config, tmp_path, "resumed")
     _run_until_killed(config, "after-last.ckpt", 8, tmp_path)

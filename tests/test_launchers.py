@@ -131,6 +131,7 @@ def fake_job(tmp_path: Path, name: str, code: str, threads: int = 1) -> Job:
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("launcher", ["local", "submitit"])
 def test_a_failed_job_is_reported_and_the_others_finish(launcher, tmp_path, capsys):
     jobs = [
@@ -152,6 +153,7 @@ def test_a_failed_job_is_reported_and_the_others_finish(launcher, tmp_path, caps
     assert capsys.readouterr().out.splitlines()[:2] == ["[bad]: training", "[good]: training"]
 
 
+@pytest.mark.slow
 def test_jobs_bound_how_many_run_at_once(tmp_path):
     code = (
         "import os, pathlib, time; p = pathlib.Path('running'); p.mkdir(exist_ok=True);"

@@ -50,6 +50,7 @@ def fitted(tmp_path_factory):
     return runs
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(CLIS))
 def test_fit_config_trains_the_yaml_model(fitted, name):
     cli, root = fitted[name]

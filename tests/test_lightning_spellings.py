@@ -81,6 +81,7 @@ def test_each_trainer_sees_its_own_hooks(trained, name):
     assert not overrides("transfer_batch_to_device", data)
 
 
+@pytest.mark.slow
 def test_a_task_moves_between_trainers(trained):
     _, task, data = trained["lightning"]
     assert type(task) is not LMTask  # the twin with lightning's hooks first
@@ -92,6 +93,7 @@ def test_a_task_moves_between_trainers(trained):
     assert type(task) is LMTask and type(data) is LMDataModule
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(SPELLINGS))
 def test_the_progress_bar_counts_steps_with_a_step_budget(name):
     package = SPELLINGS[name]

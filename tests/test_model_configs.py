@@ -160,6 +160,7 @@ def test_config_json_is_the_typed_config(tmp_path):
     assert model.model_spec()["family"] == "neuralode_lm"
 
 
+@pytest.mark.slow
 def test_a_run_folder_of_an_old_version_loads_and_resumes(tmp_path, tiny_config, capsys):
     """An LSTM run whose config.yaml and model config.json say num_layers (as odelm 0.3
     wrote them) loads, evaluates to the same number, and is the same run for resuming."""

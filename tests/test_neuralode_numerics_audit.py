@@ -46,6 +46,7 @@ def test_interpolated_adjoint_returns_the_requested_times_with_right_gradients()
     assert ((grads - direct_grads).norm() / direct_grads.norm()).item() < 1e-4
 
 
+@pytest.mark.slow
 def test_torchode_direct_gradients_are_right_for_a_relu_field() -> None:
     """torchode differentiated through its step-size controller by default (rel. error ~7
     here); the facade turns that off, so its gradients match the adjoint's."""

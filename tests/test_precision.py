@@ -217,3 +217,22 @@ def test_chunked_cross_entropy_matches_fp32_cross_entropy_of_bf16_logits(rows: i
     assert torch.allclose(loss, expected, rtol=1e-6, atol=1e-6)
     assert logits.grad.dtype == torch.bfloat16
     assert torch.allclose(logits.grad.float(), expected_grad.float(), rtol=0.01, atol=1e-7)
+
+
+def test_chunked_cross_entropy_gradient_from_forward_equals_the_recomputed_one() -> None:
+    # The forward pass computes the gradient for an upstream gradient of 1; any other
+    # upstream gradient recomputes it in backward. Doubling is exact in binary floating
+    # point (and in bf16 rounding), so the two paths must agree bit for bit.
+    from experiments.losses import chunked_cross_entropy
+
+    generator = torch.Generator().manual_seed(0)
+    base = (3 * torch.randn(150, 300, generator=generator)).bfloat16()
+    targets = torch.randint(0, 300, (150,), generator=generator)
+    targets[::5] = -100
+    grads = []
+    for upstream in (1.0, 2.0):
+        logits = base.clone().requires_grad_()
+        chunked_cross_entropy(logits, targets).backward(torch.tensor(upstream))
+        grads.append(logits.grad)
+    assert torch.equal(2 * grads[0], grads[1])
+    assert grads[0][targets == -100].abs().sum() == 0 and grads[0].abs().sum() > 0

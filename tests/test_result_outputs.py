@@ -32,6 +32,7 @@ def bpe_run(tmp_path_factory, tiny_config):
     return folder / "bpe", result
 
 
+@pytest.mark.slow
 def test_run_perplexity_per_word_and_per_token(bpe_run) -> None:
     run_dir, result = bpe_run
     run = experiments.load_run(run_dir)
@@ -47,6 +48,7 @@ def test_run_perplexity_per_word_and_per_token(bpe_run) -> None:
         run.perplexity(lines, per="char")
 
 
+@pytest.mark.slow
 def test_eval_rounds_for_people_and_keeps_full_precision_in_json(bpe_run, capsys) -> None:
     run_dir, _ = bpe_run
     assert main(["eval", str(run_dir), "--num-threads", "1", "--json"]) == 0

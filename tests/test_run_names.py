@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 
+import pytest
 import yaml
 
 from experiments.cli import main
@@ -13,6 +14,7 @@ from experiments.config import load_config
 from experiments.runs import config_sha256
 
 
+@pytest.mark.slow
 def test_name_auto_names_each_config_and_a_finished_run_says_so(
     tmp_path, tiny_config, capsys
 ) -> None:

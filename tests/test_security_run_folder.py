@@ -107,6 +107,7 @@ def test_an_architecture_outside_the_registry_is_refused_before_import(trained, 
     assert "Beautiful is better than ugly" not in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_a_module_shipped_in_the_run_folder_is_not_imported(trained, tmp_path):
     run = _copy(trained, tmp_path)
     ran = tmp_path / "code-ran"

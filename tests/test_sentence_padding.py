@@ -32,6 +32,7 @@ def _ppls(model, data, settings) -> list[float]:
     ]
 
 
+@pytest.mark.slow
 def test_gpt2_sentence_perplexity_ignores_batch_size_and_padding_side(grammar_data):
     torch.manual_seed(0)
     model = build_model("gpt2", grammar_data.tokenizer.vocab_size, config=GPT2_TINY)
@@ -39,6 +40,7 @@ def test_gpt2_sentence_perplexity_ignores_batch_size_and_padding_side(grammar_da
     assert ppls == pytest.approx([ppls[0]] * 4, rel=1e-5)
 
 
+@pytest.mark.slow
 def test_augmented_ode_gpt2_is_invariant_within_tolerance_and_exactly_per_position(grammar_data):
     torch.manual_seed(0)
     options = {"config": GPT2_TINY, "solver": {"rtol": 1e-3, "atol": 1e-4}}

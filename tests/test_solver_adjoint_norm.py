@@ -97,6 +97,7 @@ def test_a_model_builds_its_solver_config_once_not_per_forward(
     torch.testing.assert_close(logits, before)
 
 
+@pytest.mark.slow
 def test_result_records_the_adjoints_backward_nfe_only_where_training_used_it(
     tmp_path, tiny_config
 ) -> None:

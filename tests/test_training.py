@@ -27,6 +27,7 @@ from experiments.train import OutputDirError, train
 from experiments.trained import load_run
 
 
+@pytest.mark.slow
 def test_same_seed_same_validation_perplexity(tmp_path, tiny_config):
     first = train(parse_config(tiny_config(tmp_path, "a")))
     second = train(parse_config(tiny_config(tmp_path, "b")))
@@ -127,6 +128,7 @@ def test_two_process_ddp_ends_with_identical_weights(tmp_path, tiny_config):
     assert any(not torch.equal(initial[key], rank0[key]) for key in rank0)
 
 
+@pytest.mark.slow
 def test_checkpoint_averaging_averages_the_last_validations(tmp_path, tiny_config):
     from experiments.checkpoints import CheckpointAverager
 
@@ -166,6 +168,7 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, tiny_config
     assert not (tmp_path / "nan" / "result.json").exists()
 
 
+@pytest.mark.slow
 def test_eval_and_generate_commands_and_vocabulary_check(tmp_path, capsys, tiny_config):
     config_file = tmp_path / "run.yaml"
     config_file.write_text(yaml.safe_dump(tiny_config(tmp_path, "cli")))
@@ -196,6 +199,7 @@ def test_eval_and_generate_commands_and_vocabulary_check(tmp_path, capsys, tiny_
     assert "does not exist" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_bpe_run_reports_per_word_and_per_token_perplexity_consistently(tmp_path, tiny_config):
     values = tiny_config(tmp_path, "bpe", data={"tokenizer": "bpe", "bpe_vocab_size": 300})
     values["trainer"]["max_steps"] = 4

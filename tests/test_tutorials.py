@@ -23,7 +23,9 @@ def test_there_are_two_tutorials_with_code():
     assert all(len(python_blocks(page)) >= 3 for page in pages)
 
 
-@pytest.mark.parametrize("name", ["rk-transformer", "solver-facade"])
+@pytest.mark.parametrize(
+    "name", ["rk-transformer", pytest.param("solver-facade", marks=pytest.mark.slow)]
+)
 def test_tutorial_runs(name, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     page = TUTORIALS / f"{name}.md"
