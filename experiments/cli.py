@@ -1,181 +1,92 @@
-"""``odelm``: the one command line of the library (also ``python -m experiments``)."""
+"""``odelm``: the one command line of the library (also ``python -m experiments``).
+
+One jsonargparse parser holds every subcommand (``data info`` and ``data download`` one
+level down). ``train`` and ``compare`` keep only the options given on the command line,
+since their config file's values lie under them; every other subcommand gets its defaults.
+A user error, on the command line or later, is one line ``odelm: error: ...``, exit 2.
+"""
 
 from __future__ import annotations
 
-import argparse
-import json
+import re
 import sys
-from pathlib import Path
+from argparse import ArgumentError
+from collections.abc import Callable
 from typing import Any
 
-from experiments.commands import REGISTRARS
-from experiments.data.corpora import (
-    CORPUS_NAMES,
-    DEFAULT_CACHE_DIR,
-    PROTOCOLS,
-    SPECS,
-    SPLITS,
-    Corpus,
-)
-from experiments.help_examples import KeepExamples, epilog
-from experiments.threads import positive_int
+from jsonargparse import ArgumentParser, Namespace
+
+from experiments.config import RunConfig
+from experiments.config_checks import config_error, key_type, type_name
+from experiments.help_examples import Parser, epilog
 from odelm.errors import OdelmError
 
-
-def _print_json_or_table(rows: list[dict[str, Any]], as_json: bool) -> None:
-    if as_json:
-        for row in rows:
-            print(json.dumps(row))
-        return
-    columns = list(dict.fromkeys(key for row in rows for key in row))
-    widths = {c: max(len(c), *(len(_fmt(row.get(c))) for row in rows)) for c in columns}
-    print("  ".join(c.ljust(widths[c]) for c in columns))
-    for row in rows:
-        print("  ".join(_fmt(row.get(c)).ljust(widths[c]) for c in columns))
+RUN_COMMANDS = ("train", "compare")
+"""The subcommands whose options are run-config keys (given options only, no defaults)."""
 
 
-def _fmt(value: Any) -> str:
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    return "" if value is None else str(value)
+class UsageError(OdelmError, ValueError):
+    """The command line names an unknown subcommand or option, or gives a wrong value."""
 
 
-def corpus_info(
-    name: str, data_dir: str | None, protocol: str | None = None, seed: int = 0
-) -> dict[str, Any]:
-    """Splits found, lines, words and tokens per split, vocabulary size, file checksums.
+Handler = Callable[[Namespace], int]
 
-    Without a protocol it describes the files as they are (missing splits listed); with
-    one it describes the splits a run under that protocol would use.
-    """
-    from experiments.data.checksums import checksum_status, sha256_file
-    from experiments.data.corpora import load_corpus, read_lines, split_files
 
-    if protocol is not None or name == "grammar":
-        corpus: Corpus = load_corpus(
-            name, data_dir, protocol=protocol or "full", seed=seed, verify_checksums=False
-        )
-        lines, label, paths = corpus.lines, corpus.protocol, corpus.files
-    else:
-        paths = {split: str(path) for split, path in split_files(name, data_dir).items()}
-        if not paths:
-            load_corpus(name, data_dir)  # raises the error naming files and folders searched
-        lines = {split: read_lines(Path(path)) for split, path in paths.items()}
-        label = "files as found"
-    splits = {}
-    for split, split_lines in lines.items():
-        tokens = sum(len(line) for line in split_lines)
-        splits[split] = {
-            "lines": len(split_lines),
-            "words": tokens - len(split_lines),
-            "tokens": tokens,
-        }
-    files = {}
-    for split, path in paths.items():
-        if name in SPECS:
-            actual, status = checksum_status(SPECS[name], Path(path))
-        else:
-            actual, status = sha256_file(path), "unknown"
-        files[split] = {"path": path, "sha256": actual, "checksum": status}
-    info: dict[str, Any] = {
-        "corpus": name,
-        "protocol": label,
-        "splits": splits,
-        "missing": [split for split in SPLITS if split not in lines],
-        "vocab_size": len({word for ls in lines.values() for line in ls for word in line}),
-        "files": files,
+def subcommands() -> dict[str, tuple[Callable[[], Parser], Handler, str]]:
+    """Every subcommand (``"data info"`` one level down): its parser, handler and help."""
+    from experiments import commands, discretize, tools
+
+    return {
+        "data info": (
+            tools.data_info_parser,
+            tools.cmd_data_info,
+            "splits, words, tokens, vocabulary, checksums",
+        ),
+        "data download": (
+            tools.data_download_parser,
+            tools.cmd_data_download,
+            "fetch and verify a corpus archive",
+        ),
+        "bench": (
+            tools.bench_parser,
+            tools.cmd_bench,
+            "run a registered benchmark ('all' for every one)",
+        ),
+        "models": (
+            tools.models_parser,
+            tools.cmd_models,
+            "every model: key of each family, with defaults",
+        ),
+        "train": (
+            commands.train_parser,
+            commands.cmd_train,
+            "train one model from a YAML config (--config, --section.key overrides)",
+        ),
+        "eval": (
+            commands.eval_parser,
+            commands.cmd_eval,
+            "perplexity, per-word perplexity, BLEU, NFE of a run",
+        ),
+        "generate": (
+            commands.generate_parser,
+            commands.cmd_generate,
+            "continue a prompt with a trained run",
+        ),
+        "compare": (
+            commands.compare_parser,
+            commands.cmd_compare,
+            "train a grid of models side by side (--grid or --preset, --out)",
+        ),
+        "discretize": (
+            discretize.discretize_parser,
+            discretize.cmd_discretize,
+            "evaluate a trained vector field under many discretisations",
+        ),
     }
-    if name == "grammar":
-        from experiments.data.grammar import (
-            ProbabilisticGrammar,
-            default_rules,
-            true_split_perplexity,
-        )
-
-        grammar = ProbabilisticGrammar(default_rules())
-        info["entropy_nats_per_token"] = grammar.entropy_per_token
-        info["expected_perplexity"] = grammar.expected_perplexity
-        info["true_test_perplexity"] = true_split_perplexity(seed, "test")
-    return info
 
 
-def cmd_data_info(args: argparse.Namespace) -> int:
-    seed = args.seed
-    info = corpus_info(args.corpus, args.data_dir, args.protocol, seed)
-    if args.json:
-        print(json.dumps(info))
-        return 0
-    print(f"corpus {info['corpus']} ({info['protocol']}), vocabulary {info['vocab_size']}")
-    if info["missing"]:
-        print(f"missing splits: {', '.join(info['missing'])} (train with --protocol mini)")
-    _print_json_or_table([{"split": k, **v} for k, v in info["splits"].items()], False)
-    for split, entry in info["files"].items():
-        print(f"{split} file {entry['path']}: checksum {entry['checksum']}")
-    if "expected_perplexity" in info:
-        print(
-            f"true entropy rate {info['entropy_nats_per_token']:.4f} nats/token: the true "
-            f"grammar's perplexity is {info['expected_perplexity']:.3f} in expectation and "
-            f"{info['true_test_perplexity']:.3f} on this test split (seed {seed}); compare a "
-            "model's test perplexity with the latter"
-        )
-    return 0
-
-
-def cmd_data_download(args: argparse.Namespace) -> int:
-    from experiments.data.download import download_corpus
-
-    folder = download_corpus(
-        args.corpus, args.cache_dir, url=args.url, sha256=args.sha256, splits=args.splits
-    )
-    print(f"{args.corpus}: verified files in {folder}")
-    return 0
-
-
-def cmd_bench(args: argparse.Namespace) -> int:
-    from experiments.bench import BENCHMARKS, run
-    from experiments.threads import set_threads
-
-    set_threads(args.num_threads)
-    names = sorted(BENCHMARKS) if args.name == "all" else [args.name]
-    failed = False
-    for name in names:
-        records = run(name)
-        failed |= any(record["met"] is False for record in records)
-        _print_json_or_table(records, args.json)
-    return 1 if failed and args.strict else 0
-
-
-def cmd_models(args: argparse.Namespace) -> int:
-    from experiments.models import model_keys, model_keys_markdown
-
-    if args.json:
-        print(json.dumps(model_keys(), default=str))
-    else:
-        print(model_keys_markdown(), end="")
-    return 0
-
-
-class HelpFormatter(KeepExamples, argparse.ArgumentDefaultsHelpFormatter):
-    """Appends each option's default to its help line; an option whose default is None
-    says in its help what happens without it (e.g. "default: the config's"); a
-    subcommand's examples keep their lines."""
-
-    def _get_help_string(self, action: argparse.Action) -> str | None:
-        if action.default is None:
-            return action.help
-        return super()._get_help_string(action)
-
-
-class Parser(argparse.ArgumentParser):
-    """The parser of ``odelm`` and of every subcommand (defaults shown in ``--help``)."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        kwargs.setdefault("formatter_class", HelpFormatter)
-        super().__init__(*args, **kwargs)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    from experiments.bench import BENCHMARKS
+def build_parser() -> Parser:
+    """The parser of ``odelm`` and all its subcommands."""
     from odelm import __version__
 
     parser = Parser(
@@ -187,80 +98,108 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--debug", action="store_true", help="show the traceback of an error, not one line"
     )
-    commands = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
-
-    data = commands.add_parser("data", help="corpora: inspect and download").add_subparsers(
-        dest="data_command", required=True
-    )
-    info = data.add_parser("info", help="splits, words, tokens, vocabulary, checksums")
-    info.add_argument("--corpus", required=True, choices=CORPUS_NAMES, help="the corpus")
-    info.add_argument(
-        "--data-dir",
-        help="folder holding the corpus (default: $ODELM_DATA_DIR, then the download cache)",
-    )
-    info.add_argument(
-        "--protocol",
-        choices=PROTOCOLS,
-        help="describe the splits a run would use under it (default: the files as found)",
-    )
-    info.add_argument("--seed", type=int, default=0, help="seed of the grammar corpus")
-    info.add_argument("--json", action="store_true", help="one JSON object instead of a table")
-    info.set_defaults(func=cmd_data_info)
-    download = data.add_parser("download", help="fetch and verify a corpus archive")
-    download.add_argument("--corpus", required=True, choices=list(SPECS), help="the corpus")
-    download.add_argument(
-        "--cache-dir", default=str(DEFAULT_CACHE_DIR), help="where the files are stored"
-    )
-    download.add_argument(
-        "--url", help="override the archive URL, e.g. a mirror (default: the published one)"
-    )
-    download.add_argument(
-        "--sha256",
-        help="expected SHA-256 of the archive at --url (default: the published one, if any)",
-    )
-    download.add_argument(
-        "--splits",
-        nargs="+",
-        choices=SPLITS,
-        default=list(SPLITS),
-        help="split files to extract (valid test: what --protocol mini needs)",
-    )
-    download.set_defaults(func=cmd_data_download)
-
-    bench = commands.add_parser("bench", help="run a registered benchmark ('all' for every one)")
-    bench.add_argument("name", help=f"the benchmark: all, {', '.join(sorted(BENCHMARKS))}")
-    bench.add_argument("--json", action="store_true", help="one JSON object per line")
-    bench.add_argument("--strict", action="store_true", help="exit 1 when a target is missed")
-    bench.add_argument(
-        "--num-threads",
-        type=positive_int,
-        help="torch CPU threads (default: the free cores, printed)",
-    )
-    bench.set_defaults(func=cmd_bench)
-
-    models = commands.add_parser("models", help="every model: key of each family, with defaults")
-    models.add_argument("--json", action="store_true", help="one JSON object instead of a table")
-    models.set_defaults(func=cmd_models)
-
-    for register in REGISTRARS:
-        register(commands)
-    for name, subcommand in commands.choices.items():
-        subcommand.epilog = epilog(name)
+    groups = {"": parser.add_subcommands(dest="command", required=True)}
+    for path, (make, _, text) in subcommands().items():
+        group, _, name = path.rpartition(" ")
+        if group and group not in groups:  # "data": a subcommand of subcommands
+            holder = _add(groups[""], group, Parser(), "corpora: inspect and download")
+            groups[group] = holder.add_subcommands(dest="command", required=True)
+        _add(groups[group], name, make(), text)
     return parser
+
+
+def _add(commands: Any, name: str, parser: Parser, text: str) -> Parser:
+    commands.add_subcommand(name, parser, help=text)
+    parser.prog = f"{commands.parent_parser.prog} {name}"  # not jsonargparse's "[options]"
+    parser.epilog = parser.epilog or epilog(name)
+    return parser
+
+
+def parse(argv: list[str]) -> tuple[str, Namespace, bool]:
+    """The subcommand (``"data info"``), its options and ``--debug``; a wrong command line
+    raises :class:`UsageError`."""
+    parser = build_parser()
+    try:
+        given = parser.parse_args(argv, defaults=False)
+    except ArgumentError as error:
+        raise usage_error(parser, argv, error) from None
+    path = [given.command]
+    while isinstance(given.get(f"{'.'.join(path)}.command"), str):
+        path.append(given[f"{'.'.join(path)}.command"])
+    options = given.get(".".join(path)) or Namespace()
+    command = " ".join(path)
+    if command not in RUN_COMMANDS:  # train and compare: their config file lies under
+        defaults = _subparser(parser, path).get_defaults()
+        for key, value in options.items():
+            defaults[key] = value
+        options = defaults
+    return command, options, bool(given.get("debug"))
+
+
+def _subparser(parser: ArgumentParser, path: list[str]) -> ArgumentParser:
+    for name in path:
+        commands = parser._subcommands_action
+        parser = commands._name_parser_map[name] if commands else parser
+    return parser
+
+
+def usage_error(parser: ArgumentParser, argv: list[str], error: ArgumentError) -> UsageError:
+    """jsonargparse's error as one line naming the option and the subcommand's help."""
+    path = []  # the subcommands named on the command line, outermost first
+    for arg in argv:
+        commands = _subparser(parser, path)._subcommands_action
+        if commands and arg in commands._name_parser_map:
+            path.append(arg)
+    sub = _subparser(parser, path)
+    text, prog = str(error), sub.prog
+    if text.startswith("unrecognized arguments: "):
+        unknown = text.split()[2]
+        keys = " (config keys as --section.key)" if " ".join(path) in RUN_COMMANDS else ""
+        return UsageError(f"unknown option {unknown}; {prog} --help lists the options{keys}")
+    if text.startswith("the following arguments are required: "):
+        dest = text.split(": ", 1)[1].split(",")[0].removeprefix(".".join([*path, ""]))
+        flag = _flag(sub, dest) or dest.upper()
+        return UsageError(f"{prog} needs {flag}; see {prog} --help")
+    wrong = re.match(r'Parser key "([^"]+)"', text)
+    if wrong:
+        key = wrong[1]
+        if " ".join(path) in RUN_COMMANDS and _is_config_key(key):
+            return config_error(error, lambda key: f"--{key}", {}, RunConfig)  # type: ignore[return-value]
+        (action,) = [a for a in sub._actions if a.dest == key]
+        restricted = re.search(r"Not of type \w+: (.*) does not conform to restriction v(.*)", text)
+        if restricted:  # jsonargparse.typing's PositiveInt and the like
+            return UsageError(f"{_flag(sub, key)} must be {restricted[2]}, got {restricted[1]}")
+        given = re.search(r"(?:Got|Given) value: (.*)", text)
+        expected = type_name(getattr(action, "_typehint", None) or action.type)
+        return UsageError(f"{_flag(sub, key)} must be {expected}, got {given and given[1]!r}")
+    if re.match(r'expected "[\w.]*command" to be one of', text) and sub._subcommands_action:
+        names = ", ".join(sub._subcommands_action._name_parser_map)
+        return UsageError(f"{prog} needs a subcommand, one of {names}; see {prog} --help")
+    return UsageError(" ".join(text.split()))
+
+
+def _flag(parser: ArgumentParser, dest: str) -> str | None:
+    flags = [a.option_strings[0] for a in parser._actions if a.dest == dest and a.option_strings]
+    return flags[0] if flags else None
+
+
+def _is_config_key(key: str) -> bool:
+    try:
+        key_type(RunConfig, key)
+    except KeyError:
+        return False
+    return True
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run one subcommand. A user error (:class:`OdelmError`) prints one line and returns 2;
     ``--debug`` shows its traceback. Anything else is a bug and keeps its traceback."""
-    parser = build_parser()
-    # train and compare hand their options to jsonargparse (--section.key for every key)
-    args, args.options = parser.parse_known_args(argv)
-    if args.options and not getattr(args, "options_parser", False):
-        parser.error(f"unrecognized arguments: {' '.join(args.options)}")
+    debug = False
     try:
-        return args.func(args)
+        command, options, debug = parse(sys.argv[1:] if argv is None else list(argv))
+        return subcommands()[command][1](options)
     except OdelmError as error:
-        if args.debug:
+        if debug:
             raise
         message = error.args[0] if isinstance(error, KeyError) and error.args else error
         if isinstance(error, OSError) and error.strerror:

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
+from argparse import Action, ArgumentError
 from pathlib import Path
 from typing import Any
 
 import torch
 import yaml
-from jsonargparse import ArgumentParser
+from jsonargparse import Namespace, get_loader
+from jsonargparse.typing import PositiveInt
 
 from experiments.config import (
     Replace,
@@ -21,13 +22,12 @@ from experiments.config import (
     merge,
     parse_config,
 )
-from experiments.config_checks import ConfigError, check_range, config_error, key_type
+from experiments.config_checks import ConfigError, check_range, key_type
 from experiments.data.corpora import CORPUS_NAMES
-from experiments.discretize import register_discretize
-from experiments.help_examples import OptionsHelpFormatter, epilog
+from experiments.help_examples import Parser, epilog
 from experiments.launchers import LAUNCH_KEYS, add_launch_options, launch_settings
 from experiments.model_schema import model_keys_help, resolved_model_comment
-from experiments.threads import positive_int, set_threads
+from experiments.threads import set_threads
 
 # Short flags kept beside the dotted options they stand for (``--max-steps`` is
 # ``--trainer.max_steps``): the settings a user changes most from the shell, the same on
@@ -44,23 +44,49 @@ ALIASES = {
 COMMAND_KEYS = ("config", "overwrite", "quiet", "verbose", "print_config")
 
 
-def options_parser(prog: str, description: str) -> ArgumentParser:
-    """A jsonargparse parser for a subcommand that takes run-config options."""
+def options_parser(prog: str, description: str) -> Parser:
+    """The parser of a subcommand that takes run-config options (``train``, ``compare``)."""
     description += (
         " Defaults shown are the schema's: the config file's values replace them, and options "
         "given here replace both."
     )
-    return ArgumentParser(
-        prog=prog,
-        description=description,
-        epilog=epilog(prog.removeprefix("odelm ")),
-        formatter_class=OptionsHelpFormatter,
-        exit_on_error=False,
-        print_config=None,
-    )
+    return Parser(prog=prog, description=description, epilog=epilog(prog.removeprefix("odelm ")))
 
 
-def add_run_options(parser: ArgumentParser, skip: set[str] | None = None) -> None:
+MODEL_HELP = (
+    "the model: family (ode_transformer, neuralode_lm, reference), name, and that model's "
+    "typed keys (listed below the options; odelm models); --model '{family: neuralode_lm, "
+    "name: lstm, embed_dim: 128, hidden_dim: 128}' replaces the config file's model section, "
+    "--model.KEY VALUE edits one key of it (--model.dropout 0.2, --model.solver.rtol 1e-6)"
+)
+
+
+class ModelOption(Action):
+    """``--model '{...}'`` replaces the config file's model section (a :class:`Replace`);
+    ``--model.KEY VALUE`` sets one key of it, a dotted key one level down per dot
+    (``--model.solver.rtol 1e-6``). Values are read as YAML (``1e-6`` is a float); the
+    section's keys are checked against its model's typed config when the config is read.
+    jsonargparse hands this action every ``--model.*`` option because it declares a
+    mapping type (``_typehint``)."""
+
+    _typehint = dict[str, Any]
+
+    def __call__(self, parser: Any, namespace: Any, value: Any, option: Any = None) -> None:
+        key = str(option or "").removeprefix(self.option_strings[0]).removeprefix(".")
+        value = get_loader("yaml")(value)
+        current = namespace.get(self.dest)
+        if not key:
+            if not isinstance(value, dict):
+                raise ArgumentError(self, f"must be a mapping {{key: value, ...}}, got {value!r}")
+            namespace[self.dest] = Replace(value)
+            return
+        for part in reversed(key.split(".")):
+            value = {part: value}
+        merged = merge(current or {}, value)
+        namespace[self.dest] = Replace(merged) if isinstance(current, Replace) else merged
+
+
+def add_run_options(parser: Parser, skip: set[str] | None = None) -> None:
     """One typed, documented option per run-config key (``--optim.lr 3e-4``,
     ``--trainer.max_steps 200``, ``--model.d_model 128``), the short aliases and
     ``--print_config``."""
@@ -77,7 +103,8 @@ def add_run_options(parser: ArgumentParser, skip: set[str] | None = None) -> Non
     parser.add_argument(
         "--download", dest="data.download", action="store_true", help="same as --data.download true"
     )
-    add_run_arguments(parser, skip)
+    add_run_arguments(parser, {*(skip or ()), "model"})
+    parser.add_argument("--model", action=ModelOption, help=MODEL_HELP)
     for action in parser._actions:  # the corpora from the registry, not the docstring's list
         if action.dest == "data.corpus" and action.option_strings == ["--data.corpus"]:
             action.help = (
@@ -86,32 +113,12 @@ def add_run_options(parser: ArgumentParser, skip: set[str] | None = None) -> Non
             )
 
 
-def given_options(parser: ArgumentParser, argv: list[str]) -> dict[str, Any]:
-    """The options given on the command line (defaults left out), as a nested mapping."""
-    try:
-        given = parser.parse_args(argv, defaults=False).as_dict()
-    except argparse.ArgumentError as error:
-        unknown = str(error).removeprefix("unrecognized arguments: ")
-        if unknown != str(error):
-            raise ConfigError(
-                f"unknown option {unknown.split()[0]}; {parser.prog} --help lists the options "
-                "(config keys as --section.key)"
-            ) from None
-        missing = str(error).removeprefix("the following arguments are required: ")
-        if missing != str(error):
-            raise ConfigError(
-                f"{parser.prog} needs --{missing}; see {parser.prog} --help"
-            ) from None
-        raise config_error(error, lambda key: f"--{key}", {}, RunConfig) from None
-    # --model.solver.rtol 1e-4 arrives as the model key "solver.rtol": nest it
-    model: dict[str, Any] = {}
-    for key, value in given.get("model", {}).items():
-        for part in reversed(key.split(".")):
-            value = {part: value}
-        model = merge(model, value)
-    if model:  # --model '{...}' replaces the file's model section; --model.KEY edits it
-        whole = any(arg == "--model" or arg.startswith("--model=") for arg in argv)
-        given["model"] = Replace(model) if whole else model
+def given_options(args: Namespace) -> dict[str, Any]:
+    """The options of ``train`` or ``compare`` as a nested mapping (only those given: the
+    config file's values lie under them); ``--model '{...}'`` stays a :class:`Replace`."""
+    given = args.as_dict()
+    if "model" in given:
+        given["model"] = args["model"]  # as_dict() copies it into a plain dict
     return given
 
 
@@ -121,7 +128,7 @@ def quiet_lightning() -> None:
         logging.getLogger(name).setLevel(logging.WARNING)
 
 
-def train_parser() -> ArgumentParser:
+def train_parser() -> Parser:
     """The options of ``odelm train``."""
     parser = options_parser(
         "odelm train",
@@ -144,13 +151,13 @@ def train_parser() -> ArgumentParser:
     return parser
 
 
-def cmd_train(args: argparse.Namespace) -> int:
+def cmd_train(args: Namespace) -> int:
     from datetime import datetime
 
     from experiments.runs import config_sha256
     from experiments.train import RESULT_FILE, train
 
-    given = given_options(train_parser(), args.options)
+    given = given_options(args)
     command = {key: given.pop(key, None) for key in COMMAND_KEYS}
     config = load_config(command["config"], given)
     if config.name == "auto":  # a run folder per config: trying an override needs no --overwrite
@@ -177,13 +184,13 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_eval(args: argparse.Namespace) -> int:
+def cmd_eval(args: Namespace) -> int:
     from experiments.trained import load_run
 
     settings = ("bleu_sentences", "continuation_sentences", "prompt_len", "decode")
     given = {key: getattr(args, key) for key in settings if getattr(args, key) is not None}
     for key, value in given.items():
-        if key != "decode":  # a choice argparse checks
+        if key != "decode":  # a choice the parser checks
             check_range(f"eval.{key}", value, "--" + key.replace("_", "-"))
     run = load_run(args.run)
     overrides = {"data_dir": args.data_dir} if args.data_dir else {}
@@ -206,7 +213,7 @@ def rounded(key: str, value: Any) -> Any:
     return f"{value:.2f}" if "ppl" in key or abs(value) >= 100 else f"{value:.4g}"
 
 
-def cmd_generate(args: argparse.Namespace) -> int:
+def cmd_generate(args: Namespace) -> int:
     from experiments.trained import load_run
 
     if args.num_threads is not None:
@@ -227,7 +234,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
-def compare_parser() -> ArgumentParser:
+def compare_parser() -> Parser:
     """The options of ``odelm compare``."""
     parser = options_parser(
         "odelm compare",
@@ -252,10 +259,10 @@ def compare_parser() -> ArgumentParser:
     return parser
 
 
-def cmd_compare(args: argparse.Namespace) -> int:
+def cmd_compare(args: Namespace) -> int:
     from experiments.compare import check_grid, expand_grid, grid_path, grid_slurm, run_grid
 
-    shared = given_options(compare_parser(), args.options)
+    shared = given_options(args)
     grid, preset, out = (shared.pop(key, None) for key in ("grid", "preset", "out"))
     num_seeds, print_config = shared.pop("seeds", None), shared.pop("print_config", False)
     launch_options = {key: shared.pop(key) for key in LAUNCH_KEYS if key in shared}
@@ -281,17 +288,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
-def register_train(commands: Any) -> None:
-    parser = commands.add_parser(
-        "train",
-        help="train one model from a YAML config (--config, --section.key overrides)",
-        add_help=False,
-    )
-    parser.set_defaults(func=cmd_train, options_parser=True)
-
-
-def register_eval(commands: Any) -> None:
-    parser = commands.add_parser("eval", help="perplexity, per-word perplexity, BLEU, NFE of a run")
+def eval_parser() -> Parser:
+    """The options of ``odelm eval``."""
+    parser = Parser()
     parser.add_argument("run", help="a run directory written by odelm train")
     parser.add_argument("--split", default="test", help="the split to score")
     parser.add_argument(
@@ -316,7 +315,7 @@ def register_eval(commands: Any) -> None:
     )
     parser.add_argument(
         "--num-threads",
-        type=positive_int,
+        type=PositiveInt,
         help="torch CPU threads (default: the cores other work leaves free, printed)",
     )
     parser.add_argument(
@@ -333,13 +332,20 @@ def register_eval(commands: Any) -> None:
         help="score splits that differ from those the run recorded (data_sha256)",
     )
     parser.add_argument("--json", action="store_true", help="one JSON object instead of lines")
-    parser.set_defaults(func=cmd_eval)
+    return parser
 
 
-def register_generate(commands: Any) -> None:
+def number(text: str) -> float:
+    """A float as Python reads it, ``nan`` and ``inf`` included (the decoder names the
+    values it takes; YAML, and so jsonargparse's ``float``, reads ``nan`` as text)."""
+    return float(text)
+
+
+def generate_parser() -> Parser:
+    """The options of ``odelm generate``."""
     from odelm.decoding import MAX_NEW_TOKENS, STRATEGIES
 
-    parser = commands.add_parser("generate", help="continue a prompt with a trained run")
+    parser = Parser()
     parser.add_argument("run", help="a run directory written by odelm train")
     parser.add_argument("--prompt", required=True, help="the text to continue (its words)")
     parser.add_argument(
@@ -356,14 +362,14 @@ def register_generate(commands: Any) -> None:
     )
     parser.add_argument("--num-beams", type=int, default=4, help="beams of --strategy beam")
     parser.add_argument(
-        "--temperature", type=float, default=1.0, help="sampling: divide the logits by it"
+        "--temperature", type=number, default=1.0, help="sampling: divide the logits by it"
     )
     parser.add_argument(
         "--top-k", type=int, help="sampling: keep the K likeliest tokens (default: all)"
     )
     parser.add_argument(
         "--top-p",
-        type=float,
+        type=number,
         help="sampling: keep the smallest set of tokens with probability >= P (default: all)",
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the sampling generator")
@@ -371,24 +377,6 @@ def register_generate(commands: Any) -> None:
         "--stop-at-eos", action="store_true", help="stop at the first end of line (<eos>)"
     )
     parser.add_argument(
-        "--num-threads", type=positive_int, help="torch CPU threads (default: torch's choice)"
+        "--num-threads", type=PositiveInt, help="torch CPU threads (default: torch's choice)"
     )
-    parser.set_defaults(func=cmd_generate)
-
-
-def register_compare(commands: Any) -> None:
-    parser = commands.add_parser(
-        "compare",
-        help="train a grid of models side by side (--grid or --preset, --out)",
-        add_help=False,
-    )
-    parser.set_defaults(func=cmd_compare, options_parser=True)
-
-
-REGISTRARS = [
-    register_train,
-    register_eval,
-    register_generate,
-    register_compare,
-    register_discretize,
-]
+    return parser

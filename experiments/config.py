@@ -178,10 +178,7 @@ class RunConfig:
         seed: seed of initialization, batching and dropout
         out_dir: folder of run directories
         model: the model: family (ode_transformer, neuralode_lm, reference), name, and
-            that model's typed keys (listed below the options; odelm models);
-            --model '{family: neuralode_lm, name: lstm, embed_dim: 128, hidden_dim: 128}'
-            replaces the config file's model section, --model.KEY VALUE edits one key of
-            it (--model.dropout 0.2)
+            that model's typed keys (odelm models lists them)
     """
 
     name: str = "run"

@@ -45,7 +45,7 @@ def config_error(
         if value is _MISSING:
             given = re.search(r"(?:Got|Given) value: (.*)", text)
             value = given[1] if given else None
-        expected = _type_name(key_type(schema, key))
+        expected = type_name(key_type(schema, key))
         return ConfigError(
             f"{label(key)} must be {expected}, got {value!r} ({type(value).__name__})"
         )
@@ -70,11 +70,12 @@ def key_type(schema: Any, key: str) -> Any:
     return schema
 
 
-def _type_name(annotation: Any) -> str:
+def type_name(annotation: Any) -> str:
+    """A type as people read it: ``one of a, b``, ``int or null``, ``float``."""
     if typing.get_origin(annotation) is typing.Literal:
         return "one of " + ", ".join(str(arg) for arg in typing.get_args(annotation))
     if typing.get_origin(annotation) in (typing.Union, types.UnionType):
-        return " or ".join(_type_name(arg) for arg in typing.get_args(annotation))
+        return " or ".join(type_name(arg) for arg in typing.get_args(annotation))
     if annotation is type(None):
         return "null"
     if typing.get_origin(annotation) is not None:

@@ -18,7 +18,6 @@ nonzero when adaptive steps are shared across positions).
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import textwrap
@@ -27,10 +26,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from jsonargparse import Namespace
+from jsonargparse.typing import PositiveInt
 
 from experiments.data.batching import lm_nll
 from experiments.evaluate import evaluation_batches
 from experiments.flops import forward_flops_per_token
+from experiments.help_examples import Parser
 from neuralode_lm.depth_field import FixedGrid
 from neuralode_lm.solvers import solve
 from neuralode_lm.transformer import NODETransformerLM
@@ -237,9 +239,7 @@ def plot_pareto(rows: list[dict[str, Any]], path: Path, title: str) -> None:
     plt.close(figure)
 
 
-def cmd_discretize(args: argparse.Namespace) -> int:
-    if args.num_threads is not None and args.num_threads < 1:
-        raise DiscretizeError(f"--num-threads must be >= 1, got {args.num_threads}")
+def cmd_discretize(args: Namespace) -> int:
     if args.num_threads:
         torch.set_num_threads(args.num_threads)
     rows = discretize(
@@ -261,10 +261,9 @@ def cmd_discretize(args: argparse.Namespace) -> int:
     return 0
 
 
-def register_discretize(commands: Any) -> None:
-    parser = commands.add_parser(
-        "discretize", help="evaluate a trained vector field under many discretisations"
-    )
+def discretize_parser() -> Parser:
+    """The options of ``odelm discretize``."""
+    parser = Parser()
     parser.add_argument("run", help="a run directory of a node-transformer or ODE Transformer")
     parser.add_argument("--json", action="store_true", help="one JSON object per line")
     parser.add_argument("--max-batches", type=int, default=4, help="test batches to evaluate")
@@ -276,5 +275,7 @@ def register_discretize(commands: Any) -> None:
         "--dtype", default="float64", choices=["float32", "float64"], help="evaluation precision"
     )
     parser.add_argument("--out", help="folder for discretize.md/.png (default: RUN_DIR/discretize)")
-    parser.add_argument("--num-threads", type=int, help="torch CPU threads (default: torch's)")
-    parser.set_defaults(func=cmd_discretize)
+    parser.add_argument(
+        "--num-threads", type=PositiveInt, help="torch CPU threads (default: torch's)"
+    )
+    return parser

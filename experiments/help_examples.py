@@ -1,10 +1,13 @@
-"""The examples at the end of every subcommand's ``--help``: commands that run as written
+"""The parser class of ``odelm`` and its subcommands, and the examples at the end of every
+subcommand's ``--help``: commands that run as written
 from the repository root once the README's main job has made ``runs/quick``
 (tests/test_examples.py runs every one, training ones with a tiny budget)."""
 
 from __future__ import annotations
 
-from jsonargparse import DefaultHelpFormatter
+from typing import Any
+
+from jsonargparse import ArgumentParser, DefaultHelpFormatter
 
 EXAMPLES: dict[str, tuple[str, ...]] = {
     "train": (
@@ -61,5 +64,22 @@ class KeepExamples:
         return super()._fill_text(text, width, indent)  # type: ignore[misc]
 
 
-class OptionsHelpFormatter(KeepExamples, DefaultHelpFormatter):
-    """jsonargparse's help formatter (``odelm train``, ``odelm compare``), examples kept."""
+class HelpFormatter(KeepExamples, DefaultHelpFormatter):
+    """jsonargparse's formatter (type and default after each help line), except that an
+    option whose default is None and whose help says what happens without it (e.g.
+    "default: the config's") is shown as written; a subcommand's examples keep their lines."""
+
+    def _get_help_string(self, action: Any) -> str:
+        if action.default is None and "default" in (action.help or ""):
+            return action.help
+        return super()._get_help_string(action)
+
+
+class Parser(ArgumentParser):
+    """The parser of ``odelm`` and of every subcommand: errors raised (``odelm``'s ``main``
+    prints them as one line), jsonargparse's own ``--print_config`` off (``train`` has its
+    own)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, exit_on_error=False, print_config=None, **kwargs)

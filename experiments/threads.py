@@ -11,7 +11,6 @@ overrides it.
 
 from __future__ import annotations
 
-import argparse
 import math
 import os
 import sys
@@ -91,11 +90,3 @@ def set_threads(requested: int | None, runs: int = 1) -> int:
         flush=True,
     )
     return threads
-
-
-def positive_int(text: str) -> int:
-    """An argparse type: an integer >= 1 (thread counts)."""
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
