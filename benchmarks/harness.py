@@ -23,10 +23,10 @@ from pytorch_lightning.callbacks import Callback
 from torch import nn
 from torch.utils.data import DataLoader
 
-from experiments.config import RunConfig, TrainerConfig
-from experiments.speed import BATCH, BPTT, SGD, VOCAB, batches, bench_threads, build_task
-from experiments.task import StreamWindow
-from experiments.train import build_trainer, lightning_settings
+from experiments.training.config import RunConfig, TrainerConfig
+from experiments.training.speed import BATCH, BPTT, SGD, VOCAB, batches, bench_threads, build_task
+from experiments.training.task import StreamWindow
+from experiments.training.train import build_trainer, lightning_settings
 from odelm.contract import detach_state
 
 STATEFUL = {"lstm": True, "transformer": False}

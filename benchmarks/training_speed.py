@@ -23,7 +23,7 @@ from typing import Any
 import torch
 import torch._inductor.config
 
-from experiments.speed import (
+from experiments.training.speed import (
     BATCH,
     BPTT,
     PEAK_SHAPE,

@@ -8,9 +8,9 @@ import importlib.util
 
 import pytest
 
-from experiments.bench import judge
-from experiments.cli import build_parser, main
-from experiments.help_examples import HelpFormatter
+from experiments.cli.bench import judge
+from experiments.cli.main import build_parser, main
+from experiments.cli.parser import HelpFormatter
 from odelm import __version__
 
 
@@ -74,7 +74,7 @@ def test_bench_names_the_extra_of_a_missing_backend(monkeypatch):
 
 def test_detokenize_turns_each_eos_into_a_line_break():
     from experiments.data.tokenization import WordTokenizer
-    from experiments.trained import detokenize
+    from experiments.evaluation.trained import detokenize
 
     tokenizer = WordTokenizer(["<eos>", "the", "cat", "sat"])
     assert detokenize(tokenizer, [1, 2, 0, 3, 0, 1]) == "the cat\nsat\nthe"

@@ -4,7 +4,8 @@ import json
 
 import pytest
 
-from experiments.cli import main
+from experiments.cli.main import main
+from experiments.cli.tools import corpus_info
 from experiments.data.corpora import CorpusError, load_corpus
 from experiments.data.tokenization import (
     VocabularyMismatchError,
@@ -12,7 +13,6 @@ from experiments.data.tokenization import (
     check_tokenizer,
     encode_corpus,
 )
-from experiments.tools import corpus_info
 
 
 def test_data_info_reports_the_standard_token_counts(data_dir, capsys):

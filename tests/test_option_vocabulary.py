@@ -10,12 +10,12 @@ import re
 
 import yaml
 
-from experiments.cli import build_parser, main, parse
-from experiments.commands import ALIASES, compare_parser, given_options, train_parser
-from experiments.config import RunConfig, load_config
+from experiments.cli.commands import ALIASES, compare_parser, given_options, train_parser
+from experiments.cli.main import build_parser, main, parse
+from experiments.comparison.launchers import SLURM_KEYS
 from experiments.data.registry import CORPUS_NAMES
-from experiments.launchers import SLURM_KEYS
-from experiments.models import build_model
+from experiments.models.build import build_model
+from experiments.training.config import RunConfig, load_config
 from neuralode_lm.models import LSTMLM
 
 SHORT = {*ALIASES, "--seed", "--download"}

@@ -8,9 +8,9 @@ import re
 
 import yaml
 
-from experiments.cli import main
-from experiments.config import load_config
-from experiments.runs import config_sha256
+from experiments.cli.main import main
+from experiments.training.config import load_config
+from experiments.training.runs import config_sha256
 
 
 def test_name_auto_names_each_config_and_a_finished_run_says_so(

@@ -19,9 +19,9 @@ import torch
 from lightning_fabric.utilities.exceptions import MisconfigurationException
 from pytorch_lightning.plugins.precision import MixedPrecision, Precision
 
-from experiments.config import OptimConfig
-from experiments.models import build_model
-from experiments.task import LMTask
+from experiments.models.build import build_model
+from experiments.training.config import OptimConfig
+from experiments.training.task import LMTask
 from odelm.errors import OdelmError
 from odelm.timing import alternating, medians
 

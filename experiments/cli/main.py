@@ -16,9 +16,9 @@ from typing import Any
 
 from jsonargparse import ArgumentParser, Namespace
 
-from experiments.config import RunConfig
-from experiments.config_checks import config_error, key_type, type_name
-from experiments.help_examples import Parser, epilog
+from experiments.cli.parser import Parser, epilog
+from experiments.training.config import RunConfig
+from experiments.training.config_checks import config_error, key_type, type_name
 from odelm.errors import OdelmError
 
 RUN_COMMANDS = ("train", "compare")
@@ -34,7 +34,8 @@ Handler = Callable[[Namespace], int]
 
 def subcommands() -> dict[str, tuple[Callable[[], Parser], Handler, str]]:
     """Every subcommand (``"data info"`` one level down): its parser, handler and help."""
-    from experiments import commands, discretize, tools
+    from experiments.cli import commands, tools
+    from experiments.evaluation import discretize
 
     return {
         "data info": (

@@ -7,7 +7,7 @@ the ``test_flops_per_token`` a trained run reports. An adaptive solve (dopri5, .
 what its trained field makes it take: those runs are returned with ``None`` (they need the
 trained weights, i.e. a re-run). Used to re-derive published FLOPs columns::
 
-    from experiments.config_flops import grid_flops
+    from experiments.comparison.config_flops import grid_flops
     grid_flops("experiments/configs/grids/table5-seeds.yaml")
 """
 
@@ -19,13 +19,13 @@ from typing import Any
 
 import torch
 
-from experiments.compare import expand_grid
-from experiments.config import RunConfig, load_yaml, parse_config
+from experiments.comparison.compare import expand_grid
 from experiments.data.tokenization import LMData
-from experiments.evaluate import batching_options, perplexity
-from experiments.flops import is_adaptive
-from experiments.models import build_model
-from experiments.train import prepare_data
+from experiments.evaluation.evaluate import batching_options, perplexity
+from experiments.evaluation.flops import is_adaptive
+from experiments.models.build import build_model
+from experiments.training.config import RunConfig, load_yaml, parse_config
+from experiments.training.train import prepare_data
 
 
 @torch.no_grad()

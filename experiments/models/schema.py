@@ -20,7 +20,7 @@ from typing import Any
 import yaml
 from jsonargparse import ArgumentParser
 
-from experiments.config_checks import ConfigError, config_error
+from experiments.training.config_checks import ConfigError, config_error
 
 FAMILIES = ("ode_transformer", "neuralode_lm", "reference")
 SKIPPED = frozenset({"vocab_size", "embeddings"})

@@ -1,5 +1,5 @@
 """Training recipes: the optimizers, plateau annealing and epoch budgets (the named presets,
-``RECIPES``, are configuration data and live in ``experiments.config``).
+``RECIPES``, are configuration data and live in ``experiments.training.config``).
 
 A run config, a grid's ``shared`` section or one grid run says ``recipe: NAME``; the
 recipe's settings lie underneath the config, so whatever the config sets explicitly wins.
@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from experiments.config import OptimConfig, RunConfig, TrainerConfig
+from experiments.training.config import OptimConfig, RunConfig, TrainerConfig
 
 
 def training_budget(trainer: TrainerConfig, batches_per_epoch: int) -> tuple[int, int]:

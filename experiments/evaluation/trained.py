@@ -20,7 +20,7 @@ under the same names, with the same defaults (``--top-k`` is ``top_k=``, ``--see
 refusing a split whose tokens differ from those the run recorded (``data_sha256``).
 
 Loading checks the run before using it: the files odelm recorded must be unchanged
-(``experiments.runfolder``), the model must be one of the library's architectures with
+(``experiments.training.runfolder``), the model must be one of the library's architectures with
 intact, finite weights (``odelm.pretrained``), and the tokenizer must be readable and
 match the model's vocabulary. Each failure is one :class:`~odelm.errors.OdelmError`.
 """
@@ -39,8 +39,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from experiments.config import RunConfig, load_run_config
-from experiments.config_checks import ConfigError, check_range
 from experiments.data.corpora import load_corpus
 from experiments.data.tokenization import (
     EncodedSplit,
@@ -51,7 +49,9 @@ from experiments.data.tokenization import (
     encode_corpus,
     load_tokenizer,
 )
-from experiments.runfolder import COMPARISON_MARKER, verify_run_files
+from experiments.training.config import RunConfig, load_run_config
+from experiments.training.config_checks import ConfigError, check_range
+from experiments.training.runfolder import COMPARISON_MARKER, verify_run_files
 from odelm.errors import OdelmError
 from odelm.pretrained import load_pretrained, read_config
 
@@ -165,7 +165,7 @@ class TrainedRun:
 
     def _text_perplexity(self, texts: Any, per: str, allow_noncausal: bool) -> float:
         """Perplexity of new lines of text (see :meth:`perplexity`)."""
-        from experiments.evaluate import NonCausalModelError, perplexity
+        from experiments.evaluation.evaluate import NonCausalModelError, perplexity
 
         if isinstance(texts, str) or not texts:
             raise ValueError("texts must be a non-empty list of strings (or give split=)")
@@ -208,7 +208,7 @@ class TrainedRun:
 
         BLEU settings left None keep the run's ``eval`` config; ``data`` is the corpus
         already loaded by :meth:`data` (default: loaded here, from ``data_dir`` if given)."""
-        from experiments.evaluate import evaluate_run
+        from experiments.evaluation.evaluate import evaluate_run
 
         given: dict[str, Any] = {
             "bleu_sentences": bleu_sentences,

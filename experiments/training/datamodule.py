@@ -4,7 +4,7 @@ and test batches, and the seeded, resumable order it reads the training batches 
 ``LMDataModule.from_corpus(name, ...)`` builds everything from a corpus name (load,
 tokenize, encode: what ``odelm train`` does); ``LMDataModule(data, config)`` takes data
 already encoded. Stateful batching yields :class:`StreamWindow` batches whose model state
-carries across windows (:class:`experiments.task.LMTask` handles it).
+carries across windows (:class:`experiments.training.task.LMTask` handles it).
 """
 
 from __future__ import annotations
@@ -16,13 +16,13 @@ from typing import Any, Literal, NamedTuple
 import torch
 from torch.utils.data import DataLoader, Sampler
 
-from experiments.config import DataConfig
-from experiments.config_checks import ConfigError
 from experiments.data.batching import sentence_batches, stream_windows
 from experiments.data.loading import load_data
 from experiments.data.registry import CorpusError
 from experiments.data.tokenization import LMData, Tokenizer
-from experiments.spellings import FollowsTrainer, lightning_bases
+from experiments.training.config import DataConfig
+from experiments.training.config_checks import ConfigError
+from experiments.training.spellings import FollowsTrainer, lightning_bases
 from odelm.errors import OdelmError
 
 
@@ -192,7 +192,7 @@ class LMDataModule(FollowsTrainer, *lightning_bases("LightningDataModule")):  # 
         return self._evaluation_loader("test", None)
 
     def _evaluation_loader(self, split: str, limit: int | None) -> DataLoader:
-        from experiments.evaluate import batching_options, evaluation_batches
+        from experiments.evaluation.evaluate import batching_options, evaluation_batches
 
         batches = evaluation_batches(self.data, split, **batching_options(self.config))
         if limit:

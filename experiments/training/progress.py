@@ -25,7 +25,7 @@ from typing import Any, TextIO
 
 from pytorch_lightning.callbacks import Callback, Timer
 
-from experiments.runs import write_json
+from experiments.training.runs import write_json
 
 PROGRESS_FILE = Path("logs") / "progress.json"
 WRITE_EVERY_S = 2.0

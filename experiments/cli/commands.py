@@ -13,7 +13,11 @@ import yaml
 from jsonargparse import Namespace, get_loader
 from jsonargparse.typing import PositiveInt
 
-from experiments.config import (
+from experiments.cli.parser import Parser, epilog
+from experiments.comparison.launchers import LAUNCH_KEYS, add_launch_options, launch_settings
+from experiments.data.corpora import CORPUS_NAMES
+from experiments.models.schema import model_keys_help, resolved_model_comment
+from experiments.training.config import (
     Replace,
     RunConfig,
     add_run_arguments,
@@ -22,12 +26,8 @@ from experiments.config import (
     merge,
     parse_config,
 )
-from experiments.config_checks import ConfigError, check_range, key_type
-from experiments.data.corpora import CORPUS_NAMES
-from experiments.help_examples import Parser, epilog
-from experiments.launchers import LAUNCH_KEYS, add_launch_options, launch_settings
-from experiments.model_schema import model_keys_help, resolved_model_comment
-from experiments.threads import set_threads
+from experiments.training.config_checks import ConfigError, check_range, key_type
+from experiments.training.threads import set_threads
 
 # Short flags kept beside the dotted options they stand for (``--max-steps`` is
 # ``--trainer.max_steps``): the settings a user changes most from the shell, the same on
@@ -154,8 +154,8 @@ def train_parser() -> Parser:
 def cmd_train(args: Namespace) -> int:
     from datetime import datetime
 
-    from experiments.runs import config_sha256
-    from experiments.train import RESULT_FILE, train
+    from experiments.training.runs import config_sha256
+    from experiments.training.train import RESULT_FILE, train
 
     given = given_options(args)
     command = {key: given.pop(key, None) for key in COMMAND_KEYS}
@@ -185,7 +185,7 @@ def cmd_train(args: Namespace) -> int:
 
 
 def cmd_eval(args: Namespace) -> int:
-    from experiments.trained import load_run
+    from experiments.evaluation.trained import load_run
 
     settings = ("bleu_sentences", "continuation_sentences", "prompt_len", "decode")
     given = {key: getattr(args, key) for key in settings if getattr(args, key) is not None}
@@ -214,7 +214,7 @@ def rounded(key: str, value: Any) -> Any:
 
 
 def cmd_generate(args: Namespace) -> int:
-    from experiments.trained import load_run
+    from experiments.evaluation.trained import load_run
 
     if args.num_threads is not None:
         torch.set_num_threads(args.num_threads)
@@ -260,7 +260,13 @@ def compare_parser() -> Parser:
 
 
 def cmd_compare(args: Namespace) -> int:
-    from experiments.compare import check_grid, expand_grid, grid_path, grid_slurm, run_grid
+    from experiments.comparison.compare import (
+        check_grid,
+        expand_grid,
+        grid_path,
+        grid_slurm,
+        run_grid,
+    )
 
     shared = given_options(args)
     grid, preset, out = (shared.pop(key, None) for key in ("grid", "preset", "out"))

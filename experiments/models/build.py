@@ -4,7 +4,7 @@
 LM; ``{"family": "neuralode_lm", "name": "ode-lstm", ...}`` a continuous-depth model;
 ``{"family": "reference"}`` the bigram reference model, ``{"family": "reference", "name":
 "transformer"}`` the word_language_model Transformer. Every other key is a field of the
-model's typed config (``experiments.model_schema``), checked before anything is built.
+model's typed config (``experiments.models.schema``), checked before anything is built.
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from typing import Any
 
 from torch import nn
 
-from experiments.config_checks import ConfigError
-from experiments.model_schema import FAMILIES, check_model, model_label, schema_keys, schemas
-from experiments.model_size import check_model_size
+from experiments.models.schema import FAMILIES, check_model, model_label, schema_keys, schemas
+from experiments.models.size import check_model_size
+from experiments.training.config_checks import ConfigError
 
 __all__ = ["FAMILIES", "build_model", "count_parameters", "depth_kind", "model_keys"]
 

@@ -17,18 +17,18 @@ from typing import Any
 import torch
 from torch import nn
 
-from experiments.allocator import keep_freed_memory
-from experiments.compiled import CompiledModel
-from experiments.config import OptimConfig
 from experiments.data.batching import lm_nll
-from experiments.datamodule import StreamWindow
-from experiments.losses import training_nll
-from experiments.recipes import (
+from experiments.training.allocator import keep_freed_memory
+from experiments.training.compiled import CompiledModel
+from experiments.training.config import OptimConfig
+from experiments.training.datamodule import StreamWindow
+from experiments.training.losses import training_nll
+from experiments.training.recipes import (
     PlateauAnnealer,
     build_optimizer,
     inverse_sqrt_lambda,
 )
-from experiments.spellings import FollowsTrainer, lightning_bases, step_progress_bar
+from experiments.training.spellings import FollowsTrainer, lightning_bases, step_progress_bar
 from odelm.contract import call_model, check_stateful, detach_state
 from odelm.errors import OdelmError
 
@@ -235,7 +235,7 @@ class LMTask(FollowsTrainer, *lightning_bases("LightningModule")):  # type: igno
     def load_from_checkpoint(cls, checkpoint_path: Any, *args: Any, **kwargs: Any) -> LMTask:  # type: ignore[override]
         """Lightning's loader, always weights-only: reading a checkpoint runs no code, and a
         file that would need pickle is refused (:func:`read_checkpoint`)."""
-        from experiments.checkpoints import read_checkpoint
+        from experiments.training.checkpoints import read_checkpoint
 
         read_checkpoint(checkpoint_path)
         kwargs["weights_only"] = True

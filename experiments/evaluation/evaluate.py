@@ -14,7 +14,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from experiments.config import DataConfig, RunConfig
 from experiments.data.batching import (
     evaluation_windows,
     lm_nll,
@@ -22,7 +21,8 @@ from experiments.data.batching import (
     stateful_evaluation_windows,
 )
 from experiments.data.tokenization import LMData
-from experiments.flops import counting_flops
+from experiments.evaluation.flops import counting_flops
+from experiments.training.config import DataConfig, RunConfig
 from odelm.contract import call_model, check_stateful
 from odelm.errors import OdelmError
 
@@ -104,7 +104,7 @@ def perplexity(
 
     ``stateful``: the model carries its state across consecutive windows of ``batch_size``
     contiguous streams (the stateful extension of the contract). The forward FLOPs per
-    predicted token (``experiments.flops``) and the mean NFE are measured on the same
+    predicted token (``experiments.evaluation.flops``) and the mean NFE are measured on the same
     forward passes, every batch of the split (``flops_sample``).
     """
     if stateful:
@@ -178,7 +178,7 @@ def evaluate(
     model was trained; ``stateful`` carries a stateful model's state across the windows of
     ``batch_size`` contiguous streams.
     """
-    from experiments.bleu import continuation_bleu, teacher_forced_bleu
+    from experiments.evaluation.bleu import continuation_bleu, teacher_forced_bleu
 
     is_causal = bool(getattr(model, "is_causal", False))
     if not is_causal and not allow_noncausal:

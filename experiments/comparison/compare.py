@@ -7,13 +7,13 @@ are compared with; default the first). Runs may not override the data, the seed 
 budget (a recipe sets only the optimiser and whether recurrent state is carried across
 windows), so every model sees the same tokens for the same number of steps or seconds. Each
 run trains in its own process (so peak memory is its own) through ``odelm train``, started
-by a launcher (``experiments.launchers``: a local process pool, submitit or Ray; the grid's
+by a launcher (``experiments.comparison.launchers``: a local process pool, submitit or Ray; the grid's
 optional ``launcher: {slurm: {...}}`` section holds SLURM options); finished runs are
 skipped and half-finished ones resume.
 
 ``results.csv`` holds one row per run (model x seed); ``results.md`` aggregates over seeds
 (mean +- sample standard deviation, n) and gives each model's seed-paired difference to
-the baseline with a 95% Student-t interval (``experiments.stats``).
+the baseline with a 95% Student-t interval (``experiments.comparison.stats``).
 """
 
 from __future__ import annotations
@@ -29,22 +29,22 @@ from typing import Any
 
 import yaml
 
-from experiments.config import ConfigError, load_yaml, merge, parse_config
-from experiments.launchers import Job, Launch, run_jobs
-from experiments.progress import PROGRESS_FILE, duration
-from experiments.runfolder import (
+from experiments.comparison.launchers import Job, Launch, run_jobs
+from experiments.comparison.tables import write_tables
+from experiments.training.config import ConfigError, load_yaml, merge, parse_config
+from experiments.training.progress import PROGRESS_FILE, duration
+from experiments.training.runfolder import (
     COMPARISON_MARKER,
     FolderWriteError,
     check_not_foreign,
     check_run_name,
     claim_folder,
 )
-from experiments.runs import config_changes
-from experiments.tables import write_tables
-from experiments.train import RESULT_FILE
+from experiments.training.runs import config_changes
+from experiments.training.train import RESULT_FILE
 from odelm.errors import OdelmError
 
-GRIDS_DIR = Path(__file__).parent / "configs" / "grids"
+GRIDS_DIR = Path(__file__).parents[1] / "configs" / "grids"
 GRID_KEYS = {"shared", "runs", "seeds", "baseline", "launcher"}
 RUN_KEYS = {"name", "model", "optim", "recipe"}
 
@@ -225,7 +225,7 @@ def run_grid(
     ]
     if results:
         write_tables(results, out_dir, grid_baseline(grid))
-        from experiments.plots import plot_comparison
+        from experiments.comparison.plots import plot_comparison
 
         plot_comparison(out_dir, results)
     print(

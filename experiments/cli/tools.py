@@ -10,6 +10,7 @@ from typing import Any
 from jsonargparse import Namespace
 from jsonargparse.typing import PositiveInt
 
+from experiments.cli.parser import Parser
 from experiments.data.corpora import (
     CORPUS_NAMES,
     DEFAULT_CACHE_DIR,
@@ -18,7 +19,6 @@ from experiments.data.corpora import (
     SPLITS,
     Corpus,
 )
-from experiments.help_examples import Parser
 
 
 def _print_json_or_table(rows: list[dict[str, Any]], as_json: bool) -> None:
@@ -131,8 +131,8 @@ def cmd_data_download(args: Namespace) -> int:
 
 
 def cmd_bench(args: Namespace) -> int:
-    from experiments.bench import BENCHMARKS, run
-    from experiments.threads import set_threads
+    from experiments.cli.bench import BENCHMARKS, run
+    from experiments.training.threads import set_threads
 
     set_threads(args.num_threads)
     names = sorted(BENCHMARKS) if args.name == "all" else [args.name]
@@ -145,7 +145,7 @@ def cmd_bench(args: Namespace) -> int:
 
 
 def cmd_models(args: Namespace) -> int:
-    from experiments.models import model_keys, model_keys_markdown
+    from experiments.models.build import model_keys, model_keys_markdown
 
     if args.json:
         print(json.dumps(model_keys(), default=str))
@@ -198,7 +198,7 @@ def data_download_parser() -> Parser:
 
 def bench_parser() -> Parser:
     """The options of ``odelm bench``."""
-    from experiments.bench import BENCHMARKS
+    from experiments.cli.bench import BENCHMARKS
 
     parser = Parser()
     parser.add_argument("name", help=f"the benchmark: all, {', '.join(sorted(BENCHMARKS))}")

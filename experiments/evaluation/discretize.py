@@ -9,7 +9,7 @@ trained model produces (the local truncation error), and the whole model is eval
 with every block replaced by that flow or by another tableau.
 
 Each setting reports test perplexity (over ``--max-batches`` evaluation batches), mean
-NFE per forward pass, forward FLOPs per token (``experiments.flops``), seconds, the
+NFE per forward pass, forward FLOPs per token (``experiments.evaluation.flops``), seconds, the
 relative distance of the final state from a reference solve (dopri5, rtol 1e-7, in
 float64 by default) and the causal leak: the largest change of an earlier position's
 log-probabilities when the second half of a window changes (exactly 0 on fixed grids;
@@ -29,10 +29,10 @@ import torch
 from jsonargparse import Namespace
 from jsonargparse.typing import PositiveInt
 
+from experiments.cli.parser import Parser
 from experiments.data.batching import lm_nll
-from experiments.evaluate import evaluation_batches
-from experiments.flops import forward_flops_per_token
-from experiments.help_examples import Parser
+from experiments.evaluation.evaluate import evaluation_batches
+from experiments.evaluation.flops import forward_flops_per_token
 from neuralode_lm.depth_field import FixedGrid
 from neuralode_lm.solvers import solve
 from neuralode_lm.transformer import NODETransformerLM
@@ -135,7 +135,7 @@ def discretize(
     dtype: str = "float64",
 ) -> list[dict[str, Any]]:
     """The rows of the discretisation table for a finished run."""
-    from experiments.trained import load_run
+    from experiments.evaluation.trained import load_run
 
     counts = [("--max-batches", max_batches), ("--batch-size", batch_size)]
     for flag, value in [*counts, *(("--steps", n) for n in steps or [])]:

@@ -9,7 +9,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from experiments.stats import PairedDifference, paired_difference, summarize
+from experiments.comparison.stats import PairedDifference, paired_difference, summarize
 
 # results.csv: one row per run, every column (``run`` is the run directory's name).
 CSV_COLUMNS = [
@@ -58,7 +58,7 @@ NOTE = (
     "(docs/DESIGN.md): for Transformers F is one pre-norm attention+FFN layer (a residual "
     "layer costs 1, an RK block of s stages s, Macaron 1); for ODE heads F is the head's "
     "small vector field, so NFE is not a cost across families. Forward FLOPs/token "
-    "(experiments/flops.py): matrix products, attention's score and value products included "
+    "(experiments/evaluation/flops.py): matrix products, attention's score and value products included "
     "(the full T x T scores, under a causal mask too) and fused kernels in closed form; "
     "elementwise work is not counted; per predicted token over every test batch, the forward "
     "passes the perplexity and NFE come from. "

@@ -29,8 +29,8 @@ from pytorch_lightning.loggers import CSVLogger
 from pytorch_lightning.loggers.csv_logs import ExperimentWriter
 from pytorch_lightning.loggers.logger import rank_zero_experiment
 
-from experiments.config import ConfigError, RunConfig, load_run_config
-from experiments.model_schema import hashed_spelling
+from experiments.models.schema import hashed_spelling
+from experiments.training.config import ConfigError, RunConfig, load_run_config
 from odelm.errors import OdelmError
 
 CONFIG_FILE = "config.yaml"

@@ -35,9 +35,15 @@ from lightning_fabric.utilities.exceptions import MisconfigurationException
 from pytorch_lightning.callbacks import Callback, EarlyStopping, LearningRateMonitor
 from torch import nn
 
-from experiments import runfolder
-from experiments.cards import write_card
-from experiments.checkpoints import (
+from experiments.data.loading import load_data
+from experiments.data.tokenization import LMData
+from experiments.evaluation.evaluate import evaluate_run
+from experiments.evaluation.flops import forward_flops_per_token
+from experiments.evaluation.trained import save_run_model, split_checksums
+from experiments.models.build import build_model, count_parameters, depth_kind
+from experiments.training import runfolder
+from experiments.training.cards import write_card
+from experiments.training.checkpoints import (
     LAST_FILE,
     AtomicCheckpointIO,
     CheckpointAverager,
@@ -46,26 +52,20 @@ from experiments.checkpoints import (
     disk_full_is_one_line,
     read_checkpoint,
 )
-from experiments.config import RunConfig
-from experiments.data.loading import load_data
-from experiments.data.tokenization import LMData
-from experiments.datamodule import LMDataModule, StreamWindow
-from experiments.evaluate import evaluate_run
-from experiments.flops import forward_flops_per_token
-from experiments.loggers import build_loggers
-from experiments.models import build_model, count_parameters, depth_kind
-from experiments.progress import PROGRESS_FILE, ProgressFile
-from experiments.recipes import with_budget
-from experiments.runs import (
+from experiments.training.config import RunConfig
+from experiments.training.datamodule import LMDataModule, StreamWindow
+from experiments.training.loggers import build_loggers
+from experiments.training.progress import PROGRESS_FILE, ProgressFile
+from experiments.training.recipes import with_budget
+from experiments.training.runs import (
     CONFIG_FILE,
     check_same_config,
     config_sha256,
     write_json,
 )
-from experiments.speed import peak_gflops
-from experiments.task import LMTask
-from experiments.threads import set_threads
-from experiments.trained import save_run_model, split_checksums
+from experiments.training.speed import peak_gflops
+from experiments.training.task import LMTask
+from experiments.training.threads import set_threads
 from neuralode_lm.solvers import SolverError
 from odelm.errors import OdelmError
 

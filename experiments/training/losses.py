@@ -73,7 +73,7 @@ def training_nll(
     sliced off: no copy of the logits forward or backward, the same gradients bit for bit
     (the loss value may differ in its last bit, a different summation). Low-precision
     logits (mixed precision) are scored in fp32 blocks of rows
-    (:func:`experiments.losses.chunked_cross_entropy`)."""
+    (:func:`experiments.training.losses.chunked_cross_entropy`)."""
     length = tokens.shape[1]
     if mask is not None or logits.shape[1] not in (length, length - 1):
         loss, _ = lm_nll(logits, tokens, mask, reduction="mean", label_smoothing=label_smoothing)

@@ -2,9 +2,9 @@
 types named in one line.
 
 A run config has five sections: ``data``, ``model`` (a typed union keyed by ``family`` and
-``name``: each model's config dataclass, checked by ``experiments.model_schema`` when the
+``name``: each model's config dataclass, checked by ``experiments.models.schema`` when the
 config is parsed), ``optim``, ``trainer`` and ``eval``, plus ``name``, ``recipe``, ``seed``
-and ``out_dir``. ``model`` is kept as written and passed to ``experiments.models.build_model``.
+and ``out_dir``. ``model`` is kept as written and passed to ``experiments.models.build.build_model``.
 The dataclasses below are the schema: jsonargparse reads their types (``1e-3`` is a float)
 and their ``Attributes:`` docstrings (the help line of every ``--section.key`` option).
 """
@@ -22,8 +22,8 @@ from typing import Any, Literal
 import yaml
 from jsonargparse import ArgumentParser, get_loader
 
-from experiments.config_checks import ConfigError, check_values, config_error
-from experiments.model_schema import check_model, current_spelling
+from experiments.models.schema import check_model, current_spelling
+from experiments.training.config_checks import ConfigError, check_values, config_error
 
 
 @dataclass

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from pytorch_lightning.loggers import Logger, TensorBoardLogger
 
-from experiments.config import ConfigError
+from experiments.training.config import ConfigError
 
 LOGGERS = ("csv", "tensorboard", "wandb")
 
@@ -23,7 +23,7 @@ def build_loggers(
 ) -> list[Logger]:
     """One Lightning logger per name in ``names`` (see :data:`LOGGERS`); a resumed run's CSV
     keeps its rows logged before step ``keep_csv_before``."""
-    from experiments.runs import HistoryCSVLogger
+    from experiments.training.runs import HistoryCSVLogger
 
     loggers: list[Logger] = []
     for name in names:

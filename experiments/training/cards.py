@@ -21,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from experiments.config import RunConfig
+from experiments.training.config import RunConfig
 from odelm import __version__
 
 CARD_FILE = "README.md"
@@ -32,7 +32,7 @@ HUB_DATASETS = {"ptb": "ptb_text_only", "wikitext2": "wikitext", "wikitext2-raw"
 def git_commit(folder: Path | None = None) -> str | None:
     """The commit of the odelm checkout (``+dirty`` when it has uncommitted changes), or
     None when odelm is not run from a git checkout (an installed wheel)."""
-    folder = folder or Path(__file__).resolve().parents[1]
+    folder = folder or Path(__file__).resolve().parents[2]
 
     def git(*args: str) -> str | None:
         try:

@@ -14,7 +14,7 @@ import math
 import os
 from typing import Any
 
-from experiments.config_checks import ConfigError
+from experiments.training.config_checks import ConfigError
 
 BYTES_PER_PARAMETER = 16
 
@@ -34,7 +34,7 @@ def estimate_parameters(
     spec: dict[str, Any], vocab_size: int, keys: dict[str, dict[str, Any]]
 ) -> int | None:
     """A lower bound of the parameter count of the model ``spec`` describes, its unset sizes
-    read from ``keys`` (``experiments.models.model_keys()``: every family's defaults); None
+    read from ``keys`` (``experiments.models.build.model_keys()``: every family's defaults); None
     where the sizes are not plain numbers, or come from a pretrained GPT-2."""
     from ode_transformer.presets import PRESETS
 

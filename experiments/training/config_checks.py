@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from odelm.errors import OdelmError
 
 if TYPE_CHECKING:
-    from experiments.config import RunConfig
+    from experiments.training.config import RunConfig
 
 
 class ConfigError(OdelmError, ValueError):

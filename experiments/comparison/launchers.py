@@ -4,7 +4,7 @@ Every launcher executes the same thing for a run, :func:`run_command`: ``odelm t
 run's config file in a fresh process, its output into ``OUT/logs/RUN.log``. So a run computes
 the same numbers whichever launcher starts it (at the same thread count, which its config
 records), resumes the same way (``odelm train`` skips a finished run and resumes a half
-finished one), and how it was launched never enters its identity (``experiments.runs``).
+finished one), and how it was launched never enters its identity (``experiments.training.runs``).
 
 - ``local``: up to ``--jobs`` child processes at once on this machine (each dies with
   ``odelm compare``).
@@ -16,7 +16,7 @@ finished one), and how it was launched never enters its identity (``experiments.
 
 Remote launchers need the same Python environment and a shared filesystem for ``--out``.
 :func:`run_jobs` starts the jobs, at most ``jobs`` in flight, shows their progress
-(``experiments.progress``) and hands each outcome to a callback as it comes.
+(``experiments.training.progress``) and hands each outcome to a callback as it comes.
 """
 
 from __future__ import annotations
@@ -32,11 +32,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from experiments.threads import available_cores, busy_cores
+from experiments.training.threads import available_cores, busy_cores
 from odelm.errors import OdelmError
 
 if TYPE_CHECKING:
-    from experiments.progress import ProgressBoard
+    from experiments.training.progress import ProgressBoard
 
 LAUNCHERS = ("local", "submitit", "ray")
 LAUNCH_KEYS = ("launcher", "jobs", "ray_address", "slurm")
@@ -351,7 +351,7 @@ def run_jobs(
     """Train ``jobs`` with the launcher of ``launch``, at most ``launch.jobs`` at once, showing
     each in-flight run's progress; ``on_done(job, status, detail, seconds)`` as each ends
     (status 0: it finished). Jobs still in flight when this is interrupted are cancelled."""
-    from experiments.progress import ProgressBoard, read_progress, status_line
+    from experiments.training.progress import ProgressBoard, read_progress, status_line
 
     if not jobs:
         return
