@@ -57,7 +57,8 @@ MODEL_HELP = (
     "the model: family (ode_transformer, neuralode_lm, reference), name, and that model's "
     "typed keys (listed below the options; odelm models); --model '{family: neuralode_lm, "
     "name: lstm, embed_dim: 128, hidden_dim: 128}' replaces the config file's model section, "
-    "--model.KEY VALUE edits one key of it (--model.dropout 0.2, --model.solver.rtol 1e-6)"
+    "--model.KEY VALUE edits one key of it (--model.dropout 0.2, --model.solver.rtol 1e-6) "
+    "(default: the config file's)"
 )
 
 

@@ -166,13 +166,14 @@ def usage_error(parser: ArgumentParser, argv: list[str], error: ArgumentError) -
         key = wrong[1]
         if " ".join(path) in RUN_COMMANDS and _is_config_key(key):
             return config_error(error, lambda key: f"--{key}", {}, RunConfig)  # type: ignore[return-value]
-        (action,) = [a for a in sub._actions if a.dest == key]
+        action = next((a for a in sub._actions if a.dest == key), None)
         restricted = re.search(r"Not of type \w+: (.*) does not conform to restriction v(.*)", text)
         if restricted:  # jsonargparse.typing's PositiveInt and the like
             return UsageError(f"{_flag(sub, key)} must be {restricted[2]}, got {restricted[1]}")
         given = re.search(r"(?:Got|Given) value: (.*)", text)
-        expected = type_name(getattr(action, "_typehint", None) or action.type)
-        return UsageError(f"{_flag(sub, key)} must be {expected}, got {given and given[1]!r}")
+        expected = type_name(getattr(action, "_typehint", None) or getattr(action, "type", None))
+        flag = _flag(sub, key) or f"--{key}"
+        return UsageError(f"{flag} must be {expected}, got {given and given[1]!r}")
     if re.match(r'expected "[\w.]*command" to be one of', text) and sub._subcommands_action:
         names = ", ".join(sub._subcommands_action._name_parser_map)
         return UsageError(f"{prog} needs a subcommand, one of {names}; see {prog} --help")
