@@ -41,15 +41,6 @@ class UnknownBenchmarkError(OdelmError, KeyError):
     """No benchmark is registered under the name asked for."""
 
 
-def register(name: str, target: str) -> None:
-    """Register ``"module:function"`` under ``name`` (for users' own benchmarks)."""
-    if ":" not in target:
-        raise ValueError(
-            f"benchmark target must look like 'package.module:function', got {target!r}"
-        )
-    BENCHMARKS[name] = target
-
-
 def resolve(name: str) -> Callable[[], list[dict[str, Any]]]:
     """Import the function registered as ``name``."""
     if name not in BENCHMARKS:

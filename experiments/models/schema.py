@@ -20,7 +20,7 @@ from typing import Any
 import yaml
 from jsonargparse import ArgumentParser
 
-from experiments.training.config_checks import ConfigError, config_error
+from experiments.training.config_checks import ConfigError, config_error, type_name
 
 FAMILIES = ("ode_transformer", "neuralode_lm", "reference")
 SKIPPED = frozenset({"vocab_size", "embeddings"})
@@ -198,23 +198,10 @@ def model_keys_help() -> str:
             if key == "preset":
                 continue
             default = fields[key].default
-            cells.append(f"{key}: {type_label(hints[key])} = {default!r}")
+            cells.append(f"{key}: {type_name(hints[key], short=True)} = {default!r}")
         name = label.replace(" ", ", name: ")
         text = "; ".join(cells or ["(no keys)"])
         indent = " " * 6
         wrapped = textwrap.fill(text, 92, initial_indent=indent, subsequent_indent=indent)
         lines.append(f"  family: {name}\n{wrapped}")
     return "\n".join(lines)
-
-
-def type_label(annotation: Any) -> str:
-    """A type as a short label: ``int``, ``float | None``, ``{mlp,time-concat}``."""
-    if typing.get_origin(annotation) is typing.Literal:
-        return "{" + ",".join(str(a) for a in typing.get_args(annotation)) + "}"
-    args = typing.get_args(annotation)
-    if args and type(None) in args and len(args) == 2:
-        (other,) = [a for a in args if a is not type(None)]
-        return f"{type_label(other)} | None"
-    if typing.get_origin(annotation) is not None:
-        return str(annotation).replace("typing.", "")
-    return getattr(annotation, "__name__", str(annotation))

@@ -70,14 +70,17 @@ def key_type(schema: Any, key: str) -> Any:
     return schema
 
 
-def type_name(annotation: Any) -> str:
-    """A type as people read it: ``one of a, b``, ``int or null``, ``float``."""
+def type_name(annotation: Any, short: bool = False) -> str:
+    """A type as people read it: ``one of a, b``, ``int or null``, ``float``; ``short`` (help
+    lines): ``{a,b}``, ``int | None``."""
+    args = typing.get_args(annotation)
     if typing.get_origin(annotation) is typing.Literal:
-        return "one of " + ", ".join(str(arg) for arg in typing.get_args(annotation))
+        choices = [str(arg) for arg in args]
+        return "{" + ",".join(choices) + "}" if short else "one of " + ", ".join(choices)
     if typing.get_origin(annotation) in (typing.Union, types.UnionType):
-        return " or ".join(type_name(arg) for arg in typing.get_args(annotation))
+        return (" | " if short else " or ").join(type_name(arg, short) for arg in args)
     if annotation is type(None):
-        return "null"
+        return "None" if short else "null"
     if typing.get_origin(annotation) is not None:
         return str(annotation).replace("typing.", "")
     return getattr(annotation, "__name__", str(annotation))
