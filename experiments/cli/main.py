@@ -146,7 +146,7 @@ def _subparser(parser: ArgumentParser, path: list[str]) -> ArgumentParser:
 
 def usage_error(parser: ArgumentParser, argv: list[str], error: ArgumentError) -> UsageError:
     """jsonargparse's error as one line naming the option and the subcommand's help."""
-    path = []  # the subcommands named on the command line, outermost first
+    path: list[str] = []  # the subcommands named on the command line, outermost first
     for arg in argv:
         commands = _subparser(parser, path)._subcommands_action
         if commands and arg in commands._name_parser_map:
