@@ -1,4 +1,4 @@
-"""The benchmark registry behind ``odelm bench``.
+"""``odelm bench``: the benchmark registry and the subcommand that runs them.
 
 A benchmark is a function ``() -> list[dict]`` (the library's own live in the top-level
 ``benchmarks`` package); each dict is one measurement with at least ``bench``, ``metric``,
@@ -16,6 +16,11 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from jsonargparse import Namespace
+from jsonargparse.typing import PositiveInt
+
+from experiments.cli.parser import Parser
+from experiments.cli.tools import print_rows
 from odelm.errors import OdelmError
 
 REQUIRED_FIELDS = ("bench", "metric", "value", "target", "unit", "better")
@@ -77,3 +82,30 @@ def run(name: str) -> list[dict[str, Any]]:
     with contextlib.redirect_stdout(sys.stderr):
         records = resolve(name)()
     return [judge(record) for record in records]
+
+
+def bench_parser() -> Parser:
+    """The options of ``odelm bench``."""
+    parser = Parser()
+    parser.add_argument("name", help=f"the benchmark: all, {', '.join(sorted(BENCHMARKS))}")
+    parser.add_argument("--json", action="store_true", help="one JSON object per line")
+    parser.add_argument("--strict", action="store_true", help="exit 1 when a target is missed")
+    parser.add_argument(
+        "--num-threads",
+        type=PositiveInt,
+        help="torch CPU threads (default: the free cores, printed)",
+    )
+    return parser
+
+
+def cmd_bench(args: Namespace) -> int:
+    from experiments.training.threads import set_threads
+
+    set_threads(args.num_threads)
+    names = sorted(BENCHMARKS) if args.name == "all" else [args.name]
+    failed = False
+    for name in names:
+        records = run(name)
+        failed |= any(record["met"] is False for record in records)
+        print_rows(records, args.json)
+    return 1 if failed and args.strict else 0

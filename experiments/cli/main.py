@@ -34,7 +34,7 @@ Handler = Callable[[Namespace], int]
 
 def subcommands() -> dict[str, tuple[Callable[[], Parser], Handler, str]]:
     """Every subcommand (``"data info"`` one level down): its parser, handler and help."""
-    from experiments.cli import commands, tools
+    from experiments.cli import bench, commands, tools
     from experiments.evaluation import discretize
 
     return {
@@ -49,8 +49,8 @@ def subcommands() -> dict[str, tuple[Callable[[], Parser], Handler, str]]:
             "fetch and verify a corpus archive",
         ),
         "bench": (
-            tools.bench_parser,
-            tools.cmd_bench,
+            bench.bench_parser,
+            bench.cmd_bench,
             "run a registered benchmark ('all' for every one)",
         ),
         "models": (

@@ -1,5 +1,5 @@
-"""The corpus and library subcommands of ``odelm``: ``data info``, ``data download``,
-``bench`` and ``models``."""
+"""The corpus and model subcommands of ``odelm``: ``data info``, ``data download`` and
+``models``."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any
 
 from jsonargparse import Namespace
-from jsonargparse.typing import PositiveInt
 
 from experiments.cli.parser import Parser
 from experiments.data.corpora import (
@@ -21,7 +20,8 @@ from experiments.data.corpora import (
 )
 
 
-def _print_json_or_table(rows: list[dict[str, Any]], as_json: bool) -> None:
+def print_rows(rows: list[dict[str, Any]], as_json: bool) -> None:
+    """One JSON object per row, or a table with a column per key (floats to 4 digits)."""
     if as_json:
         for row in rows:
             print(json.dumps(row))
@@ -107,7 +107,7 @@ def cmd_data_info(args: Namespace) -> int:
     print(f"corpus {info['corpus']} ({info['protocol']}), vocabulary {info['vocab_size']}")
     if info["missing"]:
         print(f"missing splits: {', '.join(info['missing'])} (train with --protocol mini)")
-    _print_json_or_table([{"split": k, **v} for k, v in info["splits"].items()], False)
+    print_rows([{"split": k, **v} for k, v in info["splits"].items()], False)
     for split, entry in info["files"].items():
         print(f"{split} file {entry['path']}: checksum {entry['checksum']}")
     if "expected_perplexity" in info:
@@ -128,20 +128,6 @@ def cmd_data_download(args: Namespace) -> int:
     )
     print(f"{args.corpus}: verified files in {folder}")
     return 0
-
-
-def cmd_bench(args: Namespace) -> int:
-    from experiments.cli.bench import BENCHMARKS, run
-    from experiments.training.threads import set_threads
-
-    set_threads(args.num_threads)
-    names = sorted(BENCHMARKS) if args.name == "all" else [args.name]
-    failed = False
-    for name in names:
-        records = run(name)
-        failed |= any(record["met"] is False for record in records)
-        _print_json_or_table(records, args.json)
-    return 1 if failed and args.strict else 0
 
 
 def cmd_models(args: Namespace) -> int:
@@ -192,22 +178,6 @@ def data_download_parser() -> Parser:
         choices=SPLITS,
         default=list(SPLITS),
         help="split files to extract (valid test: what --protocol mini needs)",
-    )
-    return parser
-
-
-def bench_parser() -> Parser:
-    """The options of ``odelm bench``."""
-    from experiments.cli.bench import BENCHMARKS
-
-    parser = Parser()
-    parser.add_argument("name", help=f"the benchmark: all, {', '.join(sorted(BENCHMARKS))}")
-    parser.add_argument("--json", action="store_true", help="one JSON object per line")
-    parser.add_argument("--strict", action="store_true", help="exit 1 when a target is missed")
-    parser.add_argument(
-        "--num-threads",
-        type=PositiveInt,
-        help="torch CPU threads (default: the free cores, printed)",
     )
     return parser
 
