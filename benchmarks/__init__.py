@@ -3,7 +3,7 @@
 Each module holds the benchmarks of one subject; each benchmark is a function
 ``() -> list[dict]`` (one record per measurement: ``bench``, ``metric``, ``value``,
 ``target``, ``unit``, ``better``, plus raw numbers), registered by name in
-``experiments.bench.BENCHMARKS``, which ``odelm bench NAME`` reads. Every comparison is
+``experiments.cli.bench.BENCHMARKS``, which ``odelm bench NAME`` reads. Every comparison is
 timed with :mod:`odelm.timing` (variants interleaved in alternating order inside one
 process, medians), so machine load and warm caches hit all variants alike.
 

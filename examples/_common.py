@@ -12,9 +12,9 @@ from typing import Any
 
 import lightning as L
 
-from experiments.config import OptimConfig
-from experiments.datamodule import LMDataModule
-from experiments.task import LMTask
+from experiments.training.config import OptimConfig
+from experiments.training.datamodule import LMDataModule
+from experiments.training.task import LMTask
 
 
 def parser(description: str) -> argparse.ArgumentParser:

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from lightning.pytorch.cli import LightningCLI
 
-from experiments.datamodule import LMDataModule
-from experiments.task import LMTask
+from experiments.training.datamodule import LMDataModule
+from experiments.training.task import LMTask
 
 if __name__ == "__main__":
     LightningCLI(LMTask, LMDataModule)

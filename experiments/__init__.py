@@ -1,7 +1,7 @@
 """The shared harness: corpora, tokenization, training, evaluation, comparison, plots.
 
 ``experiments.load_run(run_dir)`` loads a trained run for use from Python (see
-:mod:`experiments.trained`); it is imported on first use so that ``import experiments``
+:mod:`experiments.evaluation.trained`); it is imported on first use so that ``import experiments``
 stays light for the command line.
 """
 
@@ -14,7 +14,7 @@ __all__ = ["load_run"]
 
 def __getattr__(name: str) -> Any:
     if name == "load_run":
-        from experiments.trained import load_run
+        from experiments.evaluation.trained import load_run
 
         return load_run
     raise AttributeError(f"module 'experiments' has no attribute {name!r}")

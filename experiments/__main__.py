@@ -1,5 +1,5 @@
 import sys
 
-from experiments.cli import main
+from experiments.cli.main import main
 
 sys.exit(main())

@@ -111,7 +111,7 @@ def trained(tmp_path_factory) -> Path:
     """A finished tiny run (grammar corpus, 4 steps), one per test module."""
     import yaml
 
-    from experiments.cli import main
+    from experiments.cli.main import main
 
     out = tmp_path_factory.mktemp("trained")
     config_file = out / "run.yaml"

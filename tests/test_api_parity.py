@@ -13,11 +13,11 @@ import pytest
 import torch
 
 import experiments
-from experiments.cli import build_parser, main
-from experiments.models import count_parameters
+from experiments.cli.main import build_parser, main
+from experiments.evaluation.trained import TrainedRun
+from experiments.models.build import count_parameters
 from experiments.reference import BigramLM, WordLMTransformer
-from experiments.train import train
-from experiments.trained import TrainedRun
+from experiments.training.train import train
 from neuralode_lm.models import build_model as build_neural_ode
 from ode_transformer import ODETransformerLM
 from ode_transformer.encoder import ODETransformerEncoder
@@ -70,7 +70,7 @@ def run_dir(tmp_path_factory) -> Path:
     lines = ["the cat sat on the mat", "a dog sat on the cat", "the dog ran"]
     for split in ("train", "valid", "test"):
         (corpus / f"{split}.txt").write_text("\n".join(lines) + "\n")
-    config = experiments.config.parse_config(
+    config = experiments.training.config.parse_config(
         {
             "name": "run",
             "out_dir": str(tmp_path / "runs"),
@@ -125,7 +125,9 @@ def test_evaluate_in_python_equals_odelm_eval(run_dir, capsys):
     assert result["split"] == "valid"
     recorded = json.loads((run_dir / "result.json").read_text())
     assert run.perplexity(split="test") == pytest.approx(recorded["test_ppl_per_word"], rel=1e-9)
-    with pytest.raises(experiments.config_checks.ConfigError, match="prompt_len = 0 is out"):
+    with pytest.raises(
+        experiments.training.config_checks.ConfigError, match="prompt_len = 0 is out"
+    ):
         run.evaluate(prompt_len=0)
 
 

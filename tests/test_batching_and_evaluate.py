@@ -13,7 +13,7 @@ from experiments.data.batching import (
 )
 from experiments.data.corpora import load_corpus
 from experiments.data.tokenization import WordTokenizer, encode_corpus
-from experiments.evaluate import NonCausalModelError, evaluate, perplexity
+from experiments.evaluation.evaluate import NonCausalModelError, evaluate, perplexity
 from experiments.reference import BigramLM
 
 

@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 import pytest
 
-from experiments.bench import BENCHMARKS, resolve
+from experiments.cli.bench import BENCHMARKS, resolve
 from odelm.timing import alternating, medians
 
 

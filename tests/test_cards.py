@@ -14,11 +14,11 @@ import yaml
 from conftest import make_tiny_config
 
 import experiments
-from experiments.cards import CARD_FILE, git_commit
-from experiments.cli import main
-from experiments.config import parse_config
-from experiments.runfolder import RUN_FILES, clear_run
-from experiments.train import train
+from experiments.cli.main import main
+from experiments.training.cards import CARD_FILE, git_commit
+from experiments.training.config import parse_config
+from experiments.training.runfolder import RUN_FILES, clear_run
+from experiments.training.train import train
 from odelm import __version__
 
 

@@ -8,8 +8,9 @@ import importlib.util
 
 import pytest
 
-from experiments.bench import judge
-from experiments.cli import HelpFormatter, build_parser, main
+from experiments.cli.bench import judge
+from experiments.cli.main import build_parser, main
+from experiments.cli.parser import HelpFormatter
 from odelm import __version__
 
 
@@ -36,6 +37,8 @@ def test_every_option_has_a_help_line_that_states_its_default():
             if isinstance(action, (argparse._HelpAction, argparse._VersionAction)):
                 continue
             if isinstance(action, argparse._SubParsersAction):
+                continue
+            if action.help == "Path to a configuration file.":  # jsonargparse's --optim FILE
                 continue
             name = f"{path} {'/'.join(action.option_strings) or action.dest}"
             help_line = formatter._get_help_string(action) or ""
@@ -71,7 +74,7 @@ def test_bench_names_the_extra_of_a_missing_backend(monkeypatch):
 
 def test_detokenize_turns_each_eos_into_a_line_break():
     from experiments.data.tokenization import WordTokenizer
-    from experiments.trained import detokenize
+    from experiments.evaluation.trained import detokenize
 
     tokenizer = WordTokenizer(["<eos>", "the", "cat", "sat"])
     assert detokenize(tokenizer, [1, 2, 0, 3, 0, 1]) == "the cat\nsat\nthe"
@@ -113,3 +116,51 @@ def test_generate_samples_reproducibly_from_its_seed(tiny_run, capsys):
     greedy = generate()
     top1 = generate("--strategy", "sample", "--top-k", "1", "--temperature", "3", "--seed", "5")
     assert top1 == greedy
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        ([], "odelm needs a subcommand, one of data, bench, models, train, eval, generate"),
+        (["nope"], "argument command: invalid choice: 'nope'"),
+        (["data"], "odelm data needs a subcommand, one of info, download; see odelm data --help"),
+        (["data", "info"], "odelm data info needs --corpus; see odelm data info --help"),
+        (["eval"], "odelm eval needs RUN; see odelm eval --help"),
+        (["eval", "r", "--nope"], "unknown option --nope; odelm eval --help lists the options"),
+        (["eval", "r", "--bleu-sentences", "x"], "--bleu-sentences must be int, got 'x'"),
+        (["bench", "corpus-load", "--num-threads", "0"], "--num-threads must be >0, got 0"),
+        (["compare", "--preset", "quick", "--seeds", "x"], "--seeds must be int, got 'x'"),
+    ],
+)
+def test_every_command_line_error_is_one_line(capsys, argv, message):
+    """One parser for every subcommand: a wrong command line is one line naming the
+    option and the subcommand's help, never argparse's usage block."""
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.count("\n") == 1
+    assert captured.err.startswith(f"odelm: error: {message}"), captured.err
+
+
+def test_one_parser_holds_every_subcommand_data_one_level_down():
+    paths = [path for path, _ in _parsers(build_parser())]
+    assert paths == [
+        "odelm",
+        *("odelm data", "odelm data info", "odelm data download"),
+        *(f"odelm {name}" for name in ("bench", "models", "train", "eval", "generate")),
+        *("odelm compare", "odelm discretize"),
+    ]
+
+
+def test_model_keys_nest_at_any_depth_and_merge(tmp_path):
+    from experiments.cli.commands import given_options
+    from experiments.cli.main import parse
+    from experiments.training.config import Replace
+
+    def model(*argv: str) -> dict:
+        return given_options(parse(["train", "--config", "c.yaml", *argv])[1])["model"]
+
+    nested = model("--model.solver.rtol", "1e-6", "--model.solver.atol", "1e-7")
+    assert nested == {"solver": {"rtol": 1e-6, "atol": 1e-7}} and type(nested) is dict
+    whole = model("--model", "{family: reference}", "--model.solver.options.step_size", "0.5")
+    assert whole == {"family": "reference", "solver": {"options": {"step_size": 0.5}}}
+    assert isinstance(whole, Replace)  # replaces the file's section instead of merging

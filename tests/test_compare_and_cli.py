@@ -9,10 +9,10 @@ import re
 import pytest
 import yaml
 
-from experiments.bench import REQUIRED_FIELDS, judge
-from experiments.cli import main
-from experiments.compare import expand_grid, grid_seeds, run_grid
-from experiments.config import ConfigError
+from experiments.cli.bench import REQUIRED_FIELDS, judge
+from experiments.cli.main import main
+from experiments.comparison.compare import expand_grid, grid_seeds, run_grid
+from experiments.training.config import ConfigError
 
 SHARED = {
     "seed": 0,

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from experiments.compiled import CompiledModel, CompileUnsupportedError
-from experiments.config import OptimConfig
-from experiments.models import build_model
-from experiments.task import LMTask
+from experiments.models.build import build_model
+from experiments.training.compiled import CompiledModel, CompileUnsupportedError
+from experiments.training.config import OptimConfig
+from experiments.training.task import LMTask
 
 V = 40
 ODE_TRANSFORMER = {

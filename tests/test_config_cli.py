@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from experiments.cli import main
-from experiments.commands import add_run_options, options_parser
-from experiments.config import ConfigError, RunConfig, load_config, parse_config
-from experiments.models import build_model, model_keys, model_keys_markdown
+from experiments.cli.commands import add_run_options, options_parser
+from experiments.cli.main import main
+from experiments.models.build import build_model, model_keys, model_keys_markdown
+from experiments.training.config import ConfigError, RunConfig, load_config, parse_config
 
 EXAMPLE = Path(__file__).parents[1] / "experiments" / "configs" / "example.yaml"
 

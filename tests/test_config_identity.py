@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from experiments.compare import expand_grid
-from experiments.config import load_yaml, parse_config
-from experiments.runs import config_sha256
+from experiments.comparison.compare import expand_grid
+from experiments.training.config import load_yaml, parse_config
+from experiments.training.runs import config_sha256
 
 GRIDS = Path(__file__).resolve().parents[1] / "experiments" / "configs" / "grids"
 

@@ -4,7 +4,8 @@ import json
 
 import pytest
 
-from experiments.cli import corpus_info, main
+from experiments.cli.main import main
+from experiments.cli.tools import corpus_info
 from experiments.data.corpora import CorpusError, load_corpus
 from experiments.data.tokenization import (
     VocabularyMismatchError,

@@ -8,12 +8,12 @@ import pytest
 import pytorch_lightning as pl
 import torch
 
-from experiments.config import ConfigError, DataConfig, OptimConfig, RunConfig
-from experiments.datamodule import LMDataModule
-from experiments.evaluate import perplexity
-from experiments.models import build_model
-from experiments.task import LMTask
-from experiments.train import prepare_data
+from experiments.evaluation.evaluate import perplexity
+from experiments.models.build import build_model
+from experiments.training.config import ConfigError, DataConfig, OptimConfig, RunConfig
+from experiments.training.datamodule import LMDataModule
+from experiments.training.task import LMTask
+from experiments.training.train import prepare_data
 
 TINY = {
     "family": "ode_transformer",

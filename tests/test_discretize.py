@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from experiments.cli import main
-from experiments.config import parse_config
-from experiments.train import train
+from experiments.cli.main import main
+from experiments.training.config import parse_config
+from experiments.training.train import train
 
 KEYS = {"method", "setting", "ppl", "nfe", "flops_per_token", "state_error"}
 

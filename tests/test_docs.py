@@ -53,7 +53,7 @@ def _resolves(dotted: str) -> bool:
 def test_every_module_design_names_exists():
     text = (ROOT / "docs" / "DESIGN.md").read_text()
     paths = _paths(text)
-    assert "experiments/datamodule.py" in paths  # the pattern finds what it should
+    assert "experiments/training/datamodule.py" in paths  # the pattern finds what it should
     assert [p for p in sorted(paths) if not _exists(p)] == []
     dotted = set(DOTTED_RE.findall(text))
     assert "experiments.reference.WordLMTransformer" in dotted
@@ -86,8 +86,8 @@ def test_local_links_and_paths_resolve(doc: Path):
 def test_a_dead_link_is_found(tmp_path: Path):
     """The checks above can fail: a missing module and a missing file are reported."""
     assert not _exists("experiments/no_such_module.py")
-    assert not _resolves("experiments.task.NoSuchClass")
-    assert _resolves("experiments.datamodule.LMDataModule")
+    assert not _resolves("experiments.training.task.NoSuchClass")
+    assert _resolves("experiments.training.datamodule.LMDataModule")
     readme_anchors = _anchors(ROOT / "README.md")
     assert "results" in readme_anchors and "no-such-section" not in readme_anchors
     assert _paths("see `experiments/foo.py` and neuralode_lm/solvers/NAME_adapter.py") == {

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from loopback import TEXTS, LoopbackServer, ptb_tgz, sha256, wikitext_raw_zip
 
-from experiments.cli import main
+from experiments.cli.main import main
 from experiments.data.checksums import MANIFEST, ChecksumError, sha256_file, verify_file
 from experiments.data.corpora import SPECS, CorpusError
 from experiments.data.download import DownloadError, StallGuardDownloader, download_corpus

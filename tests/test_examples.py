@@ -25,10 +25,10 @@ from pathlib import Path
 
 import pytest
 
-from experiments.cli import build_parser
-from experiments.commands import compare_parser, train_parser
-from experiments.runfolder import COMPARISON_MARKER
-from experiments.trained import RunNotFoundError, load_run
+from experiments.cli.commands import compare_parser, train_parser
+from experiments.cli.main import build_parser
+from experiments.evaluation.trained import RunNotFoundError, load_run
+from experiments.training.runfolder import COMPARISON_MARKER
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()

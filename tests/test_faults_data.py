@@ -16,7 +16,7 @@ import pytest
 import yaml
 from loopback import TEXTS, LoopbackServer, sha256, wikitext_raw_zip
 
-from experiments.cli import main
+from experiments.cli.main import main
 from experiments.data import corpora
 from experiments.data.checksums import ChecksumError
 from experiments.data.corpora import SPECS, load_corpus

@@ -19,9 +19,9 @@ import pytest
 import torch
 import yaml
 
-from experiments.cli import main
+from experiments.cli.main import main
 from experiments.data.tokenization import WordTokenizer
-from experiments.runfolder import RUN_MARKER
+from experiments.training.runfolder import RUN_MARKER
 
 
 def _edit_config(run: Path, **changes) -> None:
@@ -169,7 +169,7 @@ DISK_FULL = {
         _safetensors_full,
         "while writing model.safetensors",
     ),
-    "result": ("experiments.train", "write_json", _json_full, "writing "),
+    "result": ("experiments.training.train", "write_json", _json_full, "writing "),
 }
 
 

@@ -23,12 +23,12 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from experiments.checkpoints import DiskFullError, atomic_save, read_checkpoint
-from experiments.cli import main
-from experiments.config import ConfigError, load_config, parse_config
-from experiments.runfolder import RUN_MARKER
-from experiments.runs import IDENTITY_EXCLUDED
-from experiments.train import train
+from experiments.cli.main import main
+from experiments.training.checkpoints import DiskFullError, atomic_save, read_checkpoint
+from experiments.training.config import ConfigError, load_config, parse_config
+from experiments.training.runfolder import RUN_MARKER
+from experiments.training.runs import IDENTITY_EXCLUDED
+from experiments.training.train import train
 
 REPO = Path(__file__).resolve().parents[1]
 STEPS = 16
@@ -42,9 +42,9 @@ KILLER = textwrap.dedent(
     import os, sys
     from pathlib import Path
     import pytorch_lightning as pl
-    import experiments.checkpoints as checkpoints
-    import experiments.train as training
-    from experiments.config import load_config
+    import experiments.training.checkpoints as checkpoints
+    import experiments.training.train as training
+    from experiments.training.config import load_config
 
     config_file, point, step = sys.argv[1], sys.argv[2], int(sys.argv[3])
     seen = {}
@@ -398,7 +398,7 @@ def test_debug_shows_the_traceback_and_bugs_keep_theirs(tmp_path, capsys, monkey
     with pytest.raises(ConfigError, match="does not exist"):
         main(["--debug", "train", "--config", missing])
 
-    from experiments import commands
+    from experiments.cli import commands
 
     def bug(*args, **kwargs):
         raise KeyError("a programming error")
@@ -445,7 +445,7 @@ def test_a_key_added_later_keeps_old_runs_hashes() -> None:
     """A run made before ``trainer.compile`` existed has no such key; at its default the
     key is left out of the identity, so that run's hash (and its resumption) is unchanged,
     while turning it on is a change."""
-    from experiments.runs import IDENTITY_ADDED, config_sha256, identity
+    from experiments.training.runs import IDENTITY_ADDED, config_sha256, identity
 
     values = {"model": {"family": "reference"}, "trainer": {"max_steps": 4}}
     plain = parse_config(values)

@@ -14,11 +14,11 @@ import torch
 import yaml
 from conftest import TINY_MODEL, make_tiny_config
 
-from experiments.cli import main
-from experiments.config import parse_config
-from experiments.config_checks import RANGES, ConfigError
-from experiments.model_size import estimate_parameters
-from experiments.models import build_model, count_parameters, model_keys
+from experiments.cli.main import main
+from experiments.models.build import build_model, count_parameters, model_keys
+from experiments.models.size import estimate_parameters
+from experiments.training.config import parse_config
+from experiments.training.config_checks import RANGES, ConfigError
 from neuralode_lm.models import build_model as build_neural_ode
 from neuralode_lm.solvers import FieldOutputError, MaxStepsExceeded, fixed_grid, grid_steps, solve
 from odelm.decoding import MAX_NEW_TOKENS, DecodingError, generate
@@ -28,7 +28,7 @@ from odelm.errors import OdelmError
 @pytest.fixture(scope="module")
 def trained_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A finished two-step run of the tiny model (for eval, generate and discretize)."""
-    from experiments.train import train
+    from experiments.training.train import train
 
     out = tmp_path_factory.mktemp("runs")
     values = make_tiny_config(out, trainer={"max_steps": 2, "val_every": 2})
@@ -295,7 +295,7 @@ def test_generation_is_capped_and_the_cap_is_documented():
 
 
 def _generate_help() -> str:
-    from experiments.cli import build_parser
+    from experiments.cli.main import build_parser
 
     parser = build_parser()
     sub = next(a for a in parser._actions if hasattr(a, "choices") and a.choices)

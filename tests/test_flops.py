@@ -7,12 +7,12 @@ import torch.nn.functional as F
 import yaml
 from torch import nn
 
-from experiments.config import parse_config
-from experiments.config_flops import grid_flops
-from experiments.evaluate import evaluation_batches, perplexity
-from experiments.flops import counting_flops, forward_flops_per_token, is_adaptive
-from experiments.models import build_model
-from experiments.train import prepare_data
+from experiments.comparison.config_flops import grid_flops
+from experiments.evaluation.evaluate import evaluation_batches, perplexity
+from experiments.evaluation.flops import counting_flops, forward_flops_per_token, is_adaptive
+from experiments.models.build import build_model
+from experiments.training.config import parse_config
+from experiments.training.train import prepare_data
 
 
 class LinearLM(nn.Module):

@@ -60,7 +60,7 @@ def test_corpus_is_deterministic_and_agrees_in_number():
 
 @pytest.mark.slow
 def test_true_grammar_perplexity_of_the_test_split_beside_the_expectation(capsys):
-    from experiments.cli import main
+    from experiments.cli.main import main
     from experiments.data.grammar import reference_perplexities, true_split_perplexity
 
     grammar = ProbabilisticGrammar(default_rules())

@@ -12,16 +12,16 @@ from pathlib import Path
 import pytest
 import yaml
 
-from experiments import allocator
+from experiments.training import allocator
 
 ROOT = Path(__file__).resolve().parents[1]
 
 _TRAIN = """
 import sys
-import experiments.task
+import experiments.training.task
 if sys.argv[2] == "off":  # the step as it ran before the allocator setting
-    experiments.task.keep_freed_memory = lambda: False
-from experiments.cli import main
+    experiments.training.task.keep_freed_memory = lambda: False
+from experiments.cli.main import main
 sys.exit(main(["train", "--config", sys.argv[1], "--quiet"]))
 """
 

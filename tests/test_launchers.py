@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from experiments import launchers
-from experiments.cli import main
-from experiments.launchers import (
+from experiments.cli.main import main
+from experiments.comparison import launchers
+from experiments.comparison.launchers import (
     Job,
     Launch,
     LauncherError,
@@ -23,7 +23,7 @@ from experiments.launchers import (
     slurm_parameters,
     time_minutes,
 )
-from experiments.progress import ProgressBoard
+from experiments.training.progress import ProgressBoard
 
 QUICK = Path(__file__).resolve().parents[1] / "experiments" / "configs" / "grids" / "quick.yaml"
 TINY = ["--max-steps", "20", "--trainer.val_every", "10", "--num-threads", "1"]
@@ -189,7 +189,9 @@ def test_compare_reports_a_failed_run_with_its_log_lines(tmp_path, tiny_model, c
     at = next(i for i, line in enumerate(lines) if "broken seed 0: FAILED (exit " in line)
     assert lines[at].endswith(f"see {log}")
     tail = lines[at + 1 : at + 6]  # the log's last lines, indented under it
-    assert tail[0].startswith("    | ") and any("not divisible by n_heads=4" in line for line in tail[:5])
+    assert tail[0].startswith("    | ") and any(
+        "not divisible by n_heads=4" in line for line in tail[:5]
+    )
     assert "1 trained, 0 kept, 1 failed of 2 runs" in captured.out
     assert str(log) in captured.err and captured.err.count("\n") == 1  # one error line
     assert json.loads((out / "runs" / "fine" / "result.json").read_text())["steps"] == 4

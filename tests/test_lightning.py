@@ -13,15 +13,15 @@ import pytorch_lightning as pl
 import torch
 import yaml
 
-from experiments.config import ConfigError, DataConfig, OptimConfig, parse_config
 from experiments.data.corpora import load_corpus
 from experiments.data.tokenization import build_tokenizer, encode_corpus
-from experiments.datamodule import LMDataModule
-from experiments.evaluate import perplexity
-from experiments.loggers import build_loggers
-from experiments.models import build_model
-from experiments.task import LMTask
-from experiments.train import train
+from experiments.evaluation.evaluate import perplexity
+from experiments.models.build import build_model
+from experiments.training.config import ConfigError, DataConfig, OptimConfig, parse_config
+from experiments.training.datamodule import LMDataModule
+from experiments.training.loggers import build_loggers
+from experiments.training.task import LMTask
+from experiments.training.train import train
 
 TINY = {
     "family": "ode_transformer",

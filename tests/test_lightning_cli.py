@@ -12,8 +12,8 @@ import pytorch_lightning.cli
 import torch
 import yaml
 
-from experiments.datamodule import LMDataModule
-from experiments.task import LMTask
+from experiments.training.datamodule import LMDataModule
+from experiments.training.task import LMTask
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "lightning_cli.yaml"
 CLIS = {"lightning": lightning.pytorch.cli, "pytorch_lightning": pytorch_lightning.cli}

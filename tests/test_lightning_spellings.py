@@ -13,10 +13,10 @@ import torch
 from lightning.pytorch.utilities.model_helpers import is_overridden as lightning_overrides
 from pytorch_lightning.utilities.model_helpers import is_overridden as pl_overrides
 
-from experiments.config import OptimConfig
-from experiments.datamodule import LMDataModule
-from experiments.spellings import StepCounting, step_progress_bar
-from experiments.task import LMTask
+from experiments.training.config import OptimConfig
+from experiments.training.datamodule import LMDataModule
+from experiments.training.spellings import StepCounting, step_progress_bar
+from experiments.training.task import LMTask
 from ode_transformer import ODETransformerLM
 from ode_transformer.presets import config_from_preset
 

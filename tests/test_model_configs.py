@@ -12,9 +12,9 @@ import pytest
 import torch
 import yaml
 
-from experiments.cli import main
-from experiments.commands import train_parser
-from experiments.model_schema import model_keys_help, schemas
+from experiments.cli.commands import train_parser
+from experiments.cli.main import main
+from experiments.models.schema import model_keys_help, schemas
 from neuralode_lm import LSTMLM, ModelConfigError, NODETransformerLM, build_model
 from odelm.pretrained import load_pretrained
 
@@ -164,9 +164,9 @@ def test_config_json_is_the_typed_config(tmp_path):
 def test_a_run_folder_of_an_old_version_loads_and_resumes(tmp_path, tiny_config, capsys):
     """An LSTM run whose config.yaml and model config.json say num_layers (as odelm 0.3
     wrote them) loads, evaluates to the same number, and is the same run for resuming."""
-    from experiments.runfolder import record_run_files
-    from experiments.runs import config_changes, config_sha256
-    from experiments.trained import load_run
+    from experiments.evaluation.trained import load_run
+    from experiments.training.runfolder import record_run_files
+    from experiments.training.runs import config_changes, config_sha256
 
     lstm = {"family": "neuralode_lm", "name": "lstm", "embed_dim": 8, "hidden_dim": 8}
     values = tiny_config(tmp_path, "run", trainer={"max_steps": 2})

@@ -10,12 +10,12 @@ import re
 
 import yaml
 
-from experiments.cli import build_parser, main
-from experiments.commands import ALIASES, compare_parser, given_options, train_parser
-from experiments.config import RunConfig, load_config
+from experiments.cli.commands import ALIASES, compare_parser, given_options, train_parser
+from experiments.cli.main import build_parser, main, parse
+from experiments.comparison.launchers import SLURM_KEYS
 from experiments.data.registry import CORPUS_NAMES
-from experiments.launchers import SLURM_KEYS
-from experiments.models import build_model
+from experiments.models.build import build_model
+from experiments.training.config import RunConfig, load_config
 from neuralode_lm.models import LSTMLM
 
 SHORT = {*ALIASES, "--seed", "--download"}
@@ -77,20 +77,19 @@ def test_train_compare_and_eval_share_the_short_options():
 
 
 def test_a_short_option_means_its_dotted_option():
-    def given(parser: argparse.ArgumentParser, *argv: str) -> dict:
-        found = given_options(
-            parser, ["--config", "c.yaml", *argv] if parser.prog.endswith("train") else list(argv)
-        )
+    def given(command: str, *argv: str) -> dict:
+        config = ["--config", "c.yaml"] if command == "train" else []
+        found = given_options(parse([command, *config, *argv])[1])
         found.pop("config", None)
         return found
 
-    for parser in (train_parser(), compare_parser()):
+    for command in ("train", "compare"):
         for flag, key in ALIASES.items():
             value = "text" if flag == "--corpus" else "mini" if flag == "--protocol" else "3"
             section, name = key.split(".")
-            dotted = given(parser, f"--{key}", value)
-            assert given(parser, flag, value) == dotted == {section: {name: dotted[section][name]}}
-        assert given(parser, "--corpus", "text") == {"data": {"corpus": "text"}}
+            dotted = given(command, f"--{key}", value)
+            assert given(command, flag, value) == dotted == {section: {name: dotted[section][name]}}
+        assert given(command, "--corpus", "text") == {"data": {"corpus": "text"}}
 
 
 def test_data_corpus_help_lists_every_corpus_of_the_registry(capsys):
@@ -110,7 +109,7 @@ def _config(tmp_path):
 
 
 def _resolved(path, *argv: str) -> RunConfig:
-    given = given_options(train_parser(), ["--config", str(path), *argv])
+    given = given_options(parse(["train", "--config", str(path), *argv])[1])
     return load_config(given.pop("config"), given)
 
 

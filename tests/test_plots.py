@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from experiments.plots import _cost_figure
+from experiments.comparison.plots import _cost_figure
 
 
 def _legend_texts(figure) -> list[str]:

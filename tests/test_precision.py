@@ -10,9 +10,9 @@ import pytest
 import torch
 from torch import nn
 
-from experiments.config import parse_config
-from experiments.models import build_model
-from experiments.train import train
+from experiments.models.build import build_model
+from experiments.training.config import parse_config
+from experiments.training.train import train
 from neuralode_lm.solvers import solve
 
 V = 50
@@ -150,7 +150,7 @@ def test_bf16_mixed_reaches_the_lightning_trainer(tmp_path, tiny_config) -> None
             },
         )
     )
-    from experiments.models import build_model as build
+    from experiments.models.build import build_model as build
 
     hook_model: list[nn.Module] = []
 
@@ -160,7 +160,7 @@ def test_bf16_mixed_reaches_the_lightning_trainer(tmp_path, tiny_config) -> None
         hook_model.append(model)
         return model
 
-    import experiments.train as train_module
+    import experiments.training.train as train_module
 
     original, train_module.build_model = train_module.build_model, capture
     try:
@@ -182,7 +182,7 @@ def test_training_loss_gradients_equal_lm_nll_bit_for_bit(label_smoothing: float
     """The training loss ignores the last position instead of copying the logits without
     it: fp32 training takes exactly the steps it took with ``lm_nll``."""
     from experiments.data.batching import lm_nll
-    from experiments.losses import training_nll
+    from experiments.training.losses import training_nll
 
     generator = torch.Generator().manual_seed(0)
     logits = torch.randn(6, 17, 97, generator=generator, requires_grad=True)
@@ -203,7 +203,7 @@ def test_training_loss_gradients_equal_lm_nll_bit_for_bit(label_smoothing: float
 
 @pytest.mark.parametrize("rows", [5, 64, 150])
 def test_chunked_cross_entropy_matches_fp32_cross_entropy_of_bf16_logits(rows: int) -> None:
-    from experiments.losses import chunked_cross_entropy
+    from experiments.training.losses import chunked_cross_entropy
 
     generator = torch.Generator().manual_seed(rows)
     logits = (3 * torch.randn(rows, 300, generator=generator)).bfloat16().requires_grad_()
@@ -223,7 +223,7 @@ def test_chunked_cross_entropy_gradient_from_forward_equals_the_recomputed_one()
     # The forward pass computes the gradient for an upstream gradient of 1; any other
     # upstream gradient recomputes it in backward. Doubling is exact in binary floating
     # point (and in bf16 rounding), so the two paths must agree bit for bit.
-    from experiments.losses import chunked_cross_entropy
+    from experiments.training.losses import chunked_cross_entropy
 
     generator = torch.Generator().manual_seed(0)
     base = (3 * torch.randn(150, 300, generator=generator)).bfloat16()

@@ -9,8 +9,8 @@ import json
 
 import pytest
 
-from experiments.config import parse_config
-from experiments.progress import (
+from experiments.training.config import parse_config
+from experiments.training.progress import (
     PROGRESS_FILE,
     ProgressBoard,
     duration,
@@ -18,7 +18,7 @@ from experiments.progress import (
     read_progress,
     status_line,
 )
-from experiments.train import train
+from experiments.training.train import train
 
 TRAINING = {
     "phase": "training",

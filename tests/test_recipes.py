@@ -7,15 +7,21 @@ import itertools
 import pytest
 import torch
 
-from experiments.config import ConfigError, DataConfig, OptimConfig, TrainerConfig, parse_config
 from experiments.data.corpora import load_corpus
 from experiments.data.tokenization import WordTokenizer, encode_corpus
-from experiments.datamodule import LMDataModule
-from experiments.evaluate import perplexity
-from experiments.models import build_model, count_parameters
-from experiments.recipes import PlateauAnnealer, build_optimizer, training_budget
+from experiments.evaluation.evaluate import perplexity
+from experiments.models.build import build_model, count_parameters
 from experiments.reference import BigramLM
-from experiments.task import LMTask
+from experiments.training.config import (
+    ConfigError,
+    DataConfig,
+    OptimConfig,
+    TrainerConfig,
+    parse_config,
+)
+from experiments.training.datamodule import LMDataModule
+from experiments.training.recipes import PlateauAnnealer, build_optimizer, training_budget
+from experiments.training.task import LMTask
 from neuralode_lm import LSTMLM, ODELSTM
 from odelm.contract import StatelessModelError
 

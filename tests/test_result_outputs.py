@@ -9,12 +9,12 @@ import re
 import pytest
 
 import experiments
-from experiments.cli import main
-from experiments.config import parse_config
+from experiments.cli.main import main
+from experiments.comparison.plots import _cost_figure
+from experiments.comparison.tables import markdown_table
 from experiments.data.corpora import load_corpus
-from experiments.plots import _cost_figure
-from experiments.tables import markdown_table
-from experiments.train import train
+from experiments.training.config import parse_config
+from experiments.training.train import train
 
 
 @pytest.fixture(scope="module")

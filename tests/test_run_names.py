@@ -9,9 +9,9 @@ import re
 import pytest
 import yaml
 
-from experiments.cli import main
-from experiments.config import load_config
-from experiments.runs import config_sha256
+from experiments.cli.main import main
+from experiments.training.config import load_config
+from experiments.training.runs import config_sha256
 
 
 @pytest.mark.slow

@@ -23,11 +23,11 @@ import torch
 import yaml
 
 import experiments
-from experiments.checkpoints import UnsafeCheckpointError
-from experiments.cli import main
-from experiments.runfolder import LOCK_FILE, RUN_MARKER, RunFilesChangedError
-from experiments.task import LMTask
-from experiments.trained import DataChangedError
+from experiments.cli.main import main
+from experiments.evaluation.trained import DataChangedError
+from experiments.training.checkpoints import UnsafeCheckpointError
+from experiments.training.runfolder import LOCK_FILE, RUN_MARKER, RunFilesChangedError
+from experiments.training.task import LMTask
 from odelm.errors import OdelmError
 from odelm.pretrained import (
     ARCHITECTURES,
@@ -244,7 +244,7 @@ def test_a_second_trainer_on_a_locked_run_is_refused_naming_the_holder(
             sys.executable,
             "-c",
             (
-                "import sys, time; from pathlib import Path; from experiments.runfolder import "
+                "import sys, time; from pathlib import Path; from experiments.training.runfolder import "
                 "claimed_run\nwith claimed_run(Path(sys.argv[1])):\n print('locked', flush=True)"
                 "\n time.sleep(120)"
             ),

@@ -101,8 +101,8 @@ def test_a_model_builds_its_solver_config_once_not_per_forward(
 def test_result_records_the_adjoints_backward_nfe_only_where_training_used_it(
     tmp_path, tiny_config
 ) -> None:
-    from experiments.config import parse_config
-    from experiments.train import train
+    from experiments.training.config import parse_config
+    from experiments.training.train import train
 
     node = {"family": "neuralode_lm", "name": "node-transformer", "d_model": 16, "d_ff": 32}
     results = {}
@@ -123,6 +123,6 @@ def test_result_records_the_adjoints_backward_nfe_only_where_training_used_it(
 
 
 def test_seminorm_saving_is_a_registered_benchmark() -> None:
-    from experiments.bench import BENCHMARKS, resolve
+    from experiments.cli.bench import BENCHMARKS, resolve
 
     assert callable(resolve("seminorm-saving")) and "seminorm-saving" in BENCHMARKS

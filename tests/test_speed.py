@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from experiments import speed
-from experiments.bench import BENCHMARKS, resolve
-from experiments.speed import PrecisionNameError, TrainingStep, alternate, build_task
-from experiments.tables import markdown_table
+from experiments.cli.bench import BENCHMARKS, resolve
+from experiments.comparison.tables import markdown_table
+from experiments.training import speed
+from experiments.training.speed import PrecisionNameError, TrainingStep, alternate, build_task
 
 
 def test_speed_benchmarks_are_registered() -> None:

@@ -4,8 +4,8 @@ import math
 
 import pytest
 
-from experiments.stats import paired_difference, summarize, t_quantile_975
-from experiments.tables import markdown_table
+from experiments.comparison.stats import paired_difference, summarize, t_quantile_975
+from experiments.comparison.tables import markdown_table
 
 
 def test_t_quantiles_match_the_standard_table():

@@ -9,9 +9,9 @@ import pytest
 import torch
 import yaml
 
-from experiments import threads
-from experiments.cli import main
-from experiments.threads import available_cores, default_threads, set_threads
+from experiments.cli.main import main
+from experiments.training import threads
+from experiments.training.threads import available_cores, default_threads, set_threads
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -98,8 +98,8 @@ def test_set_threads_says_its_choice_once_and_obeys_an_explicit_count(machine, c
 def test_train_and_compare_hand_the_policy_to_their_runs(
     machine, monkeypatch, capsys, tmp_path
 ) -> None:
-    import experiments.compare
-    import experiments.train
+    import experiments.comparison.compare
+    import experiments.training.train
 
     machine(usable=2, total=2, load=5.0)
     seen = {}
@@ -111,7 +111,7 @@ def test_train_and_compare_hand_the_policy_to_their_runs(
         seen["train"] = config
         raise Stop
 
-    monkeypatch.setattr(experiments.train, "prepare_data", prepare_data)
+    monkeypatch.setattr(experiments.training.train, "prepare_data", prepare_data)
     example = str(ROOT / "experiments" / "configs" / "example.yaml")
     with pytest.raises(Stop):
         main(["train", "--config", example, "--out_dir", str(tmp_path / "runs")])
@@ -125,7 +125,7 @@ def test_train_and_compare_hand_the_policy_to_their_runs(
         (Path(out) / "results.md").write_text("")
         return []
 
-    monkeypatch.setattr(experiments.compare, "run_grid", run_grid)
+    monkeypatch.setattr(experiments.comparison.compare, "run_grid", run_grid)
     out = capsys.readouterr().err
     assert out.count("threads: 1 (of 2 cores; --num-threads to change)") == 1
     machine(usable=2, total=2, load=0.0)

@@ -10,11 +10,11 @@ import pytest
 import torch
 
 import experiments
-from experiments.config import parse_config
 from experiments.data.corpora import CorpusError
 from experiments.data.tokenization import VocabularyMismatchError
 from experiments.reference import BigramLM, WordLMTransformer
-from experiments.train import train
+from experiments.training.config import parse_config
+from experiments.training.train import train
 from neuralode_lm.models import build_model as build_neural_ode
 from ode_transformer import ODETransformerLM
 from ode_transformer.presets import config_from_preset

@@ -17,14 +17,14 @@ import pytorch_lightning as pl
 import torch
 import yaml
 
-from experiments.cli import main
-from experiments.config import ConfigError, parse_config
+from experiments.cli.main import main
 from experiments.data.tokenization import VocabularyMismatchError, WordTokenizer
-from experiments.models import build_model
-from experiments.runfolder import RUN_MARKER, RunFilesChangedError
-from experiments.task import NonFiniteLossError
-from experiments.train import OutputDirError, train
-from experiments.trained import load_run
+from experiments.evaluation.trained import load_run
+from experiments.models.build import build_model
+from experiments.training.config import ConfigError, parse_config
+from experiments.training.runfolder import RUN_MARKER, RunFilesChangedError
+from experiments.training.task import NonFiniteLossError
+from experiments.training.train import OutputDirError, train
 
 
 @pytest.mark.slow
@@ -130,7 +130,7 @@ def test_two_process_ddp_ends_with_identical_weights(tmp_path, tiny_config):
 
 @pytest.mark.slow
 def test_checkpoint_averaging_averages_the_last_validations(tmp_path, tiny_config):
-    from experiments.checkpoints import CheckpointAverager
+    from experiments.training.checkpoints import CheckpointAverager
 
     averager = CheckpointAverager(2)
     for value in (1.0, 2.0, 4.0):

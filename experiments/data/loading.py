@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from experiments.config import DataConfig
 from experiments.data.corpora import load_corpus
 from experiments.data.tokenization import LMData, build_tokenizer, encode_corpus
+from experiments.training.config import DataConfig
 
 
 def load_data(config: DataConfig) -> LMData:

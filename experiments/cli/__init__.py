@@ -1,0 +1,1 @@
+"""The ``odelm`` command line: one parser for every subcommand, and each subcommand's code."""

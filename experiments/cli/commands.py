@@ -1,0 +1,389 @@
+"""The training-side subcommands of ``odelm``: train, eval, generate, compare."""
+
+from __future__ import annotations
+
+import json
+import logging
+from argparse import Action, ArgumentError
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+from jsonargparse import Namespace, get_loader
+from jsonargparse.typing import PositiveInt
+
+from experiments.cli.parser import Parser, epilog
+from experiments.comparison.launchers import LAUNCH_KEYS, add_launch_options, launch_settings
+from experiments.data.corpora import CORPUS_NAMES
+from experiments.models.schema import model_keys_help, resolved_model_comment
+from experiments.training.config import (
+    Replace,
+    RunConfig,
+    add_run_arguments,
+    load_config,
+    load_yaml,
+    merge,
+    parse_config,
+)
+from experiments.training.config_checks import ConfigError, check_range, key_type
+from experiments.training.threads import set_threads
+
+# Short flags kept beside the dotted options they stand for (``--max-steps`` is
+# ``--trainer.max_steps``): the settings a user changes most from the shell, the same on
+# train and compare (eval has those that make sense for a trained run: --data-dir,
+# --num-threads; tests/test_option_vocabulary.py keeps the sets equal).
+ALIASES = {
+    "--corpus": "data.corpus",
+    "--max-steps": "trainer.max_steps",
+    "--max-time-s": "trainer.max_time_s",
+    "--num-threads": "trainer.num_threads",
+    "--data-dir": "data.data_dir",
+    "--protocol": "data.protocol",
+}
+COMMAND_KEYS = ("config", "overwrite", "quiet", "verbose", "print_config")
+
+
+def options_parser(prog: str, description: str) -> Parser:
+    """The parser of a subcommand that takes run-config options (``train``, ``compare``)."""
+    description += (
+        " Defaults shown are the schema's: the config file's values replace them, and options "
+        "given here replace both."
+    )
+    return Parser(prog=prog, description=description, epilog=epilog(prog.removeprefix("odelm ")))
+
+
+MODEL_HELP = (
+    "the model: family (ode_transformer, neuralode_lm, reference), name, and that model's "
+    "typed keys (listed below the options; odelm models); --model '{family: neuralode_lm, "
+    "name: lstm, embed_dim: 128, hidden_dim: 128}' replaces the config file's model section, "
+    "--model.KEY VALUE edits one key of it (--model.dropout 0.2, --model.solver.rtol 1e-6) "
+    "(default: the config file's)"
+)
+
+
+class ModelOption(Action):
+    """``--model '{...}'`` replaces the config file's model section (a :class:`Replace`);
+    ``--model.KEY VALUE`` sets one key of it, a dotted key one level down per dot
+    (``--model.solver.rtol 1e-6``). Values are read as YAML (``1e-6`` is a float); the
+    section's keys are checked against its model's typed config when the config is read.
+    jsonargparse hands this action every ``--model.*`` option because it declares a
+    mapping type (``_typehint``)."""
+
+    _typehint = dict[str, Any]
+
+    def __call__(self, parser: Any, namespace: Any, value: Any, option: Any = None) -> None:
+        key = str(option or "").removeprefix(self.option_strings[0]).removeprefix(".")
+        value = get_loader("yaml")(value)
+        current = namespace.get(self.dest)
+        if not key:
+            if not isinstance(value, dict):
+                raise ArgumentError(self, f"must be a mapping {{key: value, ...}}, got {value!r}")
+            namespace[self.dest] = Replace(value)
+            return
+        for part in reversed(key.split(".")):
+            value = {part: value}
+        merged = merge(current or {}, value)
+        namespace[self.dest] = Replace(merged) if isinstance(current, Replace) else merged
+
+
+def add_run_options(parser: Parser, skip: set[str] | None = None) -> None:
+    """One typed, documented option per run-config key (``--optim.lr 3e-4``,
+    ``--trainer.max_steps 200``, ``--model.d_model 128``), the short aliases and
+    ``--print_config``."""
+    parser.add_argument(
+        "--print_config", action="store_true", help="print the resolved config as YAML and exit"
+    )
+    for flag, key in ALIASES.items():
+        kind = (
+            {"choices": CORPUS_NAMES}
+            if key == "data.corpus"
+            else {"type": key_type(RunConfig, key)}
+        )
+        parser.add_argument(flag, dest=key, help=f"same as --{key}", **kind)
+    parser.add_argument(
+        "--download", dest="data.download", action="store_true", help="same as --data.download true"
+    )
+    add_run_arguments(parser, {*(skip or ()), "model"})
+    parser.add_argument("--model", action=ModelOption, help=MODEL_HELP)
+    for action in parser._actions:  # the corpora from the registry, not the docstring's list
+        if action.dest == "data.corpus" and action.option_strings == ["--data.corpus"]:
+            action.help = (
+                f"the corpus, one of {', '.join(CORPUS_NAMES)} (grammar is generated; text "
+                "reads a folder of train*, valid*, test* files)"
+            )
+
+
+def given_options(args: Namespace) -> dict[str, Any]:
+    """The options of ``train`` or ``compare`` as a nested mapping (only those given: the
+    config file's values lie under them); ``--model '{...}'`` stays a :class:`Replace`."""
+    given = args.as_dict()
+    if "model" in given:
+        given["model"] = args["model"]  # as_dict() copies it into a plain dict
+    return given
+
+
+def quiet_lightning() -> None:
+    """Hide Lightning's hardware lines, tips and advertisements (shown with ``--verbose``)."""
+    for name in ("pytorch_lightning", "lightning", "lightning.pytorch", "lightning_fabric"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
+def train_parser() -> Parser:
+    """The options of ``odelm train``."""
+    parser = options_parser(
+        "odelm train",
+        "Train one model from a YAML run config; any config key may be overridden on the "
+        "command line as --section.key VALUE (e.g. --optim.lr 1e-3 --trainer.max_steps 20); "
+        "--model.KEY VALUE edits one model key, --model '{...}' replaces the whole model section.",
+    )
+    parser.add_argument("--config", required=True, help="the run's YAML config file")
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="discard an existing run of this name (made with another config) and train afresh",
+    )
+    parser.add_argument("--quiet", action="store_true", help="no progress bar or Lightning chatter")
+    parser.add_argument(
+        "--verbose", action="store_true", help="show Lightning's hardware lines and tips"
+    )
+    add_run_options(parser)
+    parser.epilog = f"{parser.epilog or ''}\n\n{model_keys_help()}".lstrip()
+    return parser
+
+
+def cmd_train(args: Namespace) -> int:
+    from datetime import datetime
+
+    from experiments.training.runs import config_sha256
+    from experiments.training.train import RESULT_FILE, train
+
+    given = given_options(args)
+    command = {key: given.pop(key, None) for key in COMMAND_KEYS}
+    config = load_config(command["config"], given)
+    if config.name == "auto":  # a run folder per config: trying an override needs no --overwrite
+        config.name = f"{Path(command['config']).stem}-{config_sha256(config)[:10]}"
+    if command["print_config"]:
+        print(yaml.safe_dump(config.to_dict(), sort_keys=False, default_flow_style=None), end="")
+        print(resolved_model_comment(config.model), end="")
+        return 0
+    if not command["verbose"]:
+        quiet_lightning()
+    if command["quiet"]:
+        logging.getLogger("pytorch_lightning").setLevel(logging.ERROR)
+        config.trainer.progress_bar = False
+    done = config.run_dir / RESULT_FILE
+    finished = done.is_file() and not command["overwrite"]
+    result = train(config, overwrite=bool(command["overwrite"]))
+    if result:
+        print(json.dumps(result))
+        if finished:
+            date = datetime.fromtimestamp(done.stat().st_mtime).strftime("%Y-%m-%d %H:%M")
+            print(f"{config.run_dir}: already finished, result from {date} (--overwrite retrains)")
+        else:
+            print(f"wrote {config.run_dir}")
+    return 0
+
+
+def cmd_eval(args: Namespace) -> int:
+    from experiments.evaluation.trained import load_run
+
+    settings = ("bleu_sentences", "continuation_sentences", "prompt_len", "decode")
+    given = {key: getattr(args, key) for key in settings if getattr(args, key) is not None}
+    for key, value in given.items():
+        if key != "decode":  # a choice the parser checks
+            check_range(f"eval.{key}", value, "--" + key.replace("_", "-"))
+    run = load_run(args.run)
+    overrides = {"data_dir": args.data_dir} if args.data_dir else {}
+    data = run.data(allow_changed_data=args.allow_changed_data, **overrides)
+    set_threads(args.num_threads)  # once the run and its data load: an error stays one line
+    result = run.evaluate(args.split, **given, allow_noncausal=args.allow_noncausal, data=data)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        for key, value in result.items():
+            print(f"{key:>14}: {rounded(key, value)}")
+    return 0
+
+
+def rounded(key: str, value: Any) -> Any:
+    """A result value for people: perplexities (and numbers >= 100) to 2 decimals, other
+    floats to 4 significant digits (``--json`` keeps full precision)."""
+    if not isinstance(value, float):
+        return value
+    return f"{value:.2f}" if "ppl" in key or abs(value) >= 100 else f"{value:.4g}"
+
+
+def cmd_generate(args: Namespace) -> int:
+    from experiments.evaluation.trained import load_run
+
+    if args.num_threads is not None:
+        torch.set_num_threads(args.num_threads)
+    run = load_run(args.run)
+    text = run.generate(
+        args.prompt,
+        args.max_new_tokens,
+        strategy=args.strategy,
+        num_beams=args.num_beams,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        seed=args.seed,
+        stop_at_eos=args.stop_at_eos,
+    )
+    print(text)
+    return 0
+
+
+def compare_parser() -> Parser:
+    """The options of ``odelm compare``."""
+    parser = options_parser(
+        "odelm compare",
+        "Train a grid of models on identical data, seeds and budget, then write tables and "
+        "plots. Any shared config key may be overridden for every run as --section.key VALUE "
+        "(e.g. --trainer.max_steps 200 --optim.lr 3e-4); model keys given here (--model.KEY, "
+        "--model '{...}') lie under each run's own model section, whose keys win.",
+    )
+    parser.add_argument("--grid", help="grid YAML file (give this or --preset)")
+    parser.add_argument(
+        "--preset", help="a grid shipped in experiments/configs/grids (give this or --grid)"
+    )
+    parser.add_argument("--out", help="output directory, resumable (needed unless --print_config)")
+    parser.add_argument(
+        "--seeds",
+        type=int,
+        help="train every model with N seeds: S..S+N-1, S being --seed, else the grid's "
+        "first seed (null: the grid's seeds; results.md: mean ± sd, paired 95% intervals)",
+    )
+    add_launch_options(parser)
+    add_run_options(parser, skip={"name", "out_dir"})
+    return parser
+
+
+def cmd_compare(args: Namespace) -> int:
+    from experiments.comparison.compare import (
+        check_grid,
+        expand_grid,
+        grid_path,
+        grid_slurm,
+        run_grid,
+    )
+
+    shared = given_options(args)
+    grid, preset, out = (shared.pop(key, None) for key in ("grid", "preset", "out"))
+    num_seeds, print_config = shared.pop("seeds", None), shared.pop("print_config", False)
+    launch_options = {key: shared.pop(key) for key in LAUNCH_KEYS if key in shared}
+    if bool(grid) == bool(preset):
+        raise ConfigError("give exactly one of --grid FILE or --preset NAME")
+    grid = grid or grid_path(preset)
+    if print_config:
+        plans = expand_grid(load_yaml(grid), Path(out or "OUT"), shared, num_seeds)
+        configs = [parse_config(plan.values).to_dict() for plan in plans]
+        print(yaml.safe_dump_all(configs, sort_keys=False, default_flow_style=None), end="")
+        return 0
+    if not out:
+        raise ConfigError("odelm compare needs --out DIR (where runs, tables and plots go)")
+    trainer, values = shared.setdefault("trainer", {}), load_yaml(grid)
+    runs = len(check_grid(values, Path(out), shared, num_seeds))  # errors first
+    launch = launch_settings(launch_options, runs, trainer.get("num_threads"), grid_slurm(values))
+    requested = trainer.get("num_threads") or launch.slurm.get("cpus")
+    # the policy's threads, shared among the runs in flight at once
+    trainer["num_threads"] = set_threads(requested, runs=min(launch.jobs, runs))
+    results = run_grid(grid, out, shared, num_seeds=num_seeds, launch=launch)
+    print(f"[compare] {len(results)} runs; tables and plots in {out}")
+    print((Path(out) / "results.md").read_text())
+    return 0
+
+
+def eval_parser() -> Parser:
+    """The options of ``odelm eval``."""
+    parser = Parser()
+    parser.add_argument("run", help="a run directory written by odelm train")
+    parser.add_argument("--split", default="test", help="the split to score")
+    parser.add_argument(
+        "--bleu-sentences",
+        type=int,
+        help="sentences scored for BLEU (default: the run's eval setting)",
+    )
+    parser.add_argument(
+        "--continuation-sentences",
+        type=int,
+        help="sentences continued for continuation BLEU (default: the run's eval setting)",
+    )
+    parser.add_argument(
+        "--prompt-len",
+        type=int,
+        help="prompt tokens of continuation BLEU (default: the run's eval setting)",
+    )
+    parser.add_argument(
+        "--decode",
+        choices=["greedy", "beam"],
+        help="decoding of continuation BLEU (default: the run's eval setting)",
+    )
+    parser.add_argument(
+        "--num-threads",
+        type=PositiveInt,
+        help="torch CPU threads (default: the cores other work leaves free, printed)",
+    )
+    parser.add_argument(
+        "--allow-noncausal",
+        action="store_true",
+        help="score a model that sees the tokens it predicts (labelled as such)",
+    )
+    parser.add_argument(
+        "--data-dir", help="where the run's corpus is now (default: where it was trained)"
+    )
+    parser.add_argument(
+        "--allow-changed-data",
+        action="store_true",
+        help="score splits that differ from those the run recorded (data_sha256)",
+    )
+    parser.add_argument("--json", action="store_true", help="one JSON object instead of lines")
+    return parser
+
+
+def number(text: str) -> float:
+    """A float as Python reads it, ``nan`` and ``inf`` included (the decoder names the
+    values it takes; YAML, and so jsonargparse's ``float``, reads ``nan`` as text)."""
+    return float(text)
+
+
+def generate_parser() -> Parser:
+    """The options of ``odelm generate``."""
+    from odelm.decoding import MAX_NEW_TOKENS, STRATEGIES
+
+    parser = Parser()
+    parser.add_argument("run", help="a run directory written by odelm train")
+    parser.add_argument("--prompt", required=True, help="the text to continue (its words)")
+    parser.add_argument(
+        "--max-new-tokens",
+        type=int,
+        default=20,
+        help=f"tokens to generate (at most {MAX_NEW_TOKENS})",
+    )
+    parser.add_argument(
+        "--strategy",
+        default="greedy",
+        choices=STRATEGIES,
+        help="argmax, sampling (--temperature, --top-k, --top-p, --seed) or beam search",
+    )
+    parser.add_argument("--num-beams", type=int, default=4, help="beams of --strategy beam")
+    parser.add_argument(
+        "--temperature", type=number, default=1.0, help="sampling: divide the logits by it"
+    )
+    parser.add_argument(
+        "--top-k", type=int, help="sampling: keep the K likeliest tokens (default: all)"
+    )
+    parser.add_argument(
+        "--top-p",
+        type=number,
+        help="sampling: keep the smallest set of tokens with probability >= P (default: all)",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="seed of the sampling generator")
+    parser.add_argument(
+        "--stop-at-eos", action="store_true", help="stop at the first end of line (<eos>)"
+    )
+    parser.add_argument(
+        "--num-threads", type=PositiveInt, help="torch CPU threads (default: torch's choice)"
+    )
+    return parser

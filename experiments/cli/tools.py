@@ -1,0 +1,189 @@
+"""The corpus and model subcommands of ``odelm``: ``data info``, ``data download`` and
+``models``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from jsonargparse import Namespace
+
+from experiments.cli.parser import Parser
+from experiments.data.corpora import (
+    CORPUS_NAMES,
+    DEFAULT_CACHE_DIR,
+    PROTOCOLS,
+    SPECS,
+    SPLITS,
+    Corpus,
+)
+
+
+def print_rows(rows: list[dict[str, Any]], as_json: bool) -> None:
+    """One JSON object per row, or a table with a column per key (floats to 4 digits)."""
+    if as_json:
+        for row in rows:
+            print(json.dumps(row))
+        return
+    columns = list(dict.fromkeys(key for row in rows for key in row))
+    widths = {c: max(len(c), *(len(_fmt(row.get(c))) for row in rows)) for c in columns}
+    print("  ".join(c.ljust(widths[c]) for c in columns))
+    for row in rows:
+        print("  ".join(_fmt(row.get(c)).ljust(widths[c]) for c in columns))
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return "" if value is None else str(value)
+
+
+def corpus_info(
+    name: str, data_dir: str | None, protocol: str | None = None, seed: int = 0
+) -> dict[str, Any]:
+    """Splits found, lines, words and tokens per split, vocabulary size, file checksums.
+
+    Without a protocol it describes the files as they are (missing splits listed); with
+    one it describes the splits a run under that protocol would use.
+    """
+    from experiments.data.checksums import checksum_status, sha256_file
+    from experiments.data.corpora import load_corpus, read_lines, split_files
+
+    if protocol is not None or name == "grammar":
+        corpus: Corpus = load_corpus(
+            name, data_dir, protocol=protocol or "full", seed=seed, verify_checksums=False
+        )
+        lines, label, paths = corpus.lines, corpus.protocol, corpus.files
+    else:
+        paths = {split: str(path) for split, path in split_files(name, data_dir).items()}
+        if not paths:
+            load_corpus(name, data_dir)  # raises the error naming files and folders searched
+        lines = {split: read_lines(Path(path)) for split, path in paths.items()}
+        label = "files as found"
+    splits = {}
+    for split, split_lines in lines.items():
+        tokens = sum(len(line) for line in split_lines)
+        splits[split] = {
+            "lines": len(split_lines),
+            "words": tokens - len(split_lines),
+            "tokens": tokens,
+        }
+    files = {}
+    for split, path in paths.items():
+        if name in SPECS:
+            actual, status = checksum_status(SPECS[name], Path(path))
+        else:
+            actual, status = sha256_file(path), "unknown"
+        files[split] = {"path": path, "sha256": actual, "checksum": status}
+    info: dict[str, Any] = {
+        "corpus": name,
+        "protocol": label,
+        "splits": splits,
+        "missing": [split for split in SPLITS if split not in lines],
+        "vocab_size": len({word for ls in lines.values() for line in ls for word in line}),
+        "files": files,
+    }
+    if name == "grammar":
+        from experiments.data.grammar import (
+            ProbabilisticGrammar,
+            default_rules,
+            true_split_perplexity,
+        )
+
+        grammar = ProbabilisticGrammar(default_rules())
+        info["entropy_nats_per_token"] = grammar.entropy_per_token
+        info["expected_perplexity"] = grammar.expected_perplexity
+        info["true_test_perplexity"] = true_split_perplexity(seed, "test")
+    return info
+
+
+def cmd_data_info(args: Namespace) -> int:
+    seed = args.seed
+    info = corpus_info(args.corpus, args.data_dir, args.protocol, seed)
+    if args.json:
+        print(json.dumps(info))
+        return 0
+    print(f"corpus {info['corpus']} ({info['protocol']}), vocabulary {info['vocab_size']}")
+    if info["missing"]:
+        print(f"missing splits: {', '.join(info['missing'])} (train with --protocol mini)")
+    print_rows([{"split": k, **v} for k, v in info["splits"].items()], False)
+    for split, entry in info["files"].items():
+        print(f"{split} file {entry['path']}: checksum {entry['checksum']}")
+    if "expected_perplexity" in info:
+        print(
+            f"true entropy rate {info['entropy_nats_per_token']:.4f} nats/token: the true "
+            f"grammar's perplexity is {info['expected_perplexity']:.3f} in expectation and "
+            f"{info['true_test_perplexity']:.3f} on this test split (seed {seed}); compare a "
+            "model's test perplexity with the latter"
+        )
+    return 0
+
+
+def cmd_data_download(args: Namespace) -> int:
+    from experiments.data.download import download_corpus
+
+    folder = download_corpus(
+        args.corpus, args.cache_dir, url=args.url, sha256=args.sha256, splits=args.splits
+    )
+    print(f"{args.corpus}: verified files in {folder}")
+    return 0
+
+
+def cmd_models(args: Namespace) -> int:
+    from experiments.models.build import model_keys, model_keys_markdown
+
+    if args.json:
+        print(json.dumps(model_keys(), default=str))
+    else:
+        print(model_keys_markdown(), end="")
+    return 0
+
+
+def data_info_parser() -> Parser:
+    """The options of ``odelm data info``."""
+    parser = Parser()
+    parser.add_argument("--corpus", required=True, choices=CORPUS_NAMES, help="the corpus")
+    parser.add_argument(
+        "--data-dir",
+        help="folder holding the corpus (default: $ODELM_DATA_DIR, then the download cache)",
+    )
+    parser.add_argument(
+        "--protocol",
+        choices=PROTOCOLS,
+        help="describe the splits a run would use under it (default: the files as found)",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="seed of the grammar corpus")
+    parser.add_argument("--json", action="store_true", help="one JSON object instead of a table")
+    return parser
+
+
+def data_download_parser() -> Parser:
+    """The options of ``odelm data download``."""
+    parser = Parser()
+    parser.add_argument("--corpus", required=True, choices=list(SPECS), help="the corpus")
+    parser.add_argument(
+        "--cache-dir", default=str(DEFAULT_CACHE_DIR), help="where the files are stored"
+    )
+    parser.add_argument(
+        "--url", help="override the archive URL, e.g. a mirror (default: the published one)"
+    )
+    parser.add_argument(
+        "--sha256",
+        help="expected SHA-256 of the archive at --url (default: the published one, if any)",
+    )
+    parser.add_argument(
+        "--splits",
+        nargs="+",
+        choices=SPLITS,
+        default=list(SPLITS),
+        help="split files to extract (valid test: what --protocol mini needs)",
+    )
+    return parser
+
+
+def models_parser() -> Parser:
+    """The options of ``odelm models``."""
+    parser = Parser()
+    parser.add_argument("--json", action="store_true", help="one JSON object instead of a table")
+    return parser

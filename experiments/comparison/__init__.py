@@ -1,0 +1,1 @@
+"""Grids of runs side by side: launching them, their tables, statistics and plots."""

@@ -1,0 +1,1 @@
+"""Scoring a model: perplexity, BLEU, FLOPs, a trained run loaded back, re-discretisation."""

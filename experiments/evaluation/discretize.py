@@ -1,0 +1,281 @@
+"""``odelm discretize RUN_DIR``: one trained vector field, many discretisations.
+
+For a continuous-depth Transformer (``node-transformer``) the same trained fields ``F_k``
+are solved by Euler, midpoint, RK3 and RK4 at several step counts and by dopri5 at rtol
+1e-2 ... 1e-6. For a discrete ODE Transformer (plain stack, ``sublayer: both``) every
+block's ``F`` is taken as a vector field over one unit of depth: each block's own RK step
+is compared with the exact flow of its ``F`` (a tight dopri5 solve) on the states the
+trained model produces (the local truncation error), and the whole model is evaluated
+with every block replaced by that flow or by another tableau.
+
+Each setting reports test perplexity (over ``--max-batches`` evaluation batches), mean
+NFE per forward pass, forward FLOPs per token (``experiments.evaluation.flops``), seconds, the
+relative distance of the final state from a reference solve (dopri5, rtol 1e-7, in
+float64 by default) and the causal leak: the largest change of an earlier position's
+log-probabilities when the second half of a window changes (exactly 0 on fixed grids;
+nonzero when adaptive steps are shared across positions).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from jsonargparse import Namespace
+from jsonargparse.typing import PositiveInt
+
+from experiments.cli.parser import Parser
+from experiments.data.batching import lm_nll
+from experiments.evaluation.evaluate import evaluation_batches
+from experiments.evaluation.flops import forward_flops_per_token
+from neuralode_lm.depth_field import FixedGrid
+from neuralode_lm.solvers import solve
+from neuralode_lm.transformer import NODETransformerLM
+from odelm.errors import OdelmError
+
+GRID_METHODS = ("euler", "midpoint", "rk3", "rk4")
+RTOLS = (1e-2, 1e-3, 1e-4, 1e-5, 1e-6)
+REFERENCE = {"method": "dopri5", "rtol": 1e-7, "atol": 1e-9, "max_num_steps": 100_000}
+COLUMNS = ("method", "setting", "ppl", "nfe", "flops_per_token", "seconds", "state_error")
+
+
+class DiscretizeError(OdelmError, ValueError):
+    """The run's model has no vector field to re-discretise."""
+
+
+def _adaptive(rtol: float) -> dict[str, Any]:
+    return {"method": "dopri5", "rtol": rtol, "atol": rtol / 10, "max_num_steps": 100_000}
+
+
+def settings(steps: list[int]) -> list[tuple[str, str, Any]]:
+    """``(method, setting, integration)`` for every discretisation to evaluate."""
+    rows = [(m, f"{n} step{'s' * (n > 1)}", FixedGrid(m, n)) for m in GRID_METHODS for n in steps]
+    return rows + [("dopri5", f"rtol {r:.0e}", _adaptive(r)) for r in RTOLS]
+
+
+@torch.no_grad()
+def _final_states(model: NODETransformerLM, batches: list) -> list[torch.Tensor]:
+    return [model.final_state(tokens)[0] for tokens, _ in batches]
+
+
+@torch.no_grad()
+def causal_leak(model: NODETransformerLM, tokens: torch.Tensor) -> float:
+    """Largest change of log-probabilities at positions ``< T/2`` when the tokens from
+    ``T/2`` on are replaced (by their cyclic successor ids)."""
+    half = tokens.shape[1] // 2
+    changed = tokens.clone()
+    changed[:, half:] = (changed[:, half:] + 1) % model.vocab_size
+    before = model(tokens)[0][:, :half].log_softmax(-1)
+    after = model(changed)[0][:, :half].log_softmax(-1)
+    return float((before - after).abs().max())
+
+
+@torch.no_grad()
+def evaluate_setting(
+    model: NODETransformerLM, batches: list, reference: list[torch.Tensor]
+) -> dict[str, Any]:
+    """Perplexity, NFE, seconds, FLOPs per token and state error of the current solver."""
+    nll, count, nfe, distance = 0.0, 0, [], 0.0
+    started = time.perf_counter()
+    for (tokens, mask), target in zip(batches, reference):
+        state, _ = model.final_state(tokens)
+        nfe.append(model.solver_stats.nfe_forward)
+        batch_nll, batch_count = lm_nll(model.head(model.norm(state)), tokens, mask)
+        nll, count = nll + float(batch_nll), count + batch_count
+        distance += float((state - target).square().sum())
+    seconds = time.perf_counter() - started
+    scale = sum(float(t.square().sum()) for t in reference)
+    return {
+        "ppl": math.exp(nll / count),
+        "nfe": sum(nfe) / len(nfe),
+        "flops_per_token": forward_flops_per_token(model, batches),
+        "seconds": seconds,
+        "state_error": math.sqrt(distance / scale),
+        "causal_leak": causal_leak(model, batches[0][0]),
+    }
+
+
+@torch.no_grad()
+def block_truncation_errors(lm: torch.nn.Module, model: NODETransformerLM, tokens: torch.Tensor):
+    """Per block of a discrete ``lm`` (``model`` shares its fields): its trained RK step
+    against the exact flow of its ``F`` over one unit of depth, from the trained states."""
+    positions = torch.arange(tokens.shape[1])
+    y = lm.token_embedding(tokens) + lm.position_embedding(positions)
+    rows = []
+    for index, (layer, field) in enumerate(zip(lm.stack.layers, model.fields)):
+        step = y + layer.increment(y)
+        exact = solve(field, y, [0.0, 1.0], **REFERENCE)[0][-1]
+        rows.append(
+            {
+                "method": f"{lm.config.block} block vs exact flow",
+                "setting": f"block {index}",
+                "ppl": None,
+                "nfe": layer.nfe,
+                "flops_per_token": None,
+                "seconds": None,
+                "state_error": float((step - exact).norm() / exact.norm()),
+                "increment_error": float((step - exact).norm() / (exact - y).norm()),
+            }
+        )
+        y = step
+    return rows
+
+
+def discretize(
+    run_dir: str | Path,
+    *,
+    max_batches: int = 4,
+    batch_size: int = 16,
+    steps: list[int] | None = None,
+    dtype: str = "float64",
+) -> list[dict[str, Any]]:
+    """The rows of the discretisation table for a finished run."""
+    from experiments.evaluation.trained import load_run
+
+    counts = [("--max-batches", max_batches), ("--batch-size", batch_size)]
+    for flag, value in [*counts, *(("--steps", n) for n in steps or [])]:
+        if value < 1:
+            raise DiscretizeError(f"{flag} must be >= 1, got {value}")
+
+    run = load_run(run_dir)
+    lm, data, config = run.model, run.data(), run.config
+    lm = lm.to(getattr(torch, dtype)).eval()
+    if isinstance(lm, NODETransformerLM):
+        model, discrete = lm, None
+    elif hasattr(lm, "stack") and hasattr(lm, "config"):
+        try:
+            model, discrete = NODETransformerLM.from_ode_transformer(lm).eval(), lm
+        except ValueError as error:
+            raise DiscretizeError(f"{run_dir}: {error}") from None
+    else:
+        raise DiscretizeError(
+            f"{run_dir} holds a {type(lm).__name__}; discretize needs a node-transformer or an "
+            "ODE Transformer LM (plain stack, sublayer both)"
+        )
+    mode = config.data.batching
+    window = min(config.data.eval_window, model.max_positions - 1)
+    batches = evaluation_batches(
+        data,
+        "test",
+        mode=mode,
+        window=window,
+        batch_size=batch_size,
+        padding_side=config.data.padding_side,
+    )[:max_batches]
+    trained = model.integration
+    model.set_integration(REFERENCE)
+    reference = _final_states(model, batches)
+    rows = []
+    if discrete is not None:
+        rows += block_truncation_errors(discrete, model, batches[0][0])
+        rows.append(
+            {"method": f"{discrete.config.block} (trained blocks)", "setting": "as trained"}
+        )
+        model.set_integration(trained)
+        rows[-1].update(evaluate_setting(model, batches, reference))
+    for method, setting, integration in settings(steps or [1, 2, 4, 8]):
+        model.set_integration(integration)
+        rows.append(
+            {"method": method, "setting": setting, **evaluate_setting(model, batches, reference)}
+        )
+    model.set_integration(trained)
+    label = f"{data.protocol}, test, first {len(batches)} batches of {window} tokens x {batches[0][0].shape[0]}"
+    for row in rows:
+        row["protocol"] = label
+    return rows
+
+
+def _format(value: Any, column: str = "") -> str:
+    if value is None:
+        return "-"
+    if column == "ppl":
+        return f"{value:.2f}"
+    if isinstance(value, float):
+        return f"{value:.3g}" if abs(value) < 1e4 else f"{value:.3e}"
+    return str(value)
+
+
+def write_table(rows: list[dict[str, Any]], path: Path) -> str:
+    """A markdown table of the rows (also returned)."""
+    columns = [*COLUMNS, "causal_leak", "increment_error"]
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(_format(row.get(c), c) for c in columns) + " |" for row in rows]
+    text = f"Protocol: {rows[0]['protocol']}\n\n" + "\n".join(lines) + "\n"
+    path.write_text(text)
+    return text
+
+
+def plot_pareto(rows: list[dict[str, Any]], path: Path, title: str) -> None:
+    """Perplexity against NFE per method, with the Pareto front (no setting is both
+    cheaper and better)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    points = [r for r in rows if r.get("ppl") is not None]
+    figure, axes = plt.subplots(figsize=(6.5, 4.5))
+    for method in dict.fromkeys(r["method"] for r in points):
+        mine = sorted((r["nfe"], r["ppl"]) for r in points if r["method"] == method)
+        axes.plot(*zip(*mine), marker="o", label=method)
+    front, best = [], math.inf
+    for nfe, ppl in sorted((r["nfe"], r["ppl"]) for r in points):
+        if ppl < best:
+            front.append((nfe, ppl))
+            best = ppl
+    axes.step(*zip(*front), where="post", color="black", linestyle="--", label="Pareto front")
+    axes.set_xscale("log")
+    axes.set_xlabel("NFE per forward pass (evaluations of F, all blocks)")
+    axes.set_ylabel("test perplexity")
+    axes.set_title("\n".join(textwrap.wrap(title, 80)), fontsize=8)
+    axes.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
+def cmd_discretize(args: Namespace) -> int:
+    if args.num_threads:
+        torch.set_num_threads(args.num_threads)
+    rows = discretize(
+        args.run,
+        max_batches=args.max_batches,
+        batch_size=args.batch_size,
+        steps=args.steps,
+        dtype=args.dtype,
+    )
+    out = Path(args.out or Path(args.run) / "discretize")
+    out.mkdir(parents=True, exist_ok=True)
+    table = write_table(rows, out / "discretize.md")
+    plot_pareto(rows, out / "discretize.png", f"{Path(args.run).name}\n{rows[0]['protocol']}")
+    if args.json:
+        for row in rows:
+            print(json.dumps(row))
+    else:
+        print(table + f"\n[discretize] table and plot in {out}")
+    return 0
+
+
+def discretize_parser() -> Parser:
+    """The options of ``odelm discretize``."""
+    parser = Parser()
+    parser.add_argument("run", help="a run directory of a node-transformer or ODE Transformer")
+    parser.add_argument("--json", action="store_true", help="one JSON object per line")
+    parser.add_argument("--max-batches", type=int, default=4, help="test batches to evaluate")
+    parser.add_argument("--batch-size", type=int, default=16, help="sequences per test batch")
+    parser.add_argument(
+        "--steps", type=int, nargs="+", help="fixed-grid step counts (default: 1 2 4 8)"
+    )
+    parser.add_argument(
+        "--dtype", default="float64", choices=["float32", "float64"], help="evaluation precision"
+    )
+    parser.add_argument("--out", help="folder for discretize.md/.png (default: RUN_DIR/discretize)")
+    parser.add_argument(
+        "--num-threads", type=PositiveInt, help="torch CPU threads (default: torch's)"
+    )
+    return parser

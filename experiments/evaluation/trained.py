@@ -1,0 +1,353 @@
+"""``load_run(run_dir)``: a trained run as a Python object, with no corpus on disk.
+
+A finished run directory holds everything needed to use its model: ``model/``
+(``config.json`` + ``model.safetensors``, written by the model's ``save_pretrained``),
+``tokenizer`` (the vocabulary file, or a BPE directory) and ``config.yaml``::
+
+    import experiments
+
+    run = experiments.load_run("runs/my-run")
+    run.perplexity(["the cat sat on the mat"])  # per-word perplexity of new text
+    run.generate("the cat", max_new_tokens=20)  # prompt + continuation, as text
+    run.evaluate("test")  # what `odelm eval RUN --json` prints
+
+``generate`` and ``evaluate`` take the options of ``odelm generate`` and ``odelm eval``
+under the same names, with the same defaults (``--top-k`` is ``top_k=``, ``--seed 1`` is
+``seed=1``), so a call and its command give the same output.
+
+``run.model`` and ``run.tokenizer`` are the trained model (eval mode) and its tokenizer;
+``run.data()`` loads the run's own corpus, encoded with that tokenizer, for evaluation,
+refusing a split whose tokens differ from those the run recorded (``data_sha256``).
+
+Loading checks the run before using it: the files odelm recorded must be unchanged
+(``experiments.training.runfolder``), the model must be one of the library's architectures with
+intact, finite weights (``odelm.pretrained``), and the tokenizer must be readable and
+match the model's vocabulary. Each failure is one :class:`~odelm.errors.OdelmError`.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from experiments.data.corpora import load_corpus
+from experiments.data.tokenization import (
+    EncodedSplit,
+    LMData,
+    Tokenizer,
+    VocabularyMismatchError,
+    check_tokenizer,
+    encode_corpus,
+    load_tokenizer,
+)
+from experiments.training.config import RunConfig, load_run_config
+from experiments.training.config_checks import ConfigError, check_range
+from experiments.training.runfolder import COMPARISON_MARKER, verify_run_files
+from odelm.errors import OdelmError
+from odelm.pretrained import load_pretrained, read_config
+
+MODEL_DIR = "model"
+TOKENIZER_FILE = "tokenizer"
+CONFIG_FILE = "config.yaml"
+UNK = "<unk>"  # the out-of-vocabulary word of PTB-style corpora
+
+
+class RunNotFoundError(OdelmError, FileNotFoundError):
+    """A directory is not a finished run (no saved model, tokenizer or config)."""
+
+
+class CorruptTokenizerError(OdelmError, ValueError):
+    """A run's tokenizer file cannot be read."""
+
+
+class DataChangedError(OdelmError, ValueError):
+    """A split of the run's corpus differs from the one the run was trained and tested on."""
+
+
+def split_checksums(data: LMData) -> dict[str, str]:
+    """SHA-256 of each split's token ids (int64) under the run's tokenizer."""
+    return {
+        name: hashlib.sha256(split.ids.to(torch.int64).numpy().tobytes()).hexdigest()
+        for name, split in sorted(data.splits.items())
+    }
+
+
+def save_run_model(model: nn.Module, run_dir: Path, tokenizer: Tokenizer) -> None:
+    """Write the run's final model to ``RUN/model``, tagged with its tokenizer's fingerprint."""
+    model.save_pretrained(  # type: ignore[operator]
+        run_dir / MODEL_DIR, metadata={"tokenizer": tokenizer.fingerprint()}
+    )
+
+
+def detokenize(tokenizer: Tokenizer, ids: list[int]) -> str:
+    """Text of ``ids``; each ``<eos>`` (a line end in the corpus) becomes a line break."""
+    lines: list[str] = []
+    line: list[int] = []
+    for token in [*ids, None]:
+        if token is None or token == tokenizer.eos_id:
+            if tokenizer.kind == "bpe":
+                lines.append(tokenizer.bpe.decode(line))  # type: ignore[attr-defined]
+            else:
+                lines.append(" ".join(tokenizer.id_to_token(i) for i in line))
+            line = []
+        else:
+            line.append(token)
+    return "\n".join(text.strip() for text in lines)
+
+
+@dataclass
+class TrainedRun:
+    """A trained model with its tokenizer and run config: score and continue new text."""
+
+    model: nn.Module
+    tokenizer: Tokenizer
+    config: RunConfig
+    run_dir: Path
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of whitespace-separated words; out-of-vocabulary words become ``<unk>``
+        when the word vocabulary has it."""
+        words = text.split()
+        index = getattr(self.tokenizer, "index", None)
+        if index is None:
+            return self.tokenizer.encode_words(words)
+        unknown = [word for word in words if word not in index]
+        if unknown and UNK not in index:
+            raise VocabularyMismatchError(
+                f"{unknown[0]!r} is not in this run's closed vocabulary of "
+                f"{self.tokenizer.vocab_size} words, which has no {UNK}; use its words only"
+            )
+        return self.tokenizer.encode_words([UNK if word in unknown else word for word in words])
+
+    def decode(self, ids: list[int]) -> str:
+        """Text of token ids; each ``<eos>`` (a line end in the corpus) becomes a newline."""
+        return detokenize(self.tokenizer, ids)
+
+    def perplexity(
+        self,
+        texts: list[str] | None = None,
+        *,
+        split: str | None = None,
+        per: str = "word",
+        allow_noncausal: bool = False,
+        data_dir: str | None = None,
+        allow_changed_data: bool = False,
+    ) -> float:
+        """Perplexity of ``texts`` (each one a line ending with ``<eos>``), scored as the
+        run's evaluation scores its test split: per word, ``exp(total NLL / (words +
+        lines))``; ``per="token"``, ``exp(total NLL / tokens)`` (the same for a word vocabulary).
+
+        ``split`` instead scores that split of the run's own corpus, as ``odelm eval RUN
+        --split SPLIT`` does (``data_dir`` and ``allow_changed_data`` as there)."""
+        if per not in ("word", "token"):
+            raise ValueError(f"per must be 'word' or 'token', got {per!r}")
+        if split is not None:
+            if texts is not None:
+                raise ValueError("give texts or split, not both")
+            result = self.evaluate(
+                split,
+                bleu_sentences=0,  # perplexity only: no BLEU
+                allow_noncausal=allow_noncausal,
+                data_dir=data_dir,
+                allow_changed_data=allow_changed_data,
+            )
+            return float(result["ppl_per_word" if per == "word" else "ppl"])
+        return self._text_perplexity(texts, per, allow_noncausal)
+
+    def _text_perplexity(self, texts: Any, per: str, allow_noncausal: bool) -> float:
+        """Perplexity of new lines of text (see :meth:`perplexity`)."""
+        from experiments.evaluation.evaluate import NonCausalModelError, perplexity
+
+        if isinstance(texts, str) or not texts:
+            raise ValueError("texts must be a non-empty list of strings (or give split=)")
+        if not getattr(self.model, "is_causal", False) and not allow_noncausal:
+            raise NonCausalModelError(
+                f"{type(self.model).__name__}.is_causal is False, so its perplexity is not a "
+                "language-model perplexity; pass allow_noncausal=True to compute it anyway"
+            )
+        sentences = [self.encode(text) + [self.tokenizer.eos_id] for text in texts]
+        ids = torch.tensor([i for sentence in sentences for i in sentence], dtype=torch.long)
+        words = sum(len(text.split()) + 1 for text in texts)
+        split = EncodedSplit(ids, sentences, words)
+        data = LMData("text", "given texts", self.tokenizer, {"text": split})
+        cfg = self.config.data
+        result = perplexity(
+            self.model,
+            data,
+            "text",
+            mode=cfg.batching,
+            window=cfg.eval_window,
+            padding_side=cfg.padding_side,
+        )
+        return float(result["ppl_per_word" if per == "word" else "ppl"])
+
+    def evaluate(
+        self,
+        split: str = "test",
+        *,
+        bleu_sentences: int | None = None,
+        continuation_sentences: int | None = None,
+        prompt_len: int | None = None,
+        decode: str | None = None,
+        allow_noncausal: bool = False,
+        data_dir: str | None = None,
+        allow_changed_data: bool = False,
+        data: LMData | None = None,
+    ) -> dict[str, Any]:
+        """What ``odelm eval RUN`` reports (its ``--json`` object), with the same options:
+        perplexity, per-word perplexity, BLEU and NFE of ``split`` of the run's corpus.
+
+        BLEU settings left None keep the run's ``eval`` config; ``data`` is the corpus
+        already loaded by :meth:`data` (default: loaded here, from ``data_dir`` if given)."""
+        from experiments.evaluation.evaluate import evaluate_run
+
+        given: dict[str, Any] = {
+            "bleu_sentences": bleu_sentences,
+            "continuation_sentences": continuation_sentences,
+            "prompt_len": prompt_len,
+            "decode": decode,
+        }
+        given = {key: value for key, value in given.items() if value is not None}
+        for key, value in given.items():
+            if key != "decode":
+                check_range(f"eval.{key}", value, key)
+        if decode not in (None, "greedy", "beam"):
+            raise ConfigError(f"decode must be 'greedy' or 'beam', got {decode!r}")
+        if data is None:
+            overrides = {"data_dir": data_dir} if data_dir else {}
+            data = self.data(allow_changed_data=allow_changed_data, **overrides)
+        config = copy.copy(self.config)
+        config.eval = dataclasses.replace(config.eval, **given)
+        return evaluate_run(self.model, data, config, split, allow_noncausal=allow_noncausal)
+
+    def generate(
+        self,
+        prompt: str,
+        max_new_tokens: int = 20,
+        *,
+        strategy: str = "greedy",
+        num_beams: int = 4,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        seed: int = 0,
+        stop_at_eos: bool = False,
+        **options: Any,
+    ) -> str:
+        """``prompt`` followed by the model's continuation, as text: what ``odelm generate
+        RUN --prompt PROMPT`` prints with the same options (same names, defaults, meaning).
+
+        ``strategy`` is greedy, sample or beam; sampling draws from a ``torch.Generator``
+        seeded with ``seed``. ``options`` go to
+        :func:`odelm.decoding.decode_continuation`: ``generator`` (a generator of your
+        own, used instead of ``seed``), ``eos_id``, ``length_penalty``, ``use_cache``.
+        """
+        from odelm.decoding import decode_continuation
+
+        options.setdefault("generator", torch.Generator().manual_seed(seed))
+        if stop_at_eos:
+            options.setdefault("eos_id", self.tokenizer.eos_id)
+        ids = [self.tokenizer.eos_id, *self.encode(prompt)]
+        new = decode_continuation(
+            self.model,
+            torch.tensor([ids]),
+            max_new_tokens,
+            strategy=strategy,
+            num_beams=num_beams,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            **options,
+        )
+        text = self.decode(new).rstrip("\n")
+        return prompt + ("" if text.startswith("\n") else " ") + text
+
+    def data(self, *, allow_changed_data: bool = False, **overrides: Any) -> LMData:
+        """The run's corpus encoded with the run's tokenizer (needs the corpus on disk);
+        ``overrides`` replace ``data`` settings such as ``data_dir``. A split whose tokens
+        differ from the run's record is refused unless ``allow_changed_data``."""
+        cfg = self.config.data
+        settings = {
+            "data_dir": cfg.data_dir,
+            "protocol": cfg.protocol,
+            "seed": cfg.seed,
+            "download": cfg.download,
+            **overrides,
+        }
+        corpus = load_corpus(cfg.corpus, **settings)
+        data = encode_corpus(corpus, self.tokenizer)
+        if not allow_changed_data:
+            self.check_data(data)
+        return data
+
+    def check_data(self, data: LMData) -> None:
+        """Refuse splits whose checksums differ from those in the run's ``result.json``."""
+        path = self.run_dir / "result.json"
+        try:
+            recorded = json.loads(path.read_text()).get("data_sha256") or {}
+        except (OSError, ValueError, AttributeError):
+            recorded = {}
+        actual = split_checksums(data)
+        changed = [k for k, v in recorded.items() if k in actual and actual[k] != v]
+        if changed:
+            raise DataChangedError(
+                f"the {', '.join(changed)} split of {data.corpus_name} differs from the one "
+                f"run {self.run_dir} was trained and tested on (its SHA-256 changed); restore "
+                "the data, or pass --allow-changed-data to score the new data anyway"
+            )
+
+
+def load_run(run_dir: str | os.PathLike[str], map_location: str = "cpu") -> TrainedRun:
+    """The model, tokenizer and config of a finished run, refusing a mismatched tokenizer."""
+    run_dir = Path(run_dir)
+    missing = [
+        name for name in (MODEL_DIR, TOKENIZER_FILE, CONFIG_FILE) if not (run_dir / name).exists()
+    ]
+    runs = sorted(path.name for path in (run_dir / "runs").glob("*") if path.is_dir())
+    if missing and (run_dir / COMPARISON_MARKER).exists() and runs:
+        raise RunNotFoundError(
+            f"{run_dir} is a comparison folder (odelm compare), not a run; pick one of its "
+            f"runs ({', '.join(runs)}) as {run_dir / 'runs' / 'NAME'}, e.g. "
+            f"{run_dir / 'runs' / runs[0]}"
+        )
+    if missing:
+        raise RunNotFoundError(
+            f"{run_dir} is not a finished run (missing {', '.join(missing)}); train it first "
+            "(odelm train), or retrain a run written before models were saved in RUN/model"
+        )
+    verify_run_files(run_dir)
+    tokenizer = _read_tokenizer(run_dir / TOKENIZER_FILE)
+    saved = read_config(run_dir / MODEL_DIR)
+    if "tokenizer" in saved.get("metadata", {}):
+        check_tokenizer(saved["metadata"]["tokenizer"], tokenizer)
+    vocab = saved["config"].get("vocab_size")
+    if isinstance(vocab, int) and vocab != tokenizer.vocab_size:
+        raise VocabularyMismatchError(
+            f"{run_dir / TOKENIZER_FILE} has {tokenizer.vocab_size} tokens but the model's "
+            f"vocabulary has {vocab}; restore the run's own tokenizer"
+        )
+    model = load_pretrained(run_dir / MODEL_DIR, map_location)
+    return TrainedRun(model, tokenizer, load_run_config(run_dir / CONFIG_FILE), run_dir)
+
+
+def _read_tokenizer(path: Path) -> Tokenizer:
+    """The run's tokenizer, or one line naming the file when it cannot be read."""
+    try:
+        return load_tokenizer(path)
+    except Exception as error:  # the Rust BPE reader raises bare Exception
+        if isinstance(error, (OdelmError, FileNotFoundError)):
+            raise
+        raise CorruptTokenizerError(
+            f"{path} is not a tokenizer odelm can read ({type(error).__name__}: "
+            f"{str(error).splitlines()[0] if str(error) else 'no detail'}); restore the run's "
+            "own tokenizer"
+        ) from None

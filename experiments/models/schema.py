@@ -1,0 +1,207 @@
+"""The run config's ``model:`` section: a typed union keyed by the model's family and name.
+
+Each model class names its frozen config dataclass (``config_class``); this module maps
+``family`` + ``name`` (+ ``preset`` for ``ode_transformer``) to it, and checks a ``model:``
+section against it with jsonargparse when the config is parsed, before anything is built:
+an unknown key is one line naming the valid keys of that model, a wrong type or a bad
+``Literal`` choice one line naming what the key takes. The section is kept as written (its
+keys, not the filled-in defaults), so a run's identity hash does not change.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import textwrap
+import typing
+from argparse import ArgumentError
+from typing import Any
+
+import yaml
+from jsonargparse import ArgumentParser
+
+from experiments.training.config_checks import ConfigError, config_error, type_name
+
+FAMILIES = ("ode_transformer", "neuralode_lm", "reference")
+SKIPPED = frozenset({"vocab_size", "embeddings"})
+"""Config fields that are not ``model:`` keys: the tokenizer gives the vocabulary size, and
+initial embeddings are a tensor (Python API only)."""
+
+
+@functools.cache
+def schemas() -> dict[str, type]:
+    """``"family name"`` (``"ode_transformer"`` alone) -> the model's config dataclass."""
+    from experiments.reference import BigramConfig, WordLMTransformerConfig
+    from neuralode_lm.models import MODELS
+    from ode_transformer.config import ODETransformerConfig
+
+    return {
+        "ode_transformer": ODETransformerConfig,
+        **{f"neuralode_lm {name}": cls.config_class for name, cls in MODELS.items()},  # type: ignore[attr-defined]
+        "reference bigram": BigramConfig,
+        "reference transformer": WordLMTransformerConfig,
+    }
+
+
+def model_label(spec: dict[str, Any]) -> str:
+    """The key of :func:`schemas` a ``model:`` section picks (family checked, name not)."""
+    family = spec.get("family")
+    if family not in FAMILIES:
+        raise ConfigError(
+            f"model.family = {family!r} is not one of {', '.join(FAMILIES)} (odelm models "
+            "lists every model's keys)"
+        )
+    if family == "ode_transformer":
+        return family
+    if family == "neuralode_lm" and "name" not in spec:
+        raise ConfigError("model.name is required for family neuralode_lm (e.g. ode-lstm)")
+    return f"{family} {spec.get('name', 'bigram')}"
+
+
+def schema_keys(schema: type) -> list[str]:
+    """The ``model:`` keys a config dataclass defines (``preset`` first where it has one)."""
+    keys = [f.name for f in dataclasses.fields(schema) if f.name not in SKIPPED]
+    return ["preset", *keys] if schema.__name__ == "ODETransformerConfig" else keys
+
+
+def _parser(schema: type) -> ArgumentParser:
+    parser = ArgumentParser(exit_on_error=False)
+    skip = {f.name for f in dataclasses.fields(schema) if f.name in SKIPPED}
+    parser.add_class_arguments(schema, nested_key=None, skip=skip)
+    return parser
+
+
+@functools.cache
+def schema_parser(label: str) -> ArgumentParser:
+    """A jsonargparse parser of one model's keys (cached per model)."""
+    return _parser(schemas()[label])
+
+
+def check_model(spec: dict[str, Any], where: str = "model") -> None:
+    """Refuse a ``model:`` section whose keys or values its model does not take."""
+    from neuralode_lm.configs import check_renamed
+    from neuralode_lm.errors import ModelConfigError
+
+    if not isinstance(spec, dict) or not spec:
+        return  # check_values names an empty section
+    label = model_label(spec)
+    valid = schemas()
+    if label not in valid:
+        family = label.split()[0]
+        names = [key.split()[1] for key in valid if key.startswith(family + " ")]
+        raise ConfigError(
+            f"{where}.name = {spec.get('name')!r} for family {family}; valid: {', '.join(names)}"
+        )
+    options = {k: v for k, v in spec.items() if k not in ("family", "name")}
+    if label == "ode_transformer" and not isinstance(options.get("block", ""), (str, type(None))):
+        raise ConfigError(
+            f"{where}.block must be a block name ({', '.join(schema_keys_choices('block'))}), "
+            f"got {options['block']!r}; give your own Butcher tableau as tableau: [A, b] instead"
+        )
+    try:
+        check_renamed(options, f"{where}.")
+    except ModelConfigError as error:
+        raise ConfigError(str(error)) from None
+    keys = schema_keys(valid[label])
+    unknown = [key for key in options if key not in keys]
+    if unknown:
+        verb = "is not a key" if len(unknown) == 1 else "are not keys"
+        named = ", ".join(f"{where}.{key}" for key in sorted(unknown))
+        fixed = "family" if label == "ode_transformer" else "family, name"
+        raise ConfigError(
+            f"{named} {verb} of {label}; its keys: {fixed}, {', '.join(keys) or '(none)'} "
+            "(odelm models lists every model's keys)"
+        )
+    preset = options.pop("preset", "small") if label == "ode_transformer" else "small"
+    from ode_transformer.presets import PRESETS
+
+    if preset not in PRESETS:
+        raise ConfigError(f"{where}.preset = {preset!r} is not one of {', '.join(PRESETS)}")
+    if options.get("block", "") is None:  # block: null with a tableau: the custom block
+        options.pop("block")
+    try:
+        schema_parser(label).parse_object(options)
+    except ArgumentError as error:
+        raise config_error(
+            error, lambda key: f"{where}.{key}".rstrip("."), options, valid[label]
+        ) from None
+
+
+def schema_keys_choices(key: str) -> tuple[str, ...]:
+    """The ``Literal`` choices of an ``ode_transformer`` key (``block``: the block names)."""
+    from ode_transformer.config import ODETransformerConfig
+
+    return typing.get_args(typing.get_type_hints(ODETransformerConfig)[key])
+
+
+def resolved_model(spec: dict[str, Any]) -> dict[str, Any]:
+    """Every typed key of the model ``spec`` picks, its defaults (a preset's sizes for
+    ``ode_transformer``) filled in under the given keys."""
+    schema = schemas()[model_label(spec)]
+    defaults = {f.name: f.default for f in dataclasses.fields(schema) if f.name not in SKIPPED}
+    if schema.__name__ == "ODETransformerConfig":
+        from ode_transformer.presets import PRESETS
+
+        defaults = {"preset": "small", **defaults, **PRESETS[spec.get("preset", "small")]}
+    return {**{k: spec[k] for k in ("family", "name") if k in spec}, **defaults, **spec}
+
+
+def resolved_model_comment(spec: dict[str, Any]) -> str:
+    """:func:`resolved_model` as YAML comment lines (``--print_config`` appends them: the
+    run's identity is the section as written, so the defaults stay out of the YAML)."""
+    text = yaml.safe_dump(resolved_model(spec), sort_keys=False, default_flow_style=False)
+    lines = [f"#   {line}" for line in text.splitlines()]
+    label = model_label(spec)
+    return "\n".join([f"# model: every key of {label}, defaults filled in:", *lines]) + "\n"
+
+
+HASHED_SPELLINGS = {
+    "neuralode_lm lstm": {"n_layers": "num_layers"},
+    "neuralode_lm ode-lstm": {"n_layers": "num_layers"},
+    "neuralode_lm node-transformer": {"n_layers": "n_blocks"},
+}
+"""Keys renamed since odelm 0.3, hashed under their old spelling so that a run's identity
+(``config_sha256``) stays what it was: the same science, the same run."""
+
+
+def hashed_spelling(model: dict[str, Any]) -> dict[str, Any]:
+    """A ``model:`` section as its run identity spells it (:data:`HASHED_SPELLINGS`)."""
+    renames = HASHED_SPELLINGS.get(_label(model), {})
+    return {renames.get(key, key): value for key, value in model.items()}
+
+
+def current_spelling(model: dict[str, Any]) -> dict[str, Any]:
+    """A ``model:`` section saved by odelm 0.3 or before, its renamed keys under their names
+    now (a saved run's ``config.yaml`` loads; a config file given by hand is refused)."""
+    renames = {old: new for new, old in HASHED_SPELLINGS.get(_label(model), {}).items()}
+    return {renames.get(key, key): value for key, value in model.items()}
+
+
+def _label(model: dict[str, Any]) -> str:
+    return f"{model.get('family')} {model.get('name')}"
+
+
+KEYS_TITLE = (
+    "model keys (model: in the config, --model.KEY here), typed, by model; an unknown key "
+    "or value is refused when the config is read:"
+)
+
+
+def model_keys_help() -> str:
+    """Per model, its typed keys with their defaults (``odelm train --help``)."""
+    lines = [KEYS_TITLE]
+    for label, schema in schemas().items():
+        fields = {f.name: f for f in dataclasses.fields(schema)}
+        hints = typing.get_type_hints(schema)
+        cells = ["preset small"] if label == "ode_transformer" else []
+        for key in schema_keys(schema):
+            if key == "preset":
+                continue
+            default = fields[key].default
+            cells.append(f"{key}: {type_name(hints[key], short=True)} = {default!r}")
+        name = label.replace(" ", ", name: ")
+        text = "; ".join(cells or ["(no keys)"])
+        indent = " " * 6
+        wrapped = textwrap.fill(text, 92, initial_indent=indent, subsequent_indent=indent)
+        lines.append(f"  family: {name}\n{wrapped}")
+    return "\n".join(lines)

@@ -1,0 +1,203 @@
+"""The data side of training: a Lightning data module over one corpus's train, validation
+and test batches, and the seeded, resumable order it reads the training batches in.
+
+``LMDataModule.from_corpus(name, ...)`` builds everything from a corpus name (load,
+tokenize, encode: what ``odelm train`` does); ``LMDataModule(data, config)`` takes data
+already encoded. Stateful batching yields :class:`StreamWindow` batches whose model state
+carries across windows (:class:`experiments.training.task.LMTask` handles it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterator
+from typing import Any, Literal, NamedTuple
+
+import torch
+from torch.utils.data import DataLoader, Sampler
+
+from experiments.data.batching import sentence_batches, stream_windows
+from experiments.data.loading import load_data
+from experiments.data.registry import CorpusError
+from experiments.data.tokenization import LMData, Tokenizer
+from experiments.training.config import DataConfig
+from experiments.training.config_checks import ConfigError
+from experiments.training.spellings import FollowsTrainer, lightning_bases
+from odelm.errors import OdelmError
+
+
+class StatefulDistributedError(OdelmError, ValueError):
+    """Stateful batching was asked of a distributed run."""
+
+
+class StreamWindow(NamedTuple):
+    """A training window of ``batch_size`` contiguous streams, read in order (stateful)."""
+
+    tokens: torch.Tensor
+    starts_epoch: bool  # the first window of the streams: the carried state starts fresh
+
+
+class SeededResumableSampler(Sampler[int]):
+    """Seeded epoch permutations read from a given step on, one epoch's worth per iteration.
+
+    Batch ``k`` of the run is ``permutation(epoch = k // n)[k % n]``, a pure function of the
+    seed and ``k``, so resuming at step ``k`` needs nothing but ``k``; with
+    ``shuffle=False`` it is batch ``k % n`` (the stateful order). ``start`` is the step
+    (or a function returning it, read when an iteration begins): each iteration yields the
+    next ``len(self)`` batches, so every Lightning epoch, and the validation at its end
+    under a default ``pl.Trainer``, continues the same sequence. Each rank of a distributed
+    run takes every ``world_size``-th batch.
+    """
+
+    def __init__(
+        self,
+        size: int,
+        seed: int,
+        start: int | Callable[[], int] = 0,
+        rank: int = 0,
+        world_size: int = 1,
+        *,
+        shuffle: bool = True,
+    ) -> None:
+        self.size, self.seed, self.start = size, seed, start
+        self.rank, self.world_size, self.shuffle = rank, world_size, shuffle
+
+    def _index(self, global_batch: int) -> int:
+        epoch, position = divmod(global_batch, self.size)
+        if not self.shuffle:
+            return position
+        order = torch.randperm(
+            self.size, generator=torch.Generator().manual_seed(self.seed + epoch)
+        )
+        return int(order[position])
+
+    def __iter__(self) -> Iterator[int]:
+        first = self.start() if callable(self.start) else self.start
+        for step in range(first, first + len(self)):
+            yield self._index(step * self.world_size + self.rank)
+
+    def __len__(self) -> int:
+        return max(1, self.size // self.world_size)
+
+
+class LMDataModule(FollowsTrainer, *lightning_bases("LightningDataModule")):  # type: ignore[misc]
+    """Training batches in a resumable seeded order; validation and test windows in a fixed
+    order. Build one from a corpus name with :meth:`from_corpus`; with ``data=None`` the
+    module loads ``config``'s corpus itself (what ``LightningCLI`` builds from a config)."""
+
+    def __init__(
+        self,
+        data: LMData | None = None,
+        config: DataConfig | None = None,
+        seed: int = 0,
+        val_batches: int | None = None,
+    ) -> None:
+        super().__init__()
+        config = config if config is not None else DataConfig()
+        data = data if data is not None else load_data(config)
+        self.data, self.config, self.seed, self.val_batches = data, config, seed, val_batches
+
+    @classmethod
+    def from_corpus(
+        cls,
+        name: str,
+        data_dir: str | None = None,
+        protocol: str = "full",
+        tokenizer: Literal["word", "bpe"] = "word",
+        batch_size: int = 16,
+        bptt: int = 35,
+        *,
+        val_batches: int | None = None,
+        corpus_seed: int = 0,
+        seed: int = 0,
+        **options: Any,
+    ) -> LMDataModule:
+        """Load corpus ``name`` (grammar, ptb, wikitext2, ...), build its tokenizer, encode it.
+
+        ``options`` are further :class:`DataConfig` fields (``batching``, ``eval_window``,
+        ``eval_batch_size``, ``download``, ...); ``corpus_seed`` generates the grammar corpus,
+        ``seed`` orders the training batches, ``val_batches`` caps validation batches. The
+        model's vocabulary size is :attr:`vocab_size`.
+        """
+        valid = [f.name for f in dataclasses.fields(DataConfig) if f.name != "seed"]
+        unknown = sorted(set(options) - set(valid))
+        if unknown:
+            raise ConfigError(f"unknown data option(s) {unknown}; valid: {', '.join(valid)}")
+        config = DataConfig(
+            corpus=name,
+            data_dir=data_dir,
+            protocol=protocol,
+            tokenizer=tokenizer,
+            batch_size=batch_size,
+            bptt=bptt,
+            seed=corpus_seed,
+            **options,
+        )
+        return cls(load_data(config), config, seed, val_batches)
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        """The tokenizer that encoded the data."""
+        return self.data.tokenizer
+
+    @property
+    def vocab_size(self) -> int:
+        """The vocabulary size a model of this data needs."""
+        return self.data.tokenizer.vocab_size
+
+    def train_batches(self) -> list[Any]:
+        """One epoch of training batches (in stateful order when ``data.stateful``)."""
+        split, cfg = self.data.split("train"), self.config
+        if not split.sentences:
+            hint = ""
+            if "-mini (" in self.data.protocol:
+                hint = (
+                    "; protocol mini trains on the first 90% of the valid split's lines: give "
+                    "a valid split of at least 2 lines, or use protocol full"
+                )
+            raise CorpusError(f"the train split of {self.data.protocol} is empty{hint}")
+        if cfg.batching == "stream":
+            windows = stream_windows(split.ids, cfg.batch_size, cfg.bptt)
+            if cfg.stateful:
+                return [StreamWindow(w, index == 0) for index, w in enumerate(windows)]
+            return windows
+        eos = self.data.tokenizer.eos_id
+        return sentence_batches(split.sentences, cfg.batch_size, eos, side=cfg.padding_side)
+
+    def _step(self) -> int:
+        return self.trainer.global_step if self.trainer is not None else 0
+
+    def train_dataloader(self) -> DataLoader:
+        trainer = self.trainer
+        rank = trainer.global_rank if trainer is not None else 0
+        world = trainer.world_size if trainer is not None else 1
+        if self.config.stateful and world > 1:
+            raise StatefulDistributedError(
+                "data.stateful reads each stream in order in one process; train it on one "
+                "device (trainer.devices: 1, num_nodes: 1) or set data.stateful: false"
+            )
+        batches = self.train_batches()
+        sampler = SeededResumableSampler(
+            len(batches), self.seed, self._step, rank, world, shuffle=not self.config.stateful
+        )
+        # A generator of its own: starting an epoch's iterator must not draw from torch's
+        # global RNG (dropout's), or a resumed run would diverge from the uninterrupted one.
+        generator = torch.Generator().manual_seed(self.seed)
+        return DataLoader(batches, sampler=sampler, batch_size=None, generator=generator)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._evaluation_loader("valid", self.val_batches)
+
+    def test_dataloader(self) -> DataLoader:
+        return self._evaluation_loader("test", None)
+
+    def _evaluation_loader(self, split: str, limit: int | None) -> DataLoader:
+        from experiments.evaluation.evaluate import batching_options, evaluation_batches
+
+        batches = evaluation_batches(self.data, split, **batching_options(self.config))
+        if limit:
+            batches = batches[:limit]
+        trainer = self.trainer
+        if trainer is not None and trainer.world_size > 1:
+            batches = batches[trainer.global_rank :: trainer.world_size]
+        return DataLoader(batches, batch_size=None)

@@ -1,0 +1,97 @@
+"""Training recipes: the optimizers, plateau annealing and epoch budgets (the named presets,
+``RECIPES``, are configuration data and live in ``experiments.training.config``).
+
+A run config, a grid's ``shared`` section or one grid run says ``recipe: NAME``; the
+recipe's settings lie underneath the config, so whatever the config sets explicitly wins.
+Recipes set only how a model is optimised and in what order it reads the training stream
+(``optim`` and ``data.stateful``), never which tokens or how many, so a grid may give each
+model its family's best-known recipe and stay a fair comparison. ``result.json`` records
+the recipe's name (``custom`` without one).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from typing import Any
+
+import torch
+
+from experiments.training.config import OptimConfig, RunConfig, TrainerConfig
+
+
+def training_budget(trainer: TrainerConfig, batches_per_epoch: int) -> tuple[int, int]:
+    """``(max_steps, val_every)`` in optimizer steps.
+
+    ``max_epochs`` converts exactly: an epoch is one pass over the training batches, shared
+    out over ``devices * num_nodes`` processes. With both budgets, the first reached ends
+    the run. ``val_every: epoch`` validates once per epoch.
+    """
+    devices = trainer.devices if isinstance(trainer.devices, int) else 1  # "auto": 1 on CPU
+    world = max(1, devices * trainer.num_nodes)  # Lightning itself refuses 0 devices
+    steps_per_epoch = math.ceil(batches_per_epoch / world)
+    budgets = [trainer.max_steps] if trainer.max_steps is not None else []
+    if trainer.max_epochs is not None:
+        budgets.append(trainer.max_epochs * steps_per_epoch)
+    val_every = steps_per_epoch if trainer.val_every == "epoch" else int(trainer.val_every)
+    return min(budgets), val_every
+
+
+def with_budget(config: RunConfig, batches_per_epoch: int) -> RunConfig:
+    """The config with its budget in steps (``max_steps``, ``val_every``; see
+    ``training_budget``), for building the trainer; the run's own config keeps its words."""
+    max_steps, val_every = training_budget(config.trainer, batches_per_epoch)
+    trainer = replace(config.trainer, max_steps=max_steps, max_epochs=None, val_every=val_every)
+    return replace(config, trainer=trainer)
+
+
+def build_optimizer(parameters: Any, optim: OptimConfig) -> torch.optim.Optimizer:
+    """Adam, AdamW or SGD (with optional momentum) as the config says."""
+    if optim.optimizer == "sgd":
+        return torch.optim.SGD(
+            parameters, lr=optim.lr, momentum=optim.momentum, weight_decay=optim.weight_decay
+        )
+    cls = torch.optim.AdamW if optim.optimizer == "adamw" else torch.optim.Adam
+    return cls(parameters, lr=optim.lr, betas=tuple(optim.betas), weight_decay=optim.weight_decay)
+
+
+def inverse_sqrt_lambda(warmup_steps: int):
+    """Linear warmup then ``1/sqrt(step)`` decay, normalised to 1 at the end of warmup."""
+    warmup = max(1, warmup_steps)
+
+    def factor(step: int) -> float:
+        step = step + 1
+        return step / warmup if step < warmup else math.sqrt(warmup / step)
+
+    return factor
+
+
+class PlateauAnnealer:
+    """Divides the learning rate by ``factor`` after ``patience`` validations in a row
+    without a new best (the classic word-level LM recipe: ``factor=4, patience=1``).
+
+    Fed once per validation with the validation perplexity; its state (best, count) goes
+    into checkpoints so a resumed run anneals as the uninterrupted one would. The rate
+    itself lives in the optimizer's state.
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer, factor: float, patience: int) -> None:
+        self.optimizer, self.factor, self.patience = optimizer, factor, patience
+        self.best = math.inf
+        self.bad_validations = 0
+
+    def step(self, metric: float) -> None:
+        if metric < self.best:
+            self.best, self.bad_validations = metric, 0
+            return
+        self.bad_validations += 1
+        if self.bad_validations >= self.patience:
+            for group in self.optimizer.param_groups:
+                group["lr"] /= self.factor
+            self.bad_validations = 0
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"best": self.best, "bad_validations": self.bad_validations}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.best, self.bad_validations = state["best"], state["bad_validations"]

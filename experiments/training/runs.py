@@ -1,0 +1,166 @@
+"""A run directory's identity and history: the config it was made with, and its full log.
+
+A run directory is made by one config. ``config.yaml`` records it and ``result.json`` its
+SHA-256 (``config_sha256``). Training again under the same name resumes only when the
+config is the same; a different one is refused with the keys that differ
+(:class:`RunConfigChangedError`), unless the caller overwrites the run. A run that never
+got to a checkpoint or a result (e.g. a first attempt that failed) holds nothing to keep:
+its config may change freely.
+
+Keys in :data:`IDENTITY_EXCLUDED` do not change what a run computes (where files live, how
+many CPU threads run it, whether a progress bar shows), so they are left out of the
+comparison and the hash: a run may be moved, or resumed with another thread count.
+
+``HistoryCSVLogger`` keeps ``logs/metrics.csv`` across resumptions: rows logged before the
+checkpoint a run resumes from stay, rows of the lost steps after it are dropped (the
+resumed process logs them again).
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from pytorch_lightning.loggers import CSVLogger
+from pytorch_lightning.loggers.csv_logs import ExperimentWriter
+from pytorch_lightning.loggers.logger import rank_zero_experiment
+
+from experiments.models.schema import hashed_spelling
+from experiments.training.config import ConfigError, RunConfig, load_run_config
+from odelm.errors import OdelmError
+
+CONFIG_FILE = "config.yaml"
+IDENTITY_EXCLUDED = frozenset(
+    {
+        "name",
+        "out_dir",
+        "data.data_dir",
+        "data.download",
+        "data.tokenizer_dir",
+        "trainer.num_threads",
+        "trainer.progress_bar",
+        "trainer.logger",
+    }
+)
+
+
+IDENTITY_ADDED = {"trainer.compile": False}
+"""Keys added after runs were made, left out of the identity at these values (the old
+behaviour), so a run made before them keeps its hash and resumes."""
+
+
+class RunConfigChangedError(OdelmError, ValueError):
+    """A run directory exists for another config."""
+
+
+def _flatten(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in values.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            flat.update(_flatten(value, name + "."))
+        else:
+            flat[name] = value
+    return flat
+
+
+def identity(config: RunConfig) -> dict[str, Any]:
+    """The flattened settings that determine what a run computes (dotted keys; renamed
+    model keys under the spelling runs were first hashed with)."""
+    values = config.to_dict()
+    flat = _flatten({**values, "model": hashed_spelling(values["model"])})
+    return {
+        key: value
+        for key, value in sorted(flat.items())
+        if key not in IDENTITY_EXCLUDED
+        and not (key in IDENTITY_ADDED and IDENTITY_ADDED[key] == value)
+    }
+
+
+def config_sha256(config: RunConfig) -> str:
+    """SHA-256 of the run's identity (stable across key order and excluded keys)."""
+    text = json.dumps(identity(config), sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def config_changes(run_dir: Path, config: RunConfig) -> list[str]:
+    """Keys whose values differ from the config ``run_dir`` was made with ([] if none, new,
+    or with no checkpoint and no result yet)."""
+    path = run_dir / CONFIG_FILE
+    progress = (run_dir / "result.json", run_dir / "checkpoints" / "last.ckpt")
+    if not path.is_file() or not any(p.is_file() for p in progress):
+        return []
+    try:
+        old = identity(load_run_config(path))
+    except ConfigError as error:
+        return [f"(the run's {CONFIG_FILE} is no longer valid: {error})"]
+    new = identity(config)
+    return [
+        f"{key}: {old.get(key, '(unset)')!r} -> {new.get(key, '(unset)')!r}"
+        for key in sorted(old.keys() | new.keys())
+        if old.get(key) != new.get(key)
+    ]
+
+
+def check_same_config(run_dir: Path, config: RunConfig) -> None:
+    """Refuse to resume or reuse a run made with another config."""
+    changes = config_changes(run_dir, config)
+    if changes:
+        raise RunConfigChangedError(
+            f"run {run_dir} was made with another config ({'; '.join(changes)}); give the run a "
+            "new name, or pass --overwrite to discard it and train afresh"
+        )
+
+
+def write_json(path: Path, values: dict[str, Any]) -> None:
+    """Write JSON atomically (a temporary file renamed into place)."""
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(json.dumps(values, indent=2))
+    os.replace(partial, path)
+
+
+class _HistoryWriter(ExperimentWriter):
+    """Lightning's CSV writer, keeping the rows logged before ``keep_before``."""
+
+    def __init__(self, log_dir: str, keep_before: int | None) -> None:
+        self.keep_before = keep_before
+        super().__init__(log_dir)
+
+    def _check_log_dir_exists(self) -> None:
+        path = Path(self.metrics_file_path)
+        if not path.is_file():
+            return
+        if self.keep_before is None:
+            path.unlink()
+            return
+        with path.open(newline="") as handle:
+            reader = csv.DictReader(handle)
+            header = list(reader.fieldnames or [])
+            rows = [row for row in reader if int(row["step"]) < self.keep_before]
+        partial = path.with_name(path.name + ".partial")
+        with partial.open("w", newline="") as handle:
+            writer = csv.DictWriter(handle, fieldnames=header)
+            writer.writeheader()
+            writer.writerows(rows)
+        os.replace(partial, path)
+        self.metrics_keys = sorted(header)
+
+
+class HistoryCSVLogger(CSVLogger):
+    """``CSVLogger`` that resumes ``metrics.csv`` at step ``keep_before`` instead of erasing it."""
+
+    def __init__(self, *args: Any, keep_before: int | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.keep_before = keep_before
+
+    @property
+    @rank_zero_experiment
+    def experiment(self) -> ExperimentWriter:
+        if self._experiment is None:
+            self._fs.makedirs(self.root_dir, exist_ok=True)
+            self._experiment = _HistoryWriter(self.log_dir, self.keep_before)
+        return self._experiment

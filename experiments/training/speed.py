@@ -1,0 +1,184 @@
+"""What the speed benchmarks share: the models, the library's training step, alternating
+timing, and the machine's matrix-product peak (the denominator of model FLOPs utilisation).
+
+The benchmarks (:mod:`benchmarks.training_speed`) time the library's own training step
+(:class:`TrainingStep`: the task's loss under Lightning's precision plugin, backward,
+gradient clipping, the optimizer) on fixed random 20 x 35 batches with a 10k vocabulary,
+one thread unless ``ODELM_BENCH_THREADS`` says otherwise. Configurations are timed in one
+process, alternating which goes first, and medians are reported, so a machine whose load
+changes during the run moves all of them alike.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from lightning_fabric.utilities.exceptions import MisconfigurationException
+from pytorch_lightning.plugins.precision import MixedPrecision, Precision
+
+from experiments.models.build import build_model
+from experiments.training.allocator import keep_freed_memory
+from experiments.training.config import OptimConfig
+from experiments.training.task import LMTask
+from odelm.errors import OdelmError
+from odelm.timing import alternating, medians
+
+VOCAB, BATCH, BPTT = 10_000, 20, 35
+"""The reference example's word-level setting: 10k words, 20 x 35-token windows."""
+
+SPEED_MODELS: dict[str, dict[str, Any]] = {
+    "lstm": {
+        "family": "neuralode_lm",
+        "name": "lstm",
+        "embed_dim": 200,
+        "hidden_dim": 200,
+        "n_layers": 2,
+        "dropout": 0.2,
+        "input_dropout": 0.2,
+        "init_range": 0.1,
+        "tie_weights": True,
+    },
+    "transformer": {
+        "family": "reference",
+        "name": "transformer",
+        "d_model": 200,
+        "n_heads": 2,
+        "d_ff": 200,
+        "n_layers": 2,
+        "dropout": 0.2,
+    },
+    "ode_transformer rk4": {
+        "family": "ode_transformer",
+        "preset": "small",
+        "d_model": 200,
+        "n_heads": 2,
+        "d_ff": 200,
+        "n_layers": 2,
+        "block": "rk4",
+    },
+    "node-transformer rk4 grid": {
+        "family": "neuralode_lm",
+        "name": "node-transformer",
+        "d_model": 200,
+        "n_heads": 2,
+        "d_ff": 200,
+        "n_layers": 2,
+        "solver": {"method": "rk4"},
+        "steps": 1,
+    },
+}
+"""The benchmarked models at the reference example's size (d 200, 2 layers, FFN 200)."""
+
+SGD = OptimConfig(optimizer="sgd", lr=5.0, grad_clip=0.25)
+"""The reference example's optimizer: plain SGD, gradient norm clipped at 0.25."""
+
+
+class PrecisionNameError(OdelmError, ValueError):
+    """A precision the speed benchmarks cannot run."""
+
+
+def bench_threads() -> int:
+    """Threads the speed benchmarks use: ``$ODELM_BENCH_THREADS``, else 1."""
+    return int(os.environ.get("ODELM_BENCH_THREADS", "1"))
+
+
+def precision_plugin(precision: str, device: str = "cpu") -> Precision:
+    """Lightning's precision plugin of a ``trainer.precision`` name."""
+    if precision in ("32-true", "32"):
+        return Precision()
+    try:
+        return MixedPrecision(precision, device)  # type: ignore[arg-type]
+    except (MisconfigurationException, ValueError) as error:
+        raise PrecisionNameError(
+            f"precision {precision!r} cannot be benchmarked ({error}); use 32-true or bf16-mixed"
+        ) from None
+
+
+def batches(count: int, seed: int = 0) -> list[torch.Tensor]:
+    """``count`` fixed random windows ``[BATCH, BPTT + 1]`` of the 10k vocabulary."""
+    generator = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, VOCAB, (BATCH, BPTT + 1), generator=generator) for _ in range(count)]
+
+
+def build_task(
+    name: str, optim: OptimConfig = SGD, seed: int = 0, *, compile: bool = False
+) -> LMTask:
+    """The training task of :data:`SPEED_MODELS` ``name`` (seeded initialisation)."""
+    torch.manual_seed(seed)
+    return LMTask(build_model(SPEED_MODELS[name], VOCAB), optim, compile=compile).train()
+
+
+class TrainingStep:
+    """One optimizer step of ``task`` as Lightning's loop runs it: the task's loss under
+    the precision plugin's autocast region, backward, gradient clipping, the optimizer;
+    with the allocator setting a training process has (``LMTask.on_fit_start``)."""
+
+    def __init__(self, task: LMTask, precision: str = "32-true") -> None:
+        if task.device.type == "cpu":
+            keep_freed_memory()
+        self.task, self.plugin = task, precision_plugin(precision)
+        self.optimizer = task.configure_optimizers()["optimizer"]
+        self.parameters = [p for p in task.parameters() if p.requires_grad]
+
+    def __call__(self, batch: torch.Tensor) -> float:
+        with self.plugin.forward_context():
+            loss, _ = self.task._loss(batch)
+        self.optimizer.zero_grad()
+        loss.backward()
+        if self.task.optim.grad_clip:
+            torch.nn.utils.clip_grad_norm_(self.parameters, self.task.optim.grad_clip)
+        self.optimizer.step()
+        return float(loss.detach())
+
+
+def alternate(
+    calls: dict[str, Callable[[], Any]], rounds: int, warmup: int = 1
+) -> dict[str, float]:
+    """Median seconds of each call over ``rounds`` rounds, alternating which goes first
+    (each call runs ``warmup`` times untimed before): :mod:`odelm.timing`'s medians."""
+    return medians(alternating(calls, rounds, warmup=warmup))
+
+
+def step_loop(step: Callable[[torch.Tensor], Any], data: list[torch.Tensor]) -> Callable[[], None]:
+    """A call that runs ``step`` once over every batch of ``data``."""
+
+    def run() -> None:
+        for batch in data:
+            step(batch)
+
+    return run
+
+
+PEAK_SHAPE = (700, 200, 10_000)
+"""``[M, K] @ [K, N]``: a 20 x 35 batch of width 200 through a 10k-word output layer."""
+
+_PEAKS: dict[tuple[torch.dtype, int], float] = {}
+
+
+def matmul_gflops(dtype: torch.dtype, repeats: int = 10) -> float:
+    """GFLOP/s of ``torch.matmul`` at :data:`PEAK_SHAPE` in ``dtype`` at the current thread
+    count (median of ``repeats``)."""
+    m, k, n = PEAK_SHAPE
+    generator = torch.Generator().manual_seed(0)
+    a = torch.randn(m, k, generator=generator).to(dtype)
+    b = torch.randn(k, n, generator=generator).to(dtype)
+    seconds = alternate({"matmul": lambda: torch.matmul(a, b)}, repeats, warmup=2)["matmul"]
+    return 2 * m * k * n / seconds / 1e9
+
+
+def peak_gflops(precision: str = "32-true", threads: int | None = None) -> float:
+    """This machine's matrix-product peak (GFLOP/s) at a run's precision (bf16 for
+    ``bf16-mixed``/``bf16-true``, else fp32) and thread count, measured once per process."""
+    dtype = torch.bfloat16 if precision.startswith("bf16") else torch.float32
+    threads = threads or torch.get_num_threads()
+    if (dtype, threads) not in _PEAKS:
+        before = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            _PEAKS[dtype, threads] = matmul_gflops(dtype)
+        finally:
+            torch.set_num_threads(before)
+    return _PEAKS[dtype, threads]
