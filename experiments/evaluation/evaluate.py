@@ -133,7 +133,7 @@ def evaluation_batches(
 @torch.no_grad()
 def perplexity(
     model: nn.Module, data: LMData, split: str, settings: EvalSettings = EvalSettings()
-) -> dict[str, float]:
+) -> dict[str, Any]:
     """Total NLL over every token of ``split`` (each predicted exactly once) and its ratios.
 
     ``settings.stateful``: the model carries its state across consecutive windows of
