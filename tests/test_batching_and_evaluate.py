@@ -13,7 +13,12 @@ from experiments.data.batching import (
 )
 from experiments.data.corpora import load_corpus
 from experiments.data.tokenization import WordTokenizer, encode_corpus
-from experiments.evaluation.evaluate import NonCausalModelError, evaluate, perplexity
+from experiments.evaluation.evaluate import (
+    EvalSettings,
+    NonCausalModelError,
+    evaluate,
+    perplexity,
+)
 from experiments.reference import BigramLM
 
 
@@ -58,7 +63,7 @@ def test_bigram_perplexity_equals_hand_computation(grammar_data):
     stream = torch.cat([torch.tensor([grammar_data.tokenizer.eos_id]), test])
     table = model.table.weight.double().log_softmax(-1)
     expected = math.exp(-table[stream[:-1], stream[1:]].mean().item())
-    result = perplexity(model, grammar_data, "test", window=50, batch_size=7)
+    result = perplexity(model, grammar_data, "test", EvalSettings(window=50, batch_size=7))
     assert result["tokens"] == test.numel() == result["words"]
     assert result["ppl"] == pytest.approx(expected, rel=1e-5)
     assert result["ppl_per_word"] == pytest.approx(expected, rel=1e-5)
@@ -66,7 +71,7 @@ def test_bigram_perplexity_equals_hand_computation(grammar_data):
 
 def test_evaluate_reports_everything_and_refuses_noncausal(grammar_data):
     model = BigramLM.from_counts(grammar_data.split("train").ids, grammar_data.tokenizer.vocab_size)
-    result = evaluate(model, grammar_data, "test", bleu_sentences=50)
+    result = evaluate(model, grammar_data, "test", settings=EvalSettings(bleu_sentences=50))
     assert {"ppl", "ppl_per_word", "bleu_tf", "bleu_cont", "tokens", "seconds", "protocol"} <= set(
         result
     )
@@ -75,7 +80,9 @@ def test_evaluate_reports_everything_and_refuses_noncausal(grammar_data):
     model.is_causal = False
     with pytest.raises(NonCausalModelError, match="allow_noncausal"):
         evaluate(model, grammar_data, "test")
-    labelled = evaluate(model, grammar_data, "test", bleu_sentences=0, allow_noncausal=True)
+    labelled = evaluate(
+        model, grammar_data, "test", settings=EvalSettings(bleu_sentences=0), allow_noncausal=True
+    )
     assert "not a valid language-model perplexity" in labelled["ppl_label"]
 
 
@@ -84,7 +91,9 @@ def test_sentence_mode_equals_stream_mode_for_a_bigram(grammar_data, side):
     # A bigram sees only the previous token, and every sentence in the stream follows an
     # <eos>, so scoring padded sentences must give exactly the stream's total NLL.
     model = BigramLM.from_counts(grammar_data.split("train").ids, grammar_data.tokenizer.vocab_size)
-    stream = perplexity(model, grammar_data, "valid", mode="stream", window=40)
-    sentences = perplexity(model, grammar_data, "valid", mode="sentences", padding_side=side)
+    stream = perplexity(model, grammar_data, "valid", EvalSettings(mode="stream", window=40))
+    sentences = perplexity(
+        model, grammar_data, "valid", EvalSettings(mode="sentences", padding_side=side)
+    )
     assert sentences["tokens"] == stream["tokens"]
     assert sentences["nll"] == pytest.approx(stream["nll"], rel=1e-6)

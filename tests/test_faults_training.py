@@ -76,7 +76,7 @@ KILLER = textwrap.dedent(
 
     checkpoints.atomic_save = save
     if point == "before-result":
-        training.evaluate_run = lambda *args, **kwargs: kill()
+        training.evaluate = lambda *args, **kwargs: kill()
     training.train(load_config(config_file), callbacks=[Killer()])
     sys.exit(3)
     """

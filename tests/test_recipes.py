@@ -9,7 +9,7 @@ import torch
 
 from experiments.data.corpora import load_corpus
 from experiments.data.tokenization import WordTokenizer, encode_corpus
-from experiments.evaluation.evaluate import perplexity
+from experiments.evaluation.evaluate import EvalSettings, perplexity
 from experiments.models.build import build_model, count_parameters
 from experiments.reference import BigramLM
 from experiments.training.config import (
@@ -111,12 +111,16 @@ def test_stateful_batching_carries_detached_state_along_contiguous_streams(gramm
 
 def test_stateful_evaluation_scores_every_token_once_whatever_the_window(grammar_data):
     model = LSTMLM(grammar_data.tokenizer.vocab_size, embed_dim=8, hidden_dim=8).eval()
-    short = perplexity(model, grammar_data, "test", window=7, batch_size=3, stateful=True)
-    long = perplexity(model, grammar_data, "test", window=500, batch_size=3, stateful=True)
+    short = perplexity(
+        model, grammar_data, "test", EvalSettings(window=7, batch_size=3, stateful=True)
+    )
+    long = perplexity(
+        model, grammar_data, "test", EvalSettings(window=500, batch_size=3, stateful=True)
+    )
     assert short["tokens"] == long["tokens"] == grammar_data.split("test").ids.numel()
     assert short["nll"] == pytest.approx(long["nll"], rel=1e-5)
     with pytest.raises(StatelessModelError, match="BigramLM"):
-        perplexity(BigramLM(5), grammar_data, "test", stateful=True)
+        perplexity(BigramLM(5), grammar_data, "test", EvalSettings(stateful=True))
 
 
 def test_word_lm_transformer_is_causal_and_built_from_the_config() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from argparse import Action, ArgumentError
@@ -18,6 +19,7 @@ from experiments.comparison.launchers import LAUNCH_KEYS, add_launch_options, la
 from experiments.data.corpora import CORPUS_NAMES
 from experiments.models.schema import model_keys_help, resolved_model_comment
 from experiments.training.config import (
+    EvalConfig,
     Replace,
     RunConfig,
     add_run_arguments,
@@ -26,7 +28,7 @@ from experiments.training.config import (
     merge,
     parse_config,
 )
-from experiments.training.config_checks import ConfigError, check_range, key_type
+from experiments.training.config_checks import ConfigError, key_type
 from experiments.training.threads import set_threads
 
 # Short flags kept beside the dotted options they stand for (``--max-steps`` is
@@ -186,13 +188,11 @@ def cmd_train(args: Namespace) -> int:
 
 
 def cmd_eval(args: Namespace) -> int:
+    from experiments.evaluation.evaluate import EvalSettings
     from experiments.evaluation.trained import load_run
 
-    settings = ("bleu_sentences", "continuation_sentences", "prompt_len", "decode")
-    given = {key: getattr(args, key) for key in settings if getattr(args, key) is not None}
-    for key, value in given.items():
-        if key != "decode":  # a choice the parser checks
-            check_range(f"eval.{key}", value, "--" + key.replace("_", "-"))
+    given = {field.name: getattr(args, field.name) for field in dataclasses.fields(EvalConfig)}
+    EvalSettings().with_overrides(flags=True, **given)  # checked before the run loads
     run = load_run(args.run)
     overrides = {"data_dir": args.data_dir} if args.data_dir else {}
     data = run.data(allow_changed_data=args.allow_changed_data, **overrides)

@@ -21,7 +21,7 @@ import torch
 
 from experiments.comparison.compare import expand_grid
 from experiments.data.tokenization import LMData
-from experiments.evaluation.evaluate import batching_options, perplexity
+from experiments.evaluation.evaluate import EvalSettings, perplexity
 from experiments.evaluation.flops import is_adaptive
 from experiments.models.build import build_model
 from experiments.training.config import RunConfig, load_yaml, parse_config
@@ -36,7 +36,7 @@ def run_flops(config: RunConfig, data: LMData, split: str = "test") -> dict[str,
     model = build_model(config.model, data.tokenizer.vocab_size).eval()
     if is_adaptive(model):
         return {"flops_per_token": None, "flops_batches": None, "adaptive": True}
-    scored = perplexity(model, data, split, **batching_options(config.data))
+    scored = perplexity(model, data, split, EvalSettings.from_config(config))
     return {
         "flops_per_token": scored["flops_per_token"],
         "flops_batches": scored["flops_batches"],

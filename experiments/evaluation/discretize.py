@@ -22,6 +22,7 @@ import json
 import math
 import textwrap
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,7 @@ from jsonargparse.typing import PositiveInt
 
 from experiments.cli.parser import Parser
 from experiments.data.batching import lm_nll
-from experiments.evaluation.evaluate import evaluation_batches
+from experiments.evaluation.evaluate import EvalSettings, evaluation_batches, window_length
 from experiments.evaluation.flops import forward_flops_per_token
 from neuralode_lm.depth_field import FixedGrid
 from neuralode_lm.solvers import solve
@@ -157,16 +158,9 @@ def discretize(
             f"{run_dir} holds a {type(lm).__name__}; discretize needs a node-transformer or an "
             "ODE Transformer LM (plain stack, sublayer both)"
         )
-    mode = config.data.batching
-    window = min(config.data.eval_window, model.max_positions - 1)
-    batches = evaluation_batches(
-        data,
-        "test",
-        mode=mode,
-        window=window,
-        batch_size=batch_size,
-        padding_side=config.data.padding_side,
-    )[:max_batches]
+    window = window_length(model, config.data.eval_window)
+    batching = replace(EvalSettings.from_config(config), window=window, batch_size=batch_size)
+    batches = evaluation_batches(data, "test", batching)[:max_batches]
     trained = model.integration
     model.set_integration(REFERENCE)
     reference = _final_states(model, batches)

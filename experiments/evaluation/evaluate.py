@@ -1,4 +1,4 @@
-"""``evaluate(model, data, split)``: perplexity, per-word perplexity, BLEU, NFE, timing.
+"""``evaluate(model, data, split, settings=...)``: perplexity, BLEU, NFE, FLOPs, timing.
 
 Everything goes through the model contract. A model whose ``is_causal`` is False sees the
 tokens it predicts, so its perplexity is not a language-model perplexity: ``evaluate``
@@ -7,9 +7,12 @@ refuses to report one unless ``allow_noncausal=True``, and then labels it.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
-from typing import Any
+import typing
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import torch
 from torch import nn
@@ -22,7 +25,8 @@ from experiments.data.batching import (
 )
 from experiments.data.tokenization import LMData
 from experiments.evaluation.flops import counting_flops
-from experiments.training.config import DataConfig, RunConfig
+from experiments.training.config import DataConfig, EvalConfig, RunConfig
+from experiments.training.config_checks import RANGES, ConfigError, check_range
 from odelm.contract import call_model, check_stateful
 from odelm.errors import OdelmError
 
@@ -40,27 +44,64 @@ def window_length(model: nn.Module, requested: int) -> int:
     return min(requested, limit - 1) if limit else requested
 
 
-def batching_options(data: DataConfig) -> dict[str, Any]:
-    """The evaluation batching a run's ``data:`` section asks for, as the keywords of
-    :func:`evaluation_batches` and :func:`perplexity`."""
-    return {
-        "mode": data.batching,
-        "window": data.eval_window,
-        "batch_size": data.eval_batch_size,
-        "padding_side": data.padding_side,
-        "stateful": data.stateful,
-    }
+DATA_KEYS = {
+    "mode": "batching",
+    "window": "eval_window",
+    "batch_size": "eval_batch_size",
+    "padding_side": "padding_side",
+    "stateful": "stateful",
+}
+"""The key of the run config's ``data:`` section that gives each batching setting."""
+
+
+@dataclass(frozen=True)
+class EvalSettings(EvalConfig):
+    """How a split is evaluated: the run config's ``eval:`` section (BLEU and decoding)
+    plus the evaluation batching its ``data:`` section gives (``DATA_KEYS``).
+
+    Attributes:
+        mode: stream (BPTT-style windows of ``window`` tokens) or sentences (each line
+            alone, padded on ``padding_side``), matching how the model was trained
+        window: tokens per evaluation window (cropped to the model's positions)
+        batch_size: evaluation rows (contiguous streams when ``stateful``)
+        padding_side: right or left padding of sentence batches (left only for models
+            that take the attention mask)
+        stateful: carry a stateful model's state across the windows of each stream
+    """
+
+    mode: Literal["stream", "sentences"] = "stream"
+    window: int = 128
+    batch_size: int = 16
+    padding_side: Literal["left", "right"] = "right"
+    stateful: bool = False
+
+    @classmethod
+    def from_config(cls, config: RunConfig | DataConfig) -> EvalSettings:
+        """The settings a run config gives (a ``data:`` section alone: BLEU's defaults)."""
+        data = config.data if isinstance(config, RunConfig) else config
+        bleu = dataclasses.asdict(config.eval) if isinstance(config, RunConfig) else {}
+        return cls(**bleu, **{name: getattr(data, key) for name, key in DATA_KEYS.items()})
+
+    def with_overrides(self, *, flags: bool = False, **given: Any) -> EvalSettings:
+        """These settings with those ``given`` (None keeps this one), each checked as its
+        config key is; errors name the setting, or its command-line flag with ``flags``."""
+        given = {key: value for key, value in given.items() if value is not None}
+        types = typing.get_type_hints(EvalSettings)
+        for key, value in given.items():
+            label = "--" + key.replace("_", "-") if flags else key
+            if key not in types:
+                raise ConfigError(f"unknown evaluation setting {label}; valid: {', '.join(types)}")
+            choices = typing.get_args(types[key])
+            if choices and value not in choices:
+                raise ConfigError(f"{label} must be one of {', '.join(choices)}, got {value!r}")
+            ranged = f"data.{DATA_KEYS[key]}" if key in DATA_KEYS else f"eval.{key}"
+            if ranged in RANGES:
+                check_range(ranged, value, label)
+        return dataclasses.replace(self, **given)
 
 
 def evaluation_batches(
-    data: LMData,
-    split: str,
-    *,
-    mode: str = "stream",
-    window: int = 128,
-    batch_size: int = 16,
-    padding_side: str = "right",
-    stateful: bool = False,
+    data: LMData, split: str, settings: EvalSettings = EvalSettings()
 ) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
     """Batches in which every token of ``split`` is predicted exactly once.
 
@@ -70,14 +111,15 @@ def evaluation_batches(
     ``sentences``: each line alone, after an ``<eos>``, padded (right by default; left only
     for models that take the attention mask).
     """
-    eos = data.tokenizer.eos_id
-    if stateful:
-        return stateful_evaluation_windows(data.split(split).ids, eos, batch_size, window)
-    if mode == "sentences":
-        return sentence_batches(data.split(split).sentences, batch_size, eos, side=padding_side)
-    if mode != "stream":
-        raise ValueError(f"unknown evaluation mode {mode!r}; valid: stream, sentences")
-    windows = evaluation_windows(data.split(split).ids, eos, window)
+    eos, batch_size = data.tokenizer.eos_id, settings.batch_size
+    if settings.stateful:
+        return stateful_evaluation_windows(data.split(split).ids, eos, batch_size, settings.window)
+    if settings.mode == "sentences":
+        sentences = data.split(split).sentences
+        return sentence_batches(sentences, batch_size, eos, side=settings.padding_side)
+    if settings.mode != "stream":
+        raise ValueError(f"unknown evaluation mode {settings.mode!r}; valid: stream, sentences")
+    windows = evaluation_windows(data.split(split).ids, eos, settings.window)
     # All windows but the last have one length: batch them, then the remainder alone.
     last_differs = windows[-1].numel() != windows[0].numel()
     groups = [windows[:-1], windows[-1:]] if last_differs else [windows]
@@ -90,41 +132,26 @@ def evaluation_batches(
 
 @torch.no_grad()
 def perplexity(
-    model: nn.Module,
-    data: LMData,
-    split: str,
-    *,
-    mode: str = "stream",
-    window: int = 128,
-    batch_size: int = 16,
-    padding_side: str = "right",
-    stateful: bool = False,
-) -> dict[str, float]:
+    model: nn.Module, data: LMData, split: str, settings: EvalSettings = EvalSettings()
+) -> dict[str, Any]:
     """Total NLL over every token of ``split`` (each predicted exactly once) and its ratios.
 
-    ``stateful``: the model carries its state across consecutive windows of ``batch_size``
-    contiguous streams (the stateful extension of the contract). The forward FLOPs per
-    predicted token (``experiments.evaluation.flops``) and the mean NFE are measured on the same
-    forward passes, every batch of the split (``flops_sample``).
+    ``settings.stateful``: the model carries its state across consecutive windows of
+    ``batch_size`` contiguous streams (the stateful extension of the contract). The forward
+    FLOPs per predicted token (``experiments.evaluation.flops``) and the mean NFE are
+    measured on the same forward passes, every batch of the split (``flops_sample``).
     """
-    if stateful:
+    if settings.stateful:
         check_stateful(model)
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
     total_nll, total_tokens, total_flops, nfe, state = 0.0, 0, 0, [], None
-    batches = evaluation_batches(
-        data,
-        split,
-        mode=mode,
-        window=window_length(model, window),
-        batch_size=batch_size,
-        padding_side=padding_side,
-        stateful=stateful,
-    )
+    window = window_length(model, settings.window)
+    batches = evaluation_batches(data, split, dataclasses.replace(settings, window=window))
     for tokens, mask in batches:
         tokens = tokens.to(device)
         mask = None if mask is None else mask.to(device)
         with counting_flops(model) as flops:
-            if stateful:
+            if settings.stateful:
                 logits, aux = call_model(model, tokens[:, :-1], stateful=True, state=state)
                 state = aux["state"]
             else:
@@ -154,29 +181,19 @@ def evaluate(
     data: LMData,
     split: str = "test",
     *,
-    mode: str = "stream",
-    window: int = 128,
-    batch_size: int = 16,
-    padding_side: str = "right",
-    bleu_sentences: int = 200,
-    continuation_sentences: int = 50,
-    prompt_len: int = 3,
-    decode: str = "greedy",
+    settings: EvalSettings = EvalSettings(),
     allow_noncausal: bool = False,
-    stateful: bool = False,
 ) -> dict[str, Any]:
-    """Evaluate a contract model on one split of encoded data.
+    """Evaluate a contract model on one split of encoded data, batched and decoded as
+    ``settings`` say (a run's: ``EvalSettings.from_config(config)``).
 
     Returns ``ppl`` (per token), ``ppl_per_word`` (total NLL / words), ``bleu_tf`` (the NODE-LM
     report's teacher-forced BLEU), ``bleu_cont`` (continuation BLEU after ``prompt_len``
-    words, over ``continuation_sentences`` lines), ``tokens``, ``words``, ``seconds``, ``nfe`` (mean forward NFE when the model
-    reports it), ``flops_per_token`` (forward FLOPs per predicted token, measured on the
-    same forward passes as ``ppl`` and ``nfe``: every batch of the split), ``is_causal``
-    and ``protocol``. BLEU uses the first ``bleu_sentences`` lines of the split (0 skips
-    BLEU). ``mode`` is ``stream`` (BPTT-style windows of ``window``
-    tokens) or ``sentences`` (each line alone, padded on ``padding_side``), matching how the
-    model was trained; ``stateful`` carries a stateful model's state across the windows of
-    ``batch_size`` contiguous streams.
+    words, over ``continuation_sentences`` lines), ``tokens``, ``words``, ``seconds``, ``nfe``
+    (mean forward NFE when the model reports it), ``flops_per_token`` (forward FLOPs per
+    predicted token, measured on the same forward passes as ``ppl`` and ``nfe``: every batch
+    of the split), ``is_causal`` and ``protocol``. BLEU uses the first ``bleu_sentences``
+    lines of the split (0 skips BLEU).
     """
     from experiments.evaluation.bleu import continuation_bleu, teacher_forced_bleu
 
@@ -191,17 +208,9 @@ def evaluate(
     model.eval()
     started = time.perf_counter()
     try:
-        result: dict[str, Any] = perplexity(
-            model,
-            data,
-            split,
-            mode=mode,
-            window=window,
-            batch_size=batch_size,
-            padding_side=padding_side,
-            stateful=stateful,
-        )
-        sentences = [s for s in data.split(split).sentences if len(s) > 1][:bleu_sentences]
+        result: dict[str, Any] = perplexity(model, data, split, settings)
+        sentences = [s for s in data.split(split).sentences if len(s) > 1]
+        sentences = sentences[: settings.bleu_sentences]
         tokenizer = data.tokenizer
         if sentences:
             result["bleu_tf"] = teacher_forced_bleu(
@@ -212,9 +221,9 @@ def evaluate(
                 sentences,
                 tokenizer.id_to_token,
                 tokenizer.eos_id,
-                prompt_len=prompt_len,
-                strategy=decode,
-                max_sentences=continuation_sentences,
+                prompt_len=settings.prompt_len,
+                strategy=settings.decode,
+                max_sentences=settings.continuation_sentences,
             )
         else:
             result["bleu_tf"] = result["bleu_cont"] = None
@@ -225,35 +234,9 @@ def evaluate(
         is_causal=is_causal,
         protocol=data.protocol,
         split=split,
-        mode=mode,
+        mode=settings.mode,
         tokenizer=tokenizer.kind,
     )
     if not is_causal:
         result["ppl_label"] = NONCAUSAL_LABEL
     return result
-
-
-def evaluate_run(
-    model: nn.Module,
-    data: LMData,
-    config: RunConfig,
-    split: str = "test",
-    *,
-    allow_noncausal: bool = True,
-) -> dict[str, Any]:
-    """Evaluate as a run's config says: its batching, window, padding and ``eval.*`` settings.
-
-    ``odelm train`` reports the test split through this; ``odelm eval`` too, after applying
-    its command-line overrides to ``config.eval``.
-    """
-    return evaluate(
-        model,
-        data,
-        split,
-        **batching_options(config.data),
-        bleu_sentences=config.eval.bleu_sentences,
-        continuation_sentences=config.eval.continuation_sentences,
-        prompt_len=config.eval.prompt_len,
-        decode=config.eval.decode,
-        allow_noncausal=allow_noncausal,
-    )

@@ -27,8 +27,6 @@ match the model's vocabulary. Each failure is one :class:`~odelm.errors.OdelmErr
 
 from __future__ import annotations
 
-import copy
-import dataclasses
 import hashlib
 import json
 import os
@@ -50,7 +48,6 @@ from experiments.data.tokenization import (
     load_tokenizer,
 )
 from experiments.training.config import RunConfig, load_run_config
-from experiments.training.config_checks import ConfigError, check_range
 from experiments.training.runfolder import COMPARISON_MARKER, verify_run_files
 from odelm.errors import OdelmError
 from odelm.pretrained import load_pretrained, read_config
@@ -165,7 +162,7 @@ class TrainedRun:
 
     def _text_perplexity(self, texts: Any, per: str, allow_noncausal: bool) -> float:
         """Perplexity of new lines of text (see :meth:`perplexity`)."""
-        from experiments.evaluation.evaluate import NonCausalModelError, perplexity
+        from experiments.evaluation.evaluate import EvalSettings, NonCausalModelError, perplexity
 
         if isinstance(texts, str) or not texts:
             raise ValueError("texts must be a non-empty list of strings (or give split=)")
@@ -179,15 +176,7 @@ class TrainedRun:
         words = sum(len(text.split()) + 1 for text in texts)
         split = EncodedSplit(ids, sentences, words)
         data = LMData("text", "given texts", self.tokenizer, {"text": split})
-        cfg = self.config.data
-        result = perplexity(
-            self.model,
-            data,
-            "text",
-            mode=cfg.batching,
-            window=cfg.eval_window,
-            padding_side=cfg.padding_side,
-        )
+        result = perplexity(self.model, data, "text", EvalSettings.from_config(self.config))
         return float(result["ppl_per_word" if per == "word" else "ppl"])
 
     def evaluate(
@@ -208,26 +197,18 @@ class TrainedRun:
 
         BLEU settings left None keep the run's ``eval`` config; ``data`` is the corpus
         already loaded by :meth:`data` (default: loaded here, from ``data_dir`` if given)."""
-        from experiments.evaluation.evaluate import evaluate_run
+        from experiments.evaluation.evaluate import EvalSettings, evaluate
 
-        given: dict[str, Any] = {
-            "bleu_sentences": bleu_sentences,
-            "continuation_sentences": continuation_sentences,
-            "prompt_len": prompt_len,
-            "decode": decode,
-        }
-        given = {key: value for key, value in given.items() if value is not None}
-        for key, value in given.items():
-            if key != "decode":
-                check_range(f"eval.{key}", value, key)
-        if decode not in (None, "greedy", "beam"):
-            raise ConfigError(f"decode must be 'greedy' or 'beam', got {decode!r}")
+        settings = EvalSettings.from_config(self.config).with_overrides(
+            bleu_sentences=bleu_sentences,
+            continuation_sentences=continuation_sentences,
+            prompt_len=prompt_len,
+            decode=decode,
+        )
         if data is None:
             overrides = {"data_dir": data_dir} if data_dir else {}
             data = self.data(allow_changed_data=allow_changed_data, **overrides)
-        config = copy.copy(self.config)
-        config.eval = dataclasses.replace(config.eval, **given)
-        return evaluate_run(self.model, data, config, split, allow_noncausal=allow_noncausal)
+        return evaluate(self.model, data, split, settings=settings, allow_noncausal=allow_noncausal)
 
     def generate(
         self,

@@ -148,7 +148,7 @@ class TrainerConfig:
     compile: bool = False
 
 
-@dataclass
+@dataclass(frozen=True)
 class EvalConfig:
     """Evaluation after training (also ``odelm eval``'s defaults).
 

@@ -192,9 +192,9 @@ class LMDataModule(FollowsTrainer, *lightning_bases("LightningDataModule")):  # 
         return self._evaluation_loader("test", None)
 
     def _evaluation_loader(self, split: str, limit: int | None) -> DataLoader:
-        from experiments.evaluation.evaluate import batching_options, evaluation_batches
+        from experiments.evaluation.evaluate import EvalSettings, evaluation_batches
 
-        batches = evaluation_batches(self.data, split, **batching_options(self.config))
+        batches = evaluation_batches(self.data, split, EvalSettings.from_config(self.config))
         if limit:
             batches = batches[:limit]
         trainer = self.trainer

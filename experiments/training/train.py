@@ -12,7 +12,7 @@ resumes from it; either is reused only under the config it was made with
 
 ``train`` is in parts: :func:`build_trainer` (the Lightning trainer and the callbacks the
 result reads), :func:`fit`, :func:`select_weights` (best, averaged or last weights), then
-:func:`experiments.evaluation.evaluate.evaluate_run` and the result written atomically.
+:func:`experiments.evaluation.evaluate.evaluate` and the result written atomically.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from torch import nn
 
 from experiments.data.loading import load_data
 from experiments.data.tokenization import LMData
-from experiments.evaluation.evaluate import evaluate_run
+from experiments.evaluation.evaluate import EvalSettings, evaluate
 from experiments.evaluation.flops import forward_flops_per_token
 from experiments.evaluation.trained import save_run_model, split_checksums
 from experiments.models.build import build_model, count_parameters, depth_kind
@@ -219,7 +219,7 @@ def _train_locked(
     if parts.checkpoint.best_score is None:
         parts.checkpoint.reload_state()
     selected = select_weights(model, parts.checkpoint, parts.averager)
-    metrics = evaluate_run(model, data, config)
+    metrics = evaluate(model, data, settings=EvalSettings.from_config(config), allow_noncausal=True)
     result = {
         "name": config.name,
         "family": depth_kind(config.model, model),
