@@ -67,3 +67,21 @@ def test_from_corpus_encodes_as_odelm_train_does() -> None:
 def test_from_corpus_names_an_unknown_option() -> None:
     with pytest.raises(ConfigError, match=r"unknown data option\(s\) \['bpt'\]; valid: .*bptt"):
         LMDataModule.from_corpus("grammar", bpt=20)
+
+
+def _window_indices(datamodule: LMDataModule) -> list[int]:
+    """The index in ``train_batches()`` of each window one training epoch reads, in order."""
+    windows = datamodule.train_batches()
+    return [
+        next(index for index, window in enumerate(windows) if torch.equal(window, batch))
+        for batch in datamodule.train_dataloader()
+    ]
+
+
+def test_shuffle_false_reads_the_training_windows_in_stream_order() -> None:
+    """``data.shuffle: false`` walks the windows in stream order, as pytorch/examples'
+    word_language_model does; the default draws a seeded permutation of them."""
+    in_order = _window_indices(LMDataModule.from_corpus("grammar", batch_size=8, shuffle=False))
+    assert in_order == list(range(len(in_order)))
+    shuffled = _window_indices(LMDataModule.from_corpus("grammar", batch_size=8))
+    assert sorted(shuffled) == in_order and shuffled != in_order

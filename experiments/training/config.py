@@ -47,6 +47,9 @@ class DataConfig:
         eval_batch_size: evaluation rows (streams when stateful)
         stateful: read the train split as batch_size contiguous streams in order, carrying
             the model's state (detached) across windows; evaluation carries it over a split
+        shuffle: draw the training windows of each epoch in a seeded random order (true) or
+            read them in stream order (false, as pytorch/examples word_language_model
+            does); stateful data is always read in order
         seed: seed of the generated grammar corpus
     """
 
@@ -65,6 +68,7 @@ class DataConfig:
     eval_window: int = 128
     eval_batch_size: int = 16
     stateful: bool = False
+    shuffle: bool = True
     seed: int = 0
 
 

@@ -178,7 +178,12 @@ class LMDataModule(FollowsTrainer, *lightning_bases("LightningDataModule")):  # 
             )
         batches = self.train_batches()
         sampler = SeededResumableSampler(
-            len(batches), self.seed, self._step, rank, world, shuffle=not self.config.stateful
+            len(batches),
+            self.seed,
+            self._step,
+            rank,
+            world,
+            shuffle=self.config.shuffle and not self.config.stateful,
         )
         # A generator of its own: starting an epoch's iterator must not draw from torch's
         # global RNG (dropout's), or a resumed run would diverge from the uninterrupted one.
