@@ -3,6 +3,11 @@ matrix-product peak (cached per precision and thread count) and the MFU column."
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import time
+
 import pytest
 import torch
 
@@ -64,3 +69,37 @@ def test_results_table_shows_mfu_beside_tokens_per_second() -> None:
     header = [cell.strip() for cell in table.splitlines()[0].strip("|").split("|")]
     assert header.index("train MFU") == header.index("train tokens/s") + 1
     assert "| 1000 | 12.5% |" in table and "matrix-product peak" in table
+
+
+def test_the_utilisation_peak_counts_cpu_time_so_a_busy_core_does_not_change_it(
+    monkeypatch,
+) -> None:
+    """A busy process on the same core halves the wall-clock matrix-product rate but not
+    the rate per second of CPU time, the peak the training's utilisation is measured
+    against (a wall-clock peak measured at a busy moment gave utilisations over 100%)."""
+    core = min(os.sched_getaffinity(0))  # Linux, as the project's machines
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {core})
+    try:
+        monkeypatch.setattr(speed, "_CPU_PEAKS", {})
+        idle = speed.peak_gflops_per_cpu_second("32-true")
+        busy = subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                f"import os; os.sched_setaffinity(0, {{{core}}})\nwhile True: pass",
+            ]
+        )
+        try:
+            time.sleep(0.5)
+            monkeypatch.setattr(speed, "_CPU_PEAKS", {})
+            loaded = speed.peak_gflops_per_cpu_second("32-true")
+            torch.set_num_threads(1)
+            wall = speed.matmul_gflops(torch.float32)
+        finally:
+            busy.kill()
+            busy.wait()
+    finally:
+        os.sched_setaffinity(0, before)
+    assert wall < 0.75 * idle  # the competitor did take the core
+    assert loaded == pytest.approx(idle, rel=0.25)

@@ -62,9 +62,10 @@ NOTE = (
     "(the full T x T scores, under a causal mask too) and fused kernels in closed form; "
     "elementwise work is not counted; per predicted token over every test batch, the forward "
     "passes the perplexity and NFE come from. "
-    "Train MFU: model FLOPs utilisation, 3 x forward FLOPs per token "
-    "(forward + backward) x train tokens/s over the machine's matrix-product peak at the "
-    "run's precision and thread count (`odelm bench peak`)."
+    "Train MFU: model FLOPs utilisation, 3 x forward FLOPs per token (forward + backward) "
+    "per second of the training's CPU time over the matrix-product peak per CPU-second at "
+    "the run's precision, so other processes on the machine change neither side; train "
+    "tokens/s is wall-clock."
 )
 
 

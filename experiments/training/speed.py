@@ -11,7 +11,9 @@ changes during the run moves all of them alike.
 
 from __future__ import annotations
 
+import math
 import os
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -156,23 +158,33 @@ PEAK_SHAPE = (700, 200, 10_000)
 """``[M, K] @ [K, N]``: a 20 x 35 batch of width 200 through a 10k-word output layer."""
 
 _PEAKS: dict[tuple[torch.dtype, int], float] = {}
+_CPU_PEAKS: dict[torch.dtype, float] = {}
+
+
+def _peak_dtype(precision: str) -> torch.dtype:
+    """The matrix-product dtype of a run's precision: bf16 for ``bf16-*``, else fp32."""
+    return torch.bfloat16 if precision.startswith("bf16") else torch.float32
+
+
+def _peak_operands(dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    m, k, n = PEAK_SHAPE
+    generator = torch.Generator().manual_seed(0)
+    a = torch.randn(m, k, generator=generator).to(dtype)
+    return a, torch.randn(k, n, generator=generator).to(dtype)
 
 
 def matmul_gflops(dtype: torch.dtype, repeats: int = 10) -> float:
     """GFLOP/s of ``torch.matmul`` at :data:`PEAK_SHAPE` in ``dtype`` at the current thread
     count (median of ``repeats``)."""
-    m, k, n = PEAK_SHAPE
-    generator = torch.Generator().manual_seed(0)
-    a = torch.randn(m, k, generator=generator).to(dtype)
-    b = torch.randn(k, n, generator=generator).to(dtype)
+    a, b = _peak_operands(dtype)
     seconds = alternate({"matmul": lambda: torch.matmul(a, b)}, repeats, warmup=2)["matmul"]
-    return 2 * m * k * n / seconds / 1e9
+    return 2 * math.prod(PEAK_SHAPE) / seconds / 1e9
 
 
 def peak_gflops(precision: str = "32-true", threads: int | None = None) -> float:
     """This machine's matrix-product peak (GFLOP/s) at a run's precision (bf16 for
     ``bf16-mixed``/``bf16-true``, else fp32) and thread count, measured once per process."""
-    dtype = torch.bfloat16 if precision.startswith("bf16") else torch.float32
+    dtype = _peak_dtype(precision)
     threads = threads or torch.get_num_threads()
     if (dtype, threads) not in _PEAKS:
         before = torch.get_num_threads()
@@ -182,3 +194,31 @@ def peak_gflops(precision: str = "32-true", threads: int | None = None) -> float
         finally:
             torch.set_num_threads(before)
     return _PEAKS[dtype, threads]
+
+
+def peak_gflops_per_cpu_second(precision: str = "32-true", repeats: int = 10) -> float:
+    """The matrix-product peak per second of CPU time (one thread, :data:`PEAK_SHAPE`, the
+    fastest of ``repeats``), measured once per process.
+
+    CPU time, unlike wall time, does not count the time other processes hold the core, so
+    the figure is the same on a loaded machine as on an idle one, and a utilisation
+    computed against it from the training's own CPU time is too (a wall-clock peak
+    measured at a busy moment made utilisations of over 100%).
+    """
+    dtype = _peak_dtype(precision)
+    if dtype not in _CPU_PEAKS:
+        a, b = _peak_operands(dtype)
+        before = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            for _ in range(2):
+                torch.matmul(a, b)
+            fastest = math.inf
+            for _ in range(repeats):
+                started = time.thread_time()
+                torch.matmul(a, b)
+                fastest = min(fastest, time.thread_time() - started)
+        finally:
+            torch.set_num_threads(before)
+        _CPU_PEAKS[dtype] = 2 * math.prod(PEAK_SHAPE) / max(fastest, 1e-9) / 1e9
+    return _CPU_PEAKS[dtype]

@@ -63,7 +63,7 @@ from experiments.training.runs import (
     config_sha256,
     write_json,
 )
-from experiments.training.speed import peak_gflops
+from experiments.training.speed import peak_gflops_per_cpu_second
 from experiments.training.task import LMTask
 from experiments.training.threads import set_threads
 from neuralode_lm.solvers import SolverError
@@ -89,53 +89,62 @@ class DivergedError(OdelmError, FloatingPointError):
 
 
 class ThroughputMeter(Callback):
-    """Training tokens per second: logged per step and summed over the run (all processes
-    of a resumed run: the sums travel in the checkpoints).
-
-    On CPU also the model FLOPs utilisation (``train/mfu``): forward + backward FLOPs per
-    second (3 x the forward FLOPs per token of the first training batch,
-    :func:`experiments.evaluation.flops.forward_flops_per_token`) over this machine's matrix-product
-    peak at the run's precision and thread count (:func:`experiments.training.speed.peak_gflops`).
+    """Training tokens per second, logged per step and summed over the run (a resumed
+    run's sums travel in the checkpoints); on CPU also the model FLOPs utilisation
+    (``train/mfu``): 3 x the forward FLOPs per token of the first training batch
+    (:func:`experiments.evaluation.flops.forward_flops_per_token`) per second of the
+    training's CPU time, over the matrix-product peak per CPU-second at the run's precision
+    (:func:`experiments.training.speed.peak_gflops_per_cpu_second`). Both count CPU time, so
+    other processes change neither; on an idle machine it is the wall-clock utilisation.
     """
 
     def __init__(self) -> None:
-        self.tokens, self.seconds, self._started = 0, 0.0, 0.0
-        self.peak: float | None = None  # GFLOP/s
+        self.tokens, self.seconds, self.cpu_seconds = 0, 0.0, 0.0
+        self._started = self._cpu_started = 0.0
+        self.peak: float | None = None  # GFLOP per CPU-second
         self.flops_per_token: float | None = None
 
     def on_train_start(self, trainer, task) -> None:
         if task.device.type == "cpu":
-            self.peak = peak_gflops(str(trainer.precision), torch.get_num_threads())
+            self.peak = peak_gflops_per_cpu_second(str(trainer.precision))
 
     def on_train_batch_start(self, trainer, task, batch, batch_idx) -> None:
-        self._started = time.perf_counter()
+        self._started, self._cpu_started = time.perf_counter(), time.process_time()
 
     def on_train_batch_end(self, trainer, task, outputs, batch, batch_idx) -> None:
         tokens = batch[0] if isinstance(batch, (tuple, list)) else batch
         seconds = time.perf_counter() - self._started
+        cpu_seconds = time.process_time() - self._cpu_started
         count = tokens[:, 1:].numel() * trainer.world_size
         self.seconds += seconds
+        self.cpu_seconds += cpu_seconds
         self.tokens += count
         if self.peak is not None and self.flops_per_token is None:
             plain = isinstance(batch, StreamWindow) or not isinstance(batch, (tuple, list))
             self.flops_per_token = forward_flops_per_token(task.model, [tokens if plain else batch])
         if trainer.global_step % trainer.log_every_n_steps == 0:  # a step whose logs are written
             task.log("train/tokens_per_s", count / max(seconds, 1e-9))
-            mfu = self.utilisation(count / max(seconds, 1e-9))
+            mfu = self.utilisation(count, cpu_seconds)
             if mfu is not None:  # None: off CPU, or a model without matrix products
                 task.log("train/mfu", mfu)
 
-    def utilisation(self, tokens_per_second: float | None) -> float | None:
-        """Forward + backward FLOPs per second at ``tokens_per_second`` over the peak."""
-        if not (self.peak and self.flops_per_token and tokens_per_second):
+    def utilisation(
+        self, tokens: int | None = None, cpu_seconds: float | None = None
+    ) -> float | None:
+        """Forward + backward FLOPs of ``tokens`` per CPU-second over the peak (default:
+        the run so far); None off CPU or where CPU time was not recorded."""
+        tokens = self.tokens if tokens is None else tokens
+        cpu_seconds = self.cpu_seconds if cpu_seconds is None else cpu_seconds
+        if not (self.peak and self.flops_per_token and tokens and cpu_seconds > 0):
             return None
-        return 3 * self.flops_per_token * tokens_per_second / (self.peak * 1e9)
+        return 3 * self.flops_per_token * tokens / cpu_seconds / (self.peak * 1e9)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"tokens": self.tokens, "seconds": self.seconds}
+        return {"tokens": self.tokens, "seconds": self.seconds, "cpu_seconds": self.cpu_seconds}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.tokens, self.seconds = state_dict["tokens"], state_dict["seconds"]
+        self.cpu_seconds = state_dict.get("cpu_seconds", math.nan)  # an older checkpoint
 
     @property
     def tokens_per_second(self) -> float | None:
@@ -238,7 +247,7 @@ def _train_locked(
         "steps": parts.trainer.global_step,
         "train_seconds": task.elapsed(),
         "train_tokens_per_s": parts.meter.tokens_per_second,
-        "train_mfu": parts.meter.utilisation(parts.meter.tokens_per_second),
+        "train_mfu": parts.meter.utilisation(),
         **task.adjoint_record(),
         "peak_memory_mb": peak_memory_mb(next(model.parameters()).device),
         "seed": config.seed,
