@@ -263,3 +263,29 @@ def test_fixed_grid_counts_steps_on_decreasing_times() -> None:
     assert len(forward) == len(backward) == 11
     assert torch.allclose(backward, forward.flip(0))
     assert grid_steps(torch.tensor([1.0, 0.0]), 0.1) == 10
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_solve_backpropagated_through_frees_its_graph(backend: str) -> None:
+    """Each direct-backprop solve counts its backward evaluations with gradient hooks; once
+    the step is done nothing of the solve may stay alive (a hook bound to the solve's
+    monitor, which keeps the last output, made a cycle through the autograd graph that the
+    collector could not free: every training step of an ODE head leaked its solve's graph)."""
+    import gc
+
+    from neuralode_lm.solvers.monitor import StepMonitor
+
+    def live_monitors() -> int:
+        gc.collect()
+        return sum(isinstance(item, StepMonitor) for item in gc.get_objects())
+
+    torch.manual_seed(0)
+    field = as_field(nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 4)))
+    t = torch.tensor([0.0, 1.0])
+    before = live_monitors()
+    for _ in range(3):
+        states, stats = solve(field, torch.randn(5, 4), t, backend=backend)
+        states[-1].square().sum().backward()
+        assert stats.nfe_backward > 0
+    del states
+    assert live_monitors() == before

@@ -75,12 +75,9 @@ class StepMonitor:
         if self.phase == "forward":
             self.stats.nfe_forward += 1
             if torch.is_grad_enabled() and out.requires_grad:
-                out.register_hook(self._count_vjp)
+                out.register_hook(_vjp_counter(self.stats))
         else:
             self.stats.nfe_backward += 1
-
-    def _count_vjp(self, grad: torch.Tensor) -> None:
-        self.stats.nfe_backward += 1
 
     def note_step_size(self, dt: torch.Tensor, running: torch.Tensor | None = None) -> None:
         """Remember the step size (per row where ``running`` marks live rows) for errors."""
@@ -145,6 +142,20 @@ class StepMonitor:
         if dt is not None and not bool(torch.isfinite(torch.as_tensor(dt)).all()):
             return self.fail(NonFiniteStateError, "the step size became non-finite")
         return self.fail(StepSizeUnderflowError, "the step size underflowed to zero")
+
+
+def _vjp_counter(stats: SolverStats) -> Callable[[torch.Tensor], None]:
+    """A gradient hook counting one backward evaluation in ``stats``.
+
+    It holds the stats, not the monitor: the monitor keeps the last output, whose graph
+    holds its hooks, and a hook bound to the monitor would close a cycle through the
+    autograd graph that Python's collector cannot free (every solve's graph leaked).
+    """
+
+    def count(grad: torch.Tensor) -> None:
+        stats.nfe_backward += 1
+
+    return count
 
 
 class MonitoredField(nn.Module):
