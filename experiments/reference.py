@@ -149,14 +149,25 @@ class WordLMTransformer(PretrainedMixin, nn.Module):
         nn.init.uniform_(self.decoder.weight, -init_range, init_range)
         nn.init.zeros_(self.decoder.bias)
 
-    def forward(self, tokens: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:
+    def features(self, tokens: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:
+        """The final LayerNorm's states ``[B, T, d_model]``, which :attr:`output_layer`
+        maps to the logits, and ``aux``."""
         length = tokens.shape[1]
         if length > self.max_positions:
             raise ValueError(f"{length} tokens exceed max_positions={self.max_positions}")
         x = self.embedding(tokens) * math.sqrt(self.d_model) + self.positions[:length]
         mask = nn.Transformer.generate_square_subsequent_mask(length, device=tokens.device)
-        hidden = self.layers(self.dropout(x), mask=mask, is_causal=True)
-        return self.decoder(hidden), {}
+        return self.layers(self.dropout(x), mask=mask, is_causal=True), {}
+
+    @property
+    def output_layer(self) -> nn.Linear:
+        """The decoder: ``forward(tokens)`` is ``(output_layer(hidden), aux)`` of
+        :meth:`features`."""
+        return self.decoder
+
+    def forward(self, tokens: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:
+        hidden, aux = self.features(tokens)
+        return self.decoder(hidden), aux
 
     def block_modules(self) -> list[nn.Module]:
         return [self.embedding, *self.layers.layers, self.decoder]

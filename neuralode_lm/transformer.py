@@ -251,6 +251,19 @@ class NODETransformerLM(PretrainedMixin, nn.Module):
         """Logits ``[B, T, V]``; ``aux``: ``nfe`` (evaluations of ``F`` per forward pass,
         summed over blocks; per prefix solve on average in prefix mode), accepted/rejected
         steps, ``exactly_causal`` and, in training with regularisers, ``reg``."""
+        hidden, aux = self.features(tokens, cache)
+        return self.head(hidden), aux
+
+    @property
+    def output_layer(self) -> nn.Linear:
+        """The tied softmax layer: ``forward(tokens)`` is ``(output_layer(hidden), aux)`` of
+        :meth:`features`."""
+        return self.head
+
+    def features(
+        self, tokens: torch.Tensor, cache: KVCache | None = None
+    ) -> tuple[torch.Tensor, dict[str, Any]]:
+        """The final LayerNorm's states ``[B, T, d_model]`` and :meth:`forward`'s ``aux``."""
         prefix = self.causal_mode == "prefix" and not self.training and cache is None
         if prefix and not isinstance(self.integration, FixedGrid):
             y, reg = self._prefix_states(tokens), None
@@ -266,7 +279,7 @@ class NODETransformerLM(PretrainedMixin, nn.Module):
         }
         if reg is not None:
             aux["reg"] = reg
-        return self.head(self.norm(y)), aux
+        return self.norm(y), aux
 
     def next_token_logits(self, tokens: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
         """Logits ``[B, V]`` at the last position (a cache needs a fixed grid)."""
