@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from odelm.dropout import Dropout
 from odelm.pretrained import PretrainedMixin
 
 
@@ -134,10 +135,12 @@ class WordLMTransformer(PretrainedMixin, nn.Module):
         table[:, 0::2] = torch.sin(position * rate)
         table[:, 1::2] = torch.cos(position * rate)
         self.register_buffer("positions", table, persistent=False)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         layer = nn.TransformerEncoderLayer(
             d_model, n_heads, d_ff, dropout=layer_dropout, batch_first=True
         )
+        # the same dropouts, with masks cheap to draw under CPU mixed precision
+        layer.dropout, layer.dropout1, layer.dropout2 = (Dropout(layer_dropout) for _ in range(3))
         self.layers = nn.TransformerEncoder(
             layer, n_layers, norm=nn.LayerNorm(d_model), enable_nested_tensor=False
         )

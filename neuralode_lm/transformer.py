@@ -30,6 +30,7 @@ from torch import nn
 from ode_transformer.backbone import init_weights
 from ode_transformer.layers import KVCache
 from odelm import decoding
+from odelm.dropout import Dropout
 from odelm.pretrained import PretrainedMixin
 
 from .configs import RENAMED, CausalMode, NODETransformerConfig, from_options
@@ -136,7 +137,7 @@ class NODETransformerLM(PretrainedMixin, nn.Module):
         self.integration = _integration(config.solver, config.steps, self.integration_time)
         self.token_embedding = nn.Embedding(vocab_size, d_model)
         self.position_embedding = nn.Embedding(max_positions, d_model)
-        self.dropout = nn.Dropout(config.dropout)
+        self.dropout = Dropout(config.dropout)
         self.fields = nn.ModuleList(
             DepthField(
                 d_model,

@@ -13,6 +13,7 @@ import math
 import torch
 from torch import nn
 
+from odelm.dropout import Dropout
 from odelm.errors import OdelmError
 from odelm.pretrained import PretrainedMixin
 
@@ -110,7 +111,7 @@ class Backbone(PretrainedMixin, nn.Module):
         else:
             self.register_buffer("position_table", sinusoids(config), persistent=False)
         self.embedding_scale = math.sqrt(config.d_model) if config.scale_embeddings else 1.0
-        self.dropout = nn.Dropout(config.dropout)
+        self.dropout = Dropout(config.dropout)
         self.stack = build_stack(config, causal=causal)
         self.norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
 

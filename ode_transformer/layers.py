@@ -15,6 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from odelm.dropout import Dropout, masked_dropout
+
 from .errors import ODETransformerConfigError
 
 
@@ -142,9 +144,11 @@ class MultiHeadSelfAttention(nn.Module):
             # Mixed precision: attention in fp32 (its softmax exact), which on a CPU is also
             # faster than its bf16 kernels (2-3x in backward at d_head 100, T 36).
             with torch.autocast("cpu", enabled=False):
-                y = F.scaled_dot_product_attention(
-                    q.float(), k.float(), v.float(), mask, dropout_p, causal
-                )
+                q, k, v = q.float(), k.float(), v.float()
+                if dropout_p > 0 and mask is None:  # cheap masks (odelm.dropout)
+                    y = _attention_with_dropout(q, k, v, dropout_p, causal)
+                else:
+                    y = F.scaled_dot_product_attention(q, k, v, mask, dropout_p, causal)
         else:
             y = F.scaled_dot_product_attention(
                 q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=causal
@@ -159,7 +163,7 @@ class FeedForward(nn.Module):
         super().__init__()
         self.fc1 = nn.Linear(d_model, d_ff)
         self.fc2 = nn.Linear(d_ff, d_model)
-        self.dropout = nn.Dropout(relu_dropout)
+        self.dropout = Dropout(relu_dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc2(self.dropout(F.relu(self.fc1(x))))
@@ -180,7 +184,7 @@ class PreNormAttention(nn.Module):
         super().__init__()
         self.norm = nn.LayerNorm(d_model, eps=eps)
         self.attention = MultiHeadSelfAttention(d_model, n_heads, attention_dropout, causal)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
 
     def forward(
         self,
@@ -204,7 +208,7 @@ class PreNormFFN(nn.Module):
         super().__init__()
         self.norm = nn.LayerNorm(d_model, eps=eps)
         self.ffn = FeedForward(d_model, d_ff, relu_dropout)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
 
     def forward(
         self,
@@ -244,6 +248,19 @@ class PreNormAttentionFFN(nn.Module):
     ) -> torch.Tensor:
         a = self.attention(y, context)
         return a + self.ffn(y + a)
+
+
+def _attention_with_dropout(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: float, causal: bool
+) -> torch.Tensor:
+    """``scaled_dot_product_attention`` with dropout ``p`` on the weights, as its math
+    backend computes it, the mask drawn by :func:`odelm.dropout.masked_dropout`."""
+    scores = torch.matmul(q, k.transpose(-2, -1)).mul_(q.shape[-1] ** -0.5)
+    if causal:
+        length, keys = scores.shape[-2:]
+        future = torch.ones(length, keys, dtype=torch.bool, device=q.device).triu_(1)
+        scores = scores.masked_fill(future, float("-inf"))
+    return torch.matmul(masked_dropout(torch.softmax(scores, -1), p), v)
 
 
 def _divisors_hint(n: int) -> str:

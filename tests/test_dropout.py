@@ -1,0 +1,52 @@
+"""``odelm.dropout``: ``nn.Dropout`` bit for bit outside CPU mixed precision; inside it,
+masks drawn 16 bits an element, with the keep rate, unbiasedness and gradient of dropout."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from odelm.dropout import Dropout, dropout, keep_mask
+
+
+def test_dropout_is_nn_dropout_bit_for_bit_in_full_precision() -> None:
+    x = torch.randn(20, 36, 200, requires_grad=True)
+    outputs, states = [], []
+    for module in (nn.Dropout(0.2), Dropout(0.2)):
+        torch.manual_seed(7)
+        out = module(x)
+        out.backward(torch.ones_like(out))
+        outputs.append((out.detach(), x.grad.clone()))
+        states.append(torch.get_rng_state())
+        x.grad = None
+    assert torch.equal(outputs[0][0], outputs[1][0]) and torch.equal(outputs[0][1], outputs[1][1])
+    assert torch.equal(states[0], states[1])  # the same draws from the generator
+    assert torch.equal(Dropout(0.2).eval()(x), x)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("p", [0.1, 0.2, 0.5])
+def test_mixed_precision_masks_keep_at_the_rate_and_are_unbiased(dtype, p) -> None:
+    mask, scale = keep_mask(torch.Size([400, 1000]), 1 - p, dtype)
+    assert mask.dtype == dtype and set(mask.unique().tolist()) <= {0.0, 1.0}
+    kept = mask.float().mean().item()
+    assert abs(kept - (1 - p)) < 4 * (p * (1 - p) / mask.numel()) ** 0.5  # 4 sigma
+    threshold = round((1 - p) * 2**16)
+    assert scale == 2**16 / threshold and abs(threshold / 2**16 - (1 - p)) <= 2**-17
+
+
+def test_mixed_precision_dropout_output_and_gradient() -> None:
+    torch.manual_seed(0)
+    x = torch.randn(64, 300).bfloat16().requires_grad_()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        before = torch.get_rng_state()
+        out = dropout(x, 0.1)
+        assert not torch.equal(before, torch.get_rng_state())
+    out.backward(torch.ones_like(out))
+    kept = out != 0
+    scale = 2**16 / round(0.9 * 2**16)
+    expected = (x.detach().float() * scale).bfloat16()
+    assert torch.equal(out.detach()[kept], expected[kept])
+    assert torch.equal(x.grad[kept], torch.full_like(x.grad[kept], scale))
+    assert x.grad[~kept].abs().sum() == 0 and 0.85 < kept.float().mean() < 0.95
