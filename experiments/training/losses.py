@@ -183,6 +183,18 @@ def fused_loss_dtype(
     return dtype
 
 
+def fused_training_nll(
+    model: Any, tokens: torch.Tensor, dtype: torch.dtype
+) -> tuple[torch.Tensor, dict[str, Any]]:
+    """The mean next-token NLL of ``model`` on an unmasked batch by
+    :func:`features_training_nll`, and ``aux``. An exactly causal model runs on
+    ``tokens[:, :-1]``: the last position predicts nothing, and no earlier state depends
+    on it (under mixed precision only; fp32 training keeps its dropout stream)."""
+    exact = getattr(model, "exactly_causal", getattr(model, "is_causal", False))
+    hidden, aux = model.features(tokens[:, :-1] if exact is True else tokens)
+    return features_training_nll(hidden, model.output_layer, tokens, dtype), aux
+
+
 def features_training_nll(
     hidden: torch.Tensor, output_layer: torch.nn.Linear, tokens: torch.Tensor, dtype: torch.dtype
 ) -> torch.Tensor:

@@ -22,7 +22,7 @@ from experiments.training.allocator import keep_freed_memory
 from experiments.training.compiled import CompiledModel
 from experiments.training.config import OptimConfig
 from experiments.training.datamodule import StreamWindow
-from experiments.training.losses import features_training_nll, fused_loss_dtype, training_nll
+from experiments.training.losses import fused_loss_dtype, fused_training_nll, training_nll
 from experiments.training.recipes import (
     PlateauAnnealer,
     build_optimizer,
@@ -132,8 +132,7 @@ class LMTask(FollowsTrainer, *lightning_bases("LightningModule")):  # type: igno
             if model is self.model:
                 dtype = fused_loss_dtype(model, tokens, mask, self.optim.label_smoothing)
             if dtype is not None:  # mixed precision: the output layer and the loss as one
-                hidden, aux = model.features(tokens)
-                loss = features_training_nll(hidden, model.output_layer, tokens, dtype)
+                loss, aux = fused_training_nll(model, tokens, dtype)
                 return (loss + aux["reg"] if "reg" in aux else loss), aux
             logits, aux = call_model(model, tokens, mask)
         loss = training_nll(logits, tokens, mask, self.optim.label_smoothing)
