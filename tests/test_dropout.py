@@ -50,3 +50,24 @@ def test_mixed_precision_dropout_output_and_gradient() -> None:
     assert torch.equal(out.detach()[kept], expected[kept])
     assert torch.equal(x.grad[kept], torch.full_like(x.grad[kept], scale))
     assert x.grad[~kept].abs().sum() == 0 and 0.85 < kept.float().mean() < 0.95
+
+
+def test_mixed_precision_attention_is_attention_with_low_precision_products() -> None:
+    """The ode_transformer attention under CPU bf16 autocast: bf16 products, fp32 softmax;
+    close to fp32 attention without dropout, and with dropout a fresh mask a call."""
+    from ode_transformer.layers import MultiHeadSelfAttention
+
+    torch.manual_seed(0)
+    attention = MultiHeadSelfAttention(64, 2, attention_dropout=0.0)
+    x = torch.randn(3, 10, 64)
+    expected = attention(x)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        mixed = attention(x)
+    assert mixed.dtype == torch.bfloat16
+    assert torch.allclose(mixed.float(), expected, rtol=0.05, atol=0.05)
+    attention.attention_dropout = 0.5
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        first, second = attention(x), attention(x)
+    assert torch.isfinite(first).all() and not torch.equal(first, second)
+    causal = attention.eval()(x[:, :6])  # causal: a prefix attends only within itself
+    assert torch.allclose(causal, attention(x)[:, :6], atol=1e-6)
