@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from ode_transformer.backbone import TokenInputError, check_tokens
-from odelm.dropout import Dropout
+from odelm.mixed_precision import Dropout
 
 from .configs import LSTMConfig
 from .errors import ModelConfigError

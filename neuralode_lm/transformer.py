@@ -30,7 +30,7 @@ from torch import nn
 from ode_transformer.backbone import init_weights
 from ode_transformer.layers import KVCache
 from odelm import decoding
-from odelm.dropout import Dropout
+from odelm.mixed_precision import Dropout
 from odelm.pretrained import PretrainedMixin
 
 from .configs import RENAMED, CausalMode, NODETransformerConfig, from_options

@@ -13,8 +13,8 @@ import math
 import torch
 from torch import nn
 
-from odelm.dropout import Dropout
 from odelm.errors import OdelmError
+from odelm.mixed_precision import Dropout
 from odelm.pretrained import PretrainedMixin
 
 from .config import ODETransformerConfig

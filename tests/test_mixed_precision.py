@@ -1,5 +1,6 @@
-"""``odelm.dropout``: ``nn.Dropout`` bit for bit outside CPU mixed precision; inside it,
-masks drawn 16 bits an element, with the keep rate, unbiasedness and gradient of dropout."""
+"""``odelm.mixed_precision``: ``nn.Dropout`` bit for bit outside CPU mixed precision; inside
+it, masks drawn 16 bits an element, with the keep rate, unbiasedness and gradient of
+dropout; attention with bf16 products and an fp32 softmax."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from odelm.dropout import Dropout, dropout, keep_mask
+from odelm.mixed_precision import Dropout, dropout, keep_mask
 
 
 def test_dropout_is_nn_dropout_bit_for_bit_in_full_precision() -> None:
@@ -72,3 +73,21 @@ def test_mixed_precision_attention_is_attention_with_low_precision_products() ->
     with torch.autocast("cpu", dtype=torch.bfloat16):  # causal: a prefix sees only itself
         prefix, full = attention.eval()(x[:, :6]), attention(x)[:, :6]
     assert torch.allclose(prefix.float(), full.float(), rtol=0.02, atol=0.02)
+
+
+def test_reference_encoder_layer_attention_under_mixed_precision() -> None:
+    """The reference Transformer's layer: nn.TransformerEncoderLayer's self-attention in
+    fp32, the mixed-precision attention (close to it) under CPU bf16 autocast."""
+    from experiments.reference import WordLMTransformer
+
+    torch.manual_seed(0)
+    layer = WordLMTransformer(50, d_model=32, n_heads=2, d_ff=64).layers.layers[0].eval()
+    x = torch.randn(3, 10, 32)
+    mask = nn.Transformer.generate_square_subsequent_mask(10)
+    expected = nn.TransformerEncoderLayer._sa_block(layer, x, mask, None, is_causal=True)
+    assert torch.equal(layer._sa_block(x, mask, None, is_causal=True), expected)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        mixed = layer._sa_block(x, mask, None, is_causal=True)
+        reference = nn.TransformerEncoderLayer._sa_block(layer, x, mask, None, is_causal=True)
+    assert mixed.dtype == torch.bfloat16
+    assert torch.allclose(mixed.float(), reference.float(), rtol=0.05, atol=0.05)
