@@ -241,15 +241,17 @@ def test_chunked_cross_entropy_gradient_from_forward_equals_the_recomputed_one()
     assert grads[0][targets == -100].abs().sum() == 0 and grads[0].abs().sum() > 0
 
 
-@pytest.mark.parametrize("bias", [True, False])
-def test_linear_cross_entropy_matches_cross_entropy_of_bf16_products(bias: bool) -> None:
+@pytest.mark.parametrize(("bias", "spread"), [(True, 1.0), (False, 1.0), (True, 30.0)])
+def test_linear_cross_entropy_matches_cross_entropy_of_bf16_products(
+    bias: bool, spread: float
+) -> None:
     """The fused output layer + loss: bf16 matrix products, fp32 softmax and bias; the
-    gradients of an fp32 cross-entropy of the same bf16 operands, and exactly linear in the
-    upstream gradient."""
+    gradients of an fp32 cross-entropy of the same bf16 operands (logits of std 2.5, or 75:
+    stable), and exactly linear in the upstream gradient."""
     from experiments.training.losses import linear_cross_entropy
 
     generator = torch.Generator().manual_seed(0)
-    hidden = torch.randn(150, 24, generator=generator)
+    hidden = spread * torch.randn(150, 24, generator=generator)
     weight = 0.5 * torch.randn(300, 24, generator=generator)
     offsets = 0.5 * torch.randn(300, generator=generator) if bias else None
     targets = torch.randint(0, 300, (150,), generator=generator)

@@ -15,8 +15,9 @@ per-row log-sum-exp between forward and backward.
 Liger Kernel and of "cut cross-entropy", Wijmans et al. 2024): from the final hidden states
 and the output layer's weights it forms the low-precision logits in one matrix product,
 then for each block of rows, in fp32 while the block is in cache, the softmax (one
-exponential per logit), the loss and the gradient ``softmax - onehot``, written back over
-the block's logits; the output layer's bias gradient is summed there too. Backward is two
+exponential per logit, in base 2: the logits come out of the product scaled by
+``log2(e)``), the loss and the gradient ``softmax - onehot``, written back over the block's
+logits in the low precision; the output layer's bias gradient is summed there too. Backward is two
 matrix products in the low precision. Nothing of size ``N x V`` is kept but the one
 low-precision buffer, and the last position of each window, which predicts nothing, is
 never computed.
@@ -34,6 +35,7 @@ from experiments.data.batching import lm_nll
 IGNORE_INDEX = -100  # cross-entropy's default: a target that is not scored
 ROWS_PER_BLOCK = 64
 """Rows per block: 64 x a 10k vocabulary in fp32 is 2.5 MB, within a core's L2."""
+LOG2E, LN2 = 1.4426950408889634, 0.6931471805599453
 
 
 class _ChunkedCrossEntropy(torch.autograd.Function):
@@ -110,31 +112,33 @@ class _LinearCrossEntropy(torch.autograd.Function):
         rows = hidden.shape[0]
         with torch.autocast(hidden.device.type, enabled=False):
             x, w = hidden.to(dtype), weight.to(dtype)
-            gradient = torch.mm(x, w.t())  # the logits; each block becomes its gradient
+            # logits in base 2 (times log2(e)): their softmax is exp2's, a vectorised
+            # exponential 3x faster on a CPU than torch.exp's
+            gradient = torch.mm((hidden * LOG2E).to(dtype), w.t())  # becomes the gradient
             sums = torch.zeros((), dtype=torch.float32, device=hidden.device)
             bias_grad = None
             if bias is not None and ctx.needs_input_grad[2]:
                 bias_grad = torch.zeros(w.shape[0], dtype=torch.float32, device=w.device)
+            bias2 = None if bias is None else bias.float() * LOG2E
             buffer = torch.empty(min(ROWS_PER_BLOCK, rows), w.shape[0], device=w.device)
-            minus_one = torch.full((buffer.shape[0], 1), -1.0, device=w.device)
             for start in range(0, rows, ROWS_PER_BLOCK):
                 block = slice(start, start + ROWS_PER_BLOCK)
                 logits = buffer[: gradient[block].shape[0]].copy_(gradient[block])  # fp32
-                if bias is not None:
-                    logits.add_(bias)
-                picked = logits.gather(1, targets[block, None])[:, 0]
-                top = logits.amax(1)
-                probs = torch.softmax(logits, 1)
-                # log-sum-exp = top + log(sum exp(logits - top)); the largest probability
-                # is exp(0) / sum, so the sum needs no second pass of exponentials
-                sums += (top - probs.amax(1).log() - picked).sum()
-                probs.scatter_add_(1, targets[block, None], minus_one[: probs.shape[0]])
+                if bias2 is not None:
+                    logits.add_(bias2)
+                picked = logits.gather(1, targets[block, None])
+                top = logits.amax(1, keepdim=True)
+                exps = torch.exp2(logits.sub_(top), out=logits)
+                total = exps.sum(1, keepdim=True)
+                sums += (top + total.log2() - picked).sum()  # log2-sum-exp2 - target logit
+                exps.scatter_add_(1, targets[block, None], -total)  # softmax - onehot, x total
+                scale = total.reciprocal_()
                 if bias_grad is not None:
-                    bias_grad += probs.sum(0)
-                gradient[block] = probs
+                    bias_grad.addmv_(exps.t(), scale[:, 0])
+                torch.mul(exps, scale, out=gradient[block])
         ctx.save_for_backward(x, w, gradient, bias_grad)
         ctx.hidden_dtype, ctx.weight_dtype = hidden.dtype, weight.dtype
-        return sums / max(rows, 1)
+        return sums * (LN2 / max(rows, 1))
 
     @staticmethod
     def backward(ctx, grad):
