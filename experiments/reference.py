@@ -121,9 +121,9 @@ class _EncoderLayer(nn.TransformerEncoderLayer):
         attention = self.self_attn  # is_causal: attn_mask is the causal mask
         batch, length, width = x.shape
         qkv = nn.functional.linear(x, attention.in_proj_weight, attention.in_proj_bias)
-        heads = qkv.view(batch, length, 3, attention.num_heads, -1).transpose(1, 3)
+        heads = qkv.view(batch, length, 3, attention.num_heads, -1).permute(2, 0, 3, 1, 4)
         p = attention.dropout if self.training else 0.0
-        y = mixed_precision.attention(*heads.unbind(2), p, causal=True)
+        y = mixed_precision.attention(*heads.contiguous().unbind(0), p, causal=True)
         return self.dropout1(attention.out_proj(y.transpose(1, 2).reshape(batch, length, width)))
 
 

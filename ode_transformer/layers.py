@@ -126,7 +126,15 @@ class MultiHeadSelfAttention(nn.Module):
         attends to a key the context's attention mask marks False (padding)."""
         cache, attention_mask = context.cache, context.attention_mask
         B, T, D = x.shape
-        q, k, v = self.qkv(x).view(B, T, 3, self.n_heads, D // self.n_heads).unbind(2)
+        qkv = self.qkv(x).view(B, T, 3, self.n_heads, D // self.n_heads)
+        if context.is_empty and qkv.dtype in (torch.bfloat16, torch.float16) and x.is_cpu:
+            # mixed precision (odelm.mixed_precision): bf16 products, fp32 softmax, on
+            # q, k, v made contiguous head by head at once (no gather of their gradients)
+            q, k, v = qkv.permute(2, 0, 3, 1, 4).contiguous().unbind(0)
+            p = self.attention_dropout if self.training else 0.0
+            y = mixed_precision.attention(q, k, v, p, self.causal and T > 1)
+            return self.out(y.transpose(1, 2).reshape(B, T, D))
+        q, k, v = qkv.unbind(2)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         past = 0
         if cache is not None:
@@ -142,13 +150,11 @@ class MultiHeadSelfAttention(nn.Module):
         dropout_p = self.attention_dropout if self.training else 0.0
         causal = self.causal and T > 1 and mask is None
         if q.dtype in (torch.bfloat16, torch.float16) and q.device.type == "cpu":
-            if mask is None:  # bf16 products, fp32 softmax (odelm.mixed_precision)
-                y = mixed_precision.attention(q, k, v, dropout_p, causal)
-            else:  # SDPA in fp32: on a CPU faster than its bf16 kernels (2-3x in backward)
-                with torch.autocast("cpu", enabled=False):
-                    y = F.scaled_dot_product_attention(
-                        q.float(), k.float(), v.float(), mask, dropout_p, causal
-                    )
+            # with a cache or a mask: SDPA in fp32, on a CPU faster than its bf16 kernels
+            with torch.autocast("cpu", enabled=False):
+                y = F.scaled_dot_product_attention(
+                    q.float(), k.float(), v.float(), mask, dropout_p, causal
+                )
         else:
             y = F.scaled_dot_product_attention(
                 q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=causal
