@@ -91,3 +91,27 @@ def test_reference_encoder_layer_attention_under_mixed_precision() -> None:
         reference = nn.TransformerEncoderLayer._sa_block(layer, x, mask, None, is_causal=True)
     assert mixed.dtype == torch.bfloat16
     assert torch.allclose(mixed.float(), reference.float(), rtol=0.05, atol=0.05)
+
+
+def test_mixed_precision_attention_gradients_are_fp32_attentions() -> None:
+    """fp32 scores forward, bf16 products backward: q, k, v's gradients those of fp32
+    causal attention of the same bf16 inputs, to bf16 accuracy."""
+    from odelm.mixed_precision import attention
+
+    generator = torch.Generator().manual_seed(0)
+    inputs = [torch.randn(2, 2, 9, 16, generator=generator).bfloat16() for _ in range(3)]
+    upstream = torch.randn(2, 2, 9, 16, generator=generator)
+    grads = []
+    for mixed in (True, False):
+        leaves = [t.clone().requires_grad_() for t in inputs]
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=mixed):
+            if mixed:
+                out = attention(*leaves, causal=True).float()
+            else:
+                out = nn.functional.scaled_dot_product_attention(
+                    *(t.float() for t in leaves), is_causal=True
+                )
+        out.backward(upstream)
+        grads.append([t.grad.float().flatten() for t in leaves])
+    for mixed, exact in zip(*grads):
+        assert nn.functional.cosine_similarity(mixed, exact, 0) > 0.999
