@@ -19,6 +19,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from odelm import mixed_precision
+from odelm.mixed_precision import Dropout
 from odelm.pretrained import PretrainedMixin
 
 
@@ -97,6 +99,34 @@ class BigramLM(PretrainedMixin, nn.Module):
         return [self.table]
 
 
+class _EncoderLayer(nn.TransformerEncoderLayer):
+    """``nn.TransformerEncoderLayer`` (post-norm, batch first) whose dropouts draw cheap masks
+    and whose causal self-attention runs as :func:`odelm.mixed_precision.attention` under
+    CPU mixed precision (bf16 products, fp32 softmax); ``nn.TransformerEncoderLayer``
+    otherwise, bit for bit."""
+
+    def __init__(self, d_model: int, n_heads: int, d_ff: int, dropout: float) -> None:
+        super().__init__(d_model, n_heads, d_ff, dropout=dropout, batch_first=True)
+        self.dropout, self.dropout1, self.dropout2 = (Dropout(dropout) for _ in range(3))
+
+    def _sa_block(
+        self,
+        x: torch.Tensor,
+        attn_mask: torch.Tensor | None,
+        key_padding_mask: torch.Tensor | None,
+        is_causal: bool = False,
+    ) -> torch.Tensor:
+        if not (is_causal and key_padding_mask is None and mixed_precision.cpu_mixed_precision(x)):
+            return super()._sa_block(x, attn_mask, key_padding_mask, is_causal)
+        attention = self.self_attn  # is_causal: attn_mask is the causal mask
+        batch, length, width = x.shape
+        qkv = nn.functional.linear(x, attention.in_proj_weight, attention.in_proj_bias)
+        heads = qkv.view(batch, length, 3, attention.num_heads, -1).permute(2, 0, 3, 1, 4)
+        p = attention.dropout if self.training else 0.0
+        y = mixed_precision.attention(*heads.contiguous().unbind(0), p, causal=True)
+        return self.dropout1(attention.out_proj(y.transpose(1, 2).reshape(batch, length, width)))
+
+
 class WordLMTransformer(PretrainedMixin, nn.Module):
     """The word_language_model Transformer LM, written with ``torch.nn`` layers.
 
@@ -134,10 +164,8 @@ class WordLMTransformer(PretrainedMixin, nn.Module):
         table[:, 0::2] = torch.sin(position * rate)
         table[:, 1::2] = torch.cos(position * rate)
         self.register_buffer("positions", table, persistent=False)
-        self.dropout = nn.Dropout(dropout)
-        layer = nn.TransformerEncoderLayer(
-            d_model, n_heads, d_ff, dropout=layer_dropout, batch_first=True
-        )
+        self.dropout = Dropout(dropout)
+        layer = _EncoderLayer(d_model, n_heads, d_ff, layer_dropout)
         self.layers = nn.TransformerEncoder(
             layer, n_layers, norm=nn.LayerNorm(d_model), enable_nested_tensor=False
         )
@@ -149,14 +177,25 @@ class WordLMTransformer(PretrainedMixin, nn.Module):
         nn.init.uniform_(self.decoder.weight, -init_range, init_range)
         nn.init.zeros_(self.decoder.bias)
 
-    def forward(self, tokens: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:
+    def features(self, tokens: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:
+        """The final LayerNorm's states ``[B, T, d_model]``, which :attr:`output_layer`
+        maps to the logits, and ``aux``."""
         length = tokens.shape[1]
         if length > self.max_positions:
             raise ValueError(f"{length} tokens exceed max_positions={self.max_positions}")
         x = self.embedding(tokens) * math.sqrt(self.d_model) + self.positions[:length]
         mask = nn.Transformer.generate_square_subsequent_mask(length, device=tokens.device)
-        hidden = self.layers(self.dropout(x), mask=mask, is_causal=True)
-        return self.decoder(hidden), {}
+        return self.layers(self.dropout(x), mask=mask, is_causal=True), {}
+
+    @property
+    def output_layer(self) -> nn.Linear:
+        """The decoder: ``forward(tokens)`` is ``(output_layer(hidden), aux)`` of
+        :meth:`features`."""
+        return self.decoder
+
+    def forward(self, tokens: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:
+        hidden, aux = self.features(tokens)
+        return self.decoder(hidden), aux
 
     def block_modules(self) -> list[nn.Module]:
         return [self.embedding, *self.layers.layers, self.decoder]

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from ode_transformer.backbone import TokenInputError, check_tokens
+from odelm.mixed_precision import Dropout
 
 from .configs import LSTMConfig
 from .errors import ModelConfigError
@@ -65,7 +66,7 @@ class LSTMEncoder(nn.Module):
             with torch.no_grad():
                 self.embedding.weight.copy_(config.embeddings)
         self.embedding.weight.requires_grad_(not config.freeze_embeddings)
-        self.input_dropout = nn.Dropout(config.input_dropout)
+        self.input_dropout = Dropout(config.input_dropout)
         self.lstm = nn.LSTM(
             config.embed_dim,
             config.hidden_dim,
@@ -73,7 +74,7 @@ class LSTMEncoder(nn.Module):
             batch_first=True,
             dropout=config.dropout if config.n_layers > 1 else 0.0,
         )
-        self.dropout = nn.Dropout(config.dropout)
+        self.dropout = Dropout(config.dropout)
 
     @classmethod
     def report_preset(cls, vocab_size: int, **overrides: Any) -> LSTMEncoder:

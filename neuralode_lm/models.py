@@ -79,8 +79,21 @@ class LSTMLM(PretrainedMixin, nn.Module):
     def forward(
         self, tokens: torch.Tensor, state: tuple[torch.Tensor, torch.Tensor] | None = None
     ) -> tuple[torch.Tensor, dict[str, Any]]:
+        hidden, aux = self.features(tokens, state)
+        return self.head(hidden), aux
+
+    def features(
+        self, tokens: torch.Tensor, state: tuple[torch.Tensor, torch.Tensor] | None = None
+    ) -> tuple[torch.Tensor, dict[str, Any]]:
+        """The LSTM's (dropped-out) states ``[B, T, hidden_dim]``, which :attr:`output_layer`
+        maps to the logits, and ``aux`` (``{"state": (h, c)}``)."""
         hidden, state = self.encoder.forward_with_state(tokens, state)
-        return self.head(hidden), {"state": state}
+        return hidden, {"state": state}
+
+    @property
+    def output_layer(self) -> nn.Linear:
+        """The linear softmax layer (tied to the embedding with ``tie_weights``)."""
+        return self.head
 
     def block_modules(self) -> list[nn.Module]:
         return [self.encoder, self.head]

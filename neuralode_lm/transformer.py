@@ -30,6 +30,7 @@ from torch import nn
 from ode_transformer.backbone import init_weights
 from ode_transformer.layers import KVCache
 from odelm import decoding
+from odelm.mixed_precision import Dropout
 from odelm.pretrained import PretrainedMixin
 
 from .configs import RENAMED, CausalMode, NODETransformerConfig, from_options
@@ -136,7 +137,7 @@ class NODETransformerLM(PretrainedMixin, nn.Module):
         self.integration = _integration(config.solver, config.steps, self.integration_time)
         self.token_embedding = nn.Embedding(vocab_size, d_model)
         self.position_embedding = nn.Embedding(max_positions, d_model)
-        self.dropout = nn.Dropout(config.dropout)
+        self.dropout = Dropout(config.dropout)
         self.fields = nn.ModuleList(
             DepthField(
                 d_model,
@@ -251,6 +252,19 @@ class NODETransformerLM(PretrainedMixin, nn.Module):
         """Logits ``[B, T, V]``; ``aux``: ``nfe`` (evaluations of ``F`` per forward pass,
         summed over blocks; per prefix solve on average in prefix mode), accepted/rejected
         steps, ``exactly_causal`` and, in training with regularisers, ``reg``."""
+        hidden, aux = self.features(tokens, cache)
+        return self.head(hidden), aux
+
+    @property
+    def output_layer(self) -> nn.Linear:
+        """The tied softmax layer: ``forward(tokens)`` is ``(output_layer(hidden), aux)`` of
+        :meth:`features`."""
+        return self.head
+
+    def features(
+        self, tokens: torch.Tensor, cache: KVCache | None = None
+    ) -> tuple[torch.Tensor, dict[str, Any]]:
+        """The final LayerNorm's states ``[B, T, d_model]`` and :meth:`forward`'s ``aux``."""
         prefix = self.causal_mode == "prefix" and not self.training and cache is None
         if prefix and not isinstance(self.integration, FixedGrid):
             y, reg = self._prefix_states(tokens), None
@@ -266,7 +280,7 @@ class NODETransformerLM(PretrainedMixin, nn.Module):
         }
         if reg is not None:
             aux["reg"] = reg
-        return self.head(self.norm(y)), aux
+        return self.norm(y), aux
 
     def next_token_logits(self, tokens: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
         """Logits ``[B, V]`` at the last position (a cache needs a fixed grid)."""

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from odelm.errors import OdelmError
+from odelm.mixed_precision import Dropout
 from odelm.pretrained import PretrainedMixin
 
 from .config import ODETransformerConfig
@@ -110,7 +111,7 @@ class Backbone(PretrainedMixin, nn.Module):
         else:
             self.register_buffer("position_table", sinusoids(config), persistent=False)
         self.embedding_scale = math.sqrt(config.d_model) if config.scale_embeddings else 1.0
-        self.dropout = nn.Dropout(config.dropout)
+        self.dropout = Dropout(config.dropout)
         self.stack = build_stack(config, causal=causal)
         self.norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
 

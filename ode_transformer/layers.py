@@ -15,6 +15,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from odelm import mixed_precision
+from odelm.mixed_precision import Dropout
+
 from .errors import ODETransformerConfigError
 
 
@@ -123,7 +126,15 @@ class MultiHeadSelfAttention(nn.Module):
         attends to a key the context's attention mask marks False (padding)."""
         cache, attention_mask = context.cache, context.attention_mask
         B, T, D = x.shape
-        q, k, v = self.qkv(x).view(B, T, 3, self.n_heads, D // self.n_heads).unbind(2)
+        qkv = self.qkv(x).view(B, T, 3, self.n_heads, D // self.n_heads)
+        if context.is_empty and qkv.dtype in (torch.bfloat16, torch.float16) and x.is_cpu:
+            # mixed precision (odelm.mixed_precision): bf16 products, fp32 softmax, on
+            # q, k, v made contiguous head by head at once (no gather of their gradients)
+            q, k, v = qkv.permute(2, 0, 3, 1, 4).contiguous().unbind(0)
+            p = self.attention_dropout if self.training else 0.0
+            y = mixed_precision.attention(q, k, v, p, self.causal and T > 1)
+            return self.out(y.transpose(1, 2).reshape(B, T, D))
+        q, k, v = qkv.unbind(2)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         past = 0
         if cache is not None:
@@ -139,8 +150,7 @@ class MultiHeadSelfAttention(nn.Module):
         dropout_p = self.attention_dropout if self.training else 0.0
         causal = self.causal and T > 1 and mask is None
         if q.dtype in (torch.bfloat16, torch.float16) and q.device.type == "cpu":
-            # Mixed precision: attention in fp32 (its softmax exact), which on a CPU is also
-            # faster than its bf16 kernels (2-3x in backward at d_head 100, T 36).
+            # with a cache or a mask: SDPA in fp32, on a CPU faster than its bf16 kernels
             with torch.autocast("cpu", enabled=False):
                 y = F.scaled_dot_product_attention(
                     q.float(), k.float(), v.float(), mask, dropout_p, causal
@@ -159,7 +169,7 @@ class FeedForward(nn.Module):
         super().__init__()
         self.fc1 = nn.Linear(d_model, d_ff)
         self.fc2 = nn.Linear(d_ff, d_model)
-        self.dropout = nn.Dropout(relu_dropout)
+        self.dropout = Dropout(relu_dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc2(self.dropout(F.relu(self.fc1(x))))
@@ -180,7 +190,7 @@ class PreNormAttention(nn.Module):
         super().__init__()
         self.norm = nn.LayerNorm(d_model, eps=eps)
         self.attention = MultiHeadSelfAttention(d_model, n_heads, attention_dropout, causal)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
 
     def forward(
         self,
@@ -204,7 +214,7 @@ class PreNormFFN(nn.Module):
         super().__init__()
         self.norm = nn.LayerNorm(d_model, eps=eps)
         self.ffn = FeedForward(d_model, d_ff, relu_dropout)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
 
     def forward(
         self,

@@ -44,6 +44,17 @@ class ODETransformerLM(Backbone):
         cache.position += tokens.shape[1]
         return hidden
 
+    def features(self, tokens: torch.Tensor) -> tuple[torch.Tensor, dict]:
+        """Final-LayerNorm states ``[B, T, d_model]``, which :attr:`output_layer` maps to
+        the logits, and ``aux`` (as :meth:`forward`'s)."""
+        return self.hidden_states(tokens), {"nfe": self.stack.nfe}
+
+    @property
+    def output_layer(self) -> nn.Linear:
+        """The softmax layer: ``forward(tokens)`` is ``(output_layer(hidden), aux)`` of
+        :meth:`features`."""
+        return self.head
+
     def forward(
         self, tokens: torch.Tensor, cache: KVCache | None = None
     ) -> tuple[torch.Tensor, dict]:

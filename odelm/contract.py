@@ -28,6 +28,13 @@ attribute is refused there.
 Optional incremental decoding (:class:`CachedLanguageModel`): ``init_cache()`` and
 ``next_token_logits(new_tokens, cache)``, which :mod:`odelm.decoding` uses when present.
 
+Optional output-layer split (:class:`FeaturesLanguageModel`): ``output_layer`` (an
+``nn.Linear``) and ``features(tokens) -> (hidden [B, T, D], aux)`` such that
+``model(tokens)`` is ``(output_layer(hidden), aux)``. Mixed-precision training then fuses
+the output layer with the loss, a block of rows at a time, instead of forming the logits
+(:func:`experiments.training.losses.linear_cross_entropy`); full-precision training and
+evaluation call the model.
+
 The protocols are structural: a model meets them by having the attributes, not by
 inheriting from them; :func:`call_model` checks the contract at run time.
 """
@@ -84,6 +91,15 @@ class CachedLanguageModel(LanguageModel, Protocol):
     def init_cache(self) -> DecodingCache: ...
 
     def next_token_logits(self, new_tokens: torch.Tensor, cache: DecodingCache) -> torch.Tensor: ...
+
+
+class FeaturesLanguageModel(LanguageModel, Protocol):
+    """A model whose logits are a linear layer of its final states: ``model(tokens)`` is
+    ``(output_layer(hidden), aux)`` with ``hidden, aux = features(tokens)``."""
+
+    output_layer: torch.nn.Linear
+
+    def features(self, tokens: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]: ...
 
 
 class ContractError(OdelmError, TypeError):

@@ -137,7 +137,7 @@ def test_bf16_adjoint_gradient_matches_direct_backpropagation() -> None:
 
 
 def test_bf16_mixed_reaches_the_lightning_trainer(tmp_path, tiny_config) -> None:
-    seen: list[torch.dtype] = []
+    seen: list[tuple[bool, torch.dtype]] = []
     config = parse_config(
         tiny_config(
             tmp_path,
@@ -156,7 +156,9 @@ def test_bf16_mixed_reaches_the_lightning_trainer(tmp_path, tiny_config) -> None
 
     def capture(spec: dict, vocab_size: int) -> nn.Module:
         model = build(spec, vocab_size)
-        model.head.register_forward_hook(lambda m, i, out: seen.append(out.dtype))
+        # a linear layer inside the stack (training fuses the softmax layer with the loss)
+        inner = next(m for m in model.modules() if isinstance(m, nn.Linear) and m is not model.head)
+        inner.register_forward_hook(lambda m, i, out: seen.append((m.training, out.dtype)))
         hook_model.append(model)
         return model
 
@@ -167,7 +169,8 @@ def test_bf16_mixed_reaches_the_lightning_trainer(tmp_path, tiny_config) -> None
         result = train(config)
     finally:
         train_module.build_model = original
-    assert seen and seen[0] == torch.bfloat16  # training forward passes ran under autocast
+    training = [dtype for in_training, dtype in seen if in_training]
+    assert training and set(training) == {torch.bfloat16}  # training ran under autocast
     assert result["steps"] == 4 and 1.0 < result["test_ppl"] < float("inf")
     assert next(hook_model[0].parameters()).dtype == torch.float32  # fp32 master weights
     # utilisation beside throughput: forward + backward FLOPs per second over the bf16 peak
@@ -236,3 +239,77 @@ def test_chunked_cross_entropy_gradient_from_forward_equals_the_recomputed_one()
         grads.append(logits.grad)
     assert torch.equal(2 * grads[0], grads[1])
     assert grads[0][targets == -100].abs().sum() == 0 and grads[0].abs().sum() > 0
+
+
+@pytest.mark.parametrize(("bias", "spread"), [(True, 1.0), (False, 1.0), (True, 30.0)])
+def test_linear_cross_entropy_matches_cross_entropy_of_bf16_products(
+    bias: bool, spread: float
+) -> None:
+    """The fused output layer + loss: bf16 matrix products, fp32 softmax and bias; the
+    gradients of an fp32 cross-entropy of the same bf16 operands (logits of std 2.5, or 75:
+    stable), and exactly linear in the upstream gradient."""
+    from experiments.training.losses import linear_cross_entropy
+
+    generator = torch.Generator().manual_seed(0)
+    hidden = spread * torch.randn(150, 24, generator=generator)
+    weight = 0.5 * torch.randn(300, 24, generator=generator)
+    offsets = 0.5 * torch.randn(300, generator=generator) if bias else None
+    targets = torch.randint(0, 300, (150,), generator=generator)
+    inputs = [t.clone().requires_grad_() for t in (hidden, weight, offsets) if t is not None]
+    expected = nn.functional.cross_entropy(
+        nn.functional.linear(
+            inputs[0].bfloat16().float(), inputs[1].bfloat16().float(), *inputs[2:]
+        ),
+        targets,
+    )
+    expected.backward()
+    results = []
+    for upstream in (1.0, 2.0):
+        fused = [t.clone().requires_grad_() for t in (hidden, weight, offsets) if t is not None]
+        loss = linear_cross_entropy(fused[0], fused[1], fused[2] if bias else None, targets)
+        loss.backward(torch.tensor(upstream))
+        results.append((loss, [t.grad for t in fused]))
+    loss, grads = results[0]
+    assert torch.allclose(loss, expected, rtol=2e-3)
+    for grad, reference in zip(grads, [t.grad for t in inputs]):
+        assert grad.dtype == torch.float32
+        assert nn.functional.cosine_similarity(grad.flatten(), reference.flatten(), 0) > 0.999
+    assert all(torch.equal(2 * a, b) for a, b in zip(grads, results[1][1]))
+
+
+@pytest.mark.parametrize(
+    "family", ["reference transformer", "ode_transformer rk4", "node-transformer rk4 grid", "lstm"]
+)
+def test_training_loss_fuses_the_output_layer_only_under_mixed_precision(family: str) -> None:
+    """``LMTask._loss``: in fp32 exactly the logits' cross-entropy (``forward`` is the output
+    layer of ``features``, bit for bit); under bf16 autocast the fused loss, close to it."""
+    from experiments.training.config import OptimConfig
+    from experiments.training.losses import fused_loss_dtype, training_nll
+    from experiments.training.task import LMTask
+    from odelm.contract import call_model
+
+    tokens = torch.randint(0, V, (4, 12), generator=torch.Generator().manual_seed(1))
+    torch.manual_seed(0)
+    task = LMTask(build_model(FAMILIES[family], V), OptimConfig()).eval()  # dropout off
+    model = task.model
+    assert fused_loss_dtype(model, tokens, None, 0.0) is None
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert fused_loss_dtype(model, tokens, None, 0.0) == torch.bfloat16
+        assert fused_loss_dtype(model, tokens, None, 0.1) is None  # label smoothing
+    hidden, _ = model.features(tokens)
+    assert torch.equal(model.output_layer(hidden), model(tokens)[0])
+    losses, grads = {}, {}
+    for name, bf16 in (("fp32", False), ("plain", True), ("fused", True)):
+        model.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            if name == "plain":
+                loss = training_nll(call_model(model, tokens)[0], tokens, None, 0.0)
+            else:
+                loss = task._loss(tokens)[0]
+        loss.backward()
+        losses[name] = loss.detach()
+        grads[name] = torch.cat([p.grad.flatten() for p in model.parameters()])
+    fp32 = training_nll(call_model(model, tokens)[0], tokens, None, 0.0)
+    assert torch.equal(losses["fp32"], fp32.detach())
+    assert torch.allclose(losses["fused"], losses["plain"], rtol=2e-3)
+    assert nn.functional.cosine_similarity(grads["fused"], grads["plain"], 0) > 0.999

@@ -22,7 +22,7 @@ from experiments.training.allocator import keep_freed_memory
 from experiments.training.compiled import CompiledModel
 from experiments.training.config import OptimConfig
 from experiments.training.datamodule import StreamWindow
-from experiments.training.losses import training_nll
+from experiments.training.losses import fused_loss_dtype, fused_training_nll, training_nll
 from experiments.training.recipes import (
     PlateauAnnealer,
     build_optimizer,
@@ -127,7 +127,14 @@ class LMTask(FollowsTrainer, *lightning_bases("LightningModule")):  # type: igno
             logits, aux, self.train_state = self._stateful_forward(tokens, state)
         else:
             tokens, mask = batch if isinstance(batch, (tuple, list)) else (batch, None)
-            logits, aux = call_model(self._training_model(), tokens, mask)
+            model = self._training_model()
+            dtype = None  # a compiled model computes its logits; the eager one may fuse them
+            if model is self.model:
+                dtype = fused_loss_dtype(model, tokens, mask, self.optim.label_smoothing)
+            if dtype is not None:  # mixed precision: the output layer and the loss as one
+                loss, aux = fused_training_nll(model, tokens, dtype)
+                return (loss + aux["reg"] if "reg" in aux else loss), aux
+            logits, aux = call_model(model, tokens, mask)
         loss = training_nll(logits, tokens, mask, self.optim.label_smoothing)
         if "reg" in aux:
             loss = loss + aux["reg"]
