@@ -1,8 +1,11 @@
-"""Plots: the legend explains a marker only when a plotted run uses it."""
+"""Plots: the legend explains a marker only when a plotted run uses it; seeds of unequal
+length keep their tails."""
 
 from __future__ import annotations
 
-from experiments.comparison.plots import _cost_figure
+import matplotlib.pyplot as plt
+
+from experiments.comparison.plots import _cost_figure, _draw
 
 
 def _legend_texts(figure) -> list[str]:
@@ -40,3 +43,22 @@ def test_perplexity_against_flops_places_each_model_at_its_mean_cost():
     data_lines = [container.lines[0] for container in axis.containers]  # errorbar's points
     points = sorted((float(ln.get_xdata()[0]), float(ln.get_ydata()[0])) for ln in data_lines)
     assert points == [(2e6, 305.0), (5e6, 330.0)]
+
+
+def test_a_seed_that_trains_on_after_another_stopped_keeps_its_own_line():
+    """The mean is drawn where every seed has a value; a seed that stopped later goes on as
+    a thin line from the mean's last point, in wall time at its own x."""
+    short = [(100, 400.0), (200, 300.0)]
+    long = [(100, 420.0), (200, 320.0), (300, 290.0), (400, 280.0)]
+    _, axis = plt.subplots()
+    _draw(axis, 0, "rk4", [short, long])
+    mean, tail = axis.get_lines()
+    assert list(mean.get_xdata()) == [100, 200] and list(mean.get_ydata()) == [410.0, 310.0]
+    assert list(tail.get_xdata()) == [200, 300, 400]
+    assert list(tail.get_ydata()) == [310.0, 290.0, 280.0]
+    _, axis = plt.subplots()
+    walls = [{100: 10.0, 200: 20.0}, {100: 12.0, 200: 22.0, 300: 33.0, 400: 44.0}]
+    _draw(axis, 0, "rk4", [short, long], walls)
+    mean, tail = axis.get_lines()
+    assert list(mean.get_xdata()) == [11.0, 21.0] and list(tail.get_xdata()) == [21.0, 33.0, 44.0]
+    plt.close("all")

@@ -120,8 +120,10 @@ def _label(name: str, runs: list[dict[str, Any]]) -> str:
 def _draw(
     axis: Any, index: int, label: str, curves: list[Series], xs: list[dict] | None = None
 ) -> None:
-    """Mean line and min-max band over ``curves`` (step, value); ``xs`` maps each curve's
-    steps to another x (wall time), averaged over seeds like the values."""
+    """Mean line and min-max band over ``curves`` (step, value) at the steps every curve has;
+    past the last of those (seeds stopped early at different steps), each longer seed goes on
+    as a thin line of its own. ``xs`` maps each curve's steps to another x (wall time),
+    averaged over seeds like the values."""
     steps, mean, low, high = mean_band(curves)
     if not steps:
         return
@@ -129,6 +131,12 @@ def _draw(
     axis.plot(x, mean, markersize=4, markevery=max(1, len(x) // 12), label=label, **style(index))
     if len(curves) > 1:
         axis.fill_between(x, low, high, color=style(index)["color"], alpha=0.18, linewidth=0)
+    for number, curve in enumerate(curves):
+        tail = [(step, value) for step, value in curve if step > steps[-1]]
+        if tail:  # joined to the mean's last point, where this seed was still averaged
+            tail_x = [x[-1], *(s if xs is None else xs[number][s] for s, _ in tail)]
+            tail_y = [mean[-1], *(v for _, v in tail)]
+            axis.plot(tail_x, tail_y, color=style(index)["color"], linewidth=0.8, alpha=0.6)
 
 
 def plot_comparison(out_dir: Path, results: list[dict[str, Any]]) -> list[Path]:
@@ -138,7 +146,10 @@ def plot_comparison(out_dir: Path, results: list[dict[str, Any]]) -> list[Path]:
     protocol = "; ".join(sorted({str(r.get("protocol")) for r in results}))
     several = any(len(runs) > 1 for runs in groups.values())
     band_note = (
-        "\nlines: mean over seeds; bands and error bars: min to max over seeds" if several else ""
+        "\nlines: mean over seeds (thin: one seed, after another stopped early); "
+        "bands and error bars: min to max over seeds"
+        if several
+        else ""
     )
     references = grammar_references(results)
     written: list[Path] = []
