@@ -339,8 +339,9 @@ def _nfe_figure(nfe: dict[str, list[Series]], order: list[str]) -> plt.Figure:
     """One panel per continuous-depth model, sharing the y axis."""
     columns = min(3, len(nfe))
     rows = math.ceil(len(nfe) / columns)
+    width = max(7.0, 3.6 * columns)  # at least the two-line title's width
     figure, axes = plt.subplots(
-        rows, columns, figsize=(3.6 * columns, 3 * rows), sharey=True, squeeze=False
+        rows, columns, figsize=(width, 3 * rows + 0.6), sharey=True, squeeze=False
     )
     for panel, (name, curves) in zip(axes.flat, nfe.items()):
         _draw(panel, order.index(name), name, [c for c in curves if c])
