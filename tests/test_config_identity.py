@@ -94,3 +94,14 @@ def test_grid_runs_keep_their_identity(grid: str) -> None:
     expected = {**TABLE5_FIELD, **OTHER_GRIDS}[grid]
     hashes = grid_hashes(grid)
     assert {run: hashes[run] for run in expected} == expected
+
+
+def test_ten_seed_baselines_rerun_the_three_seed_runs() -> None:
+    """``baselines-ptb-mini-10seeds`` trains the very runs of ``baselines-ptb-mini`` (its
+    docs compare them with the reference example): seeds 1-3 keep their identity."""
+    three, ten = grid_hashes("baselines-ptb-mini"), grid_hashes("baselines-ptb-mini-10seeds")
+    shared = {run: digest for run, digest in three.items() if not run.startswith("lstm-tied")}
+    assert {run: ten[run] for run in shared} == shared
+    assert sorted(ten) == sorted(
+        f"{name}-seed{seed}" for name in ("lstm-untied", "transformer") for seed in range(1, 11)
+    )
