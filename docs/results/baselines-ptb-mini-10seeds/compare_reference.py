@@ -70,7 +70,7 @@ def main() -> None:
             f"| {first[0]:.2f} / {first[1]:.2f} | {below[0]}/{len(ours)} / {below[1]}/{len(theirs)} "
             f"| <= {target:g} |"
         )
-        for x, (who, values) in enumerate((("odelm port", ours), ("reference example", theirs))):
+        for x, values in enumerate((ours, theirs)):
             runs = [values[seed] for seed in sorted(values)]
             jitter = [x + 0.02 * (i - (len(runs) - 1) / 2) for i in range(len(runs))]
             axis.scatter(jitter, runs, s=22, alpha=0.8)
