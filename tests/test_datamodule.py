@@ -11,7 +11,7 @@ import torch
 from experiments.evaluation.evaluate import EvalSettings, perplexity
 from experiments.models.build import build_model
 from experiments.training.config import ConfigError, DataConfig, OptimConfig, RunConfig
-from experiments.training.datamodule import LMDataModule
+from experiments.training.datamodule import LMDataModule, SeededResumableSampler
 from experiments.training.task import LMTask
 from experiments.training.train import prepare_data
 
@@ -85,3 +85,29 @@ def test_shuffle_false_reads_the_training_windows_in_stream_order() -> None:
     assert in_order == list(range(len(in_order)))
     shuffled = _window_indices(LMDataModule.from_corpus("grammar", batch_size=8))
     assert sorted(shuffled) == in_order and shuffled != in_order
+
+
+def _epoch_orders(seed: int, order: int, size: int = 94, epochs: int = 60) -> list[tuple]:
+    sampler = SeededResumableSampler(size, seed, order=order)
+    return [tuple(sampler._index(epoch * size + i) for i in range(size)) for epoch in range(epochs)]
+
+
+def test_seeds_share_no_epoch_permutation_under_the_default_order() -> None:
+    """Version 2 (the default): the 300 (seed, epoch) permutations of seeds 1-5 over 60
+    epochs of PTB-mini's 94 windows are all different; version 1 (seed + epoch) shares
+    all but a few, which is why it was replaced."""
+    assert SeededResumableSampler(10, 0).order == 2
+    assert DataConfig().order == 2
+    new = [p for seed in range(1, 6) for p in _epoch_orders(seed, 2)]
+    assert len(set(new)) == len(new) == 300
+    old = [p for seed in range(1, 6) for p in _epoch_orders(seed, 1)]
+    assert len(set(old)) == 64  # seeds 1-5 over epochs 0-59 use seeds + epochs 1..64
+
+
+def test_order_one_is_the_published_seed_plus_epoch_order() -> None:
+    """Runs published before data.order keep their windows to the digit."""
+    size, seed = 37, 3
+    sampler = SeededResumableSampler(size, seed, order=1)
+    for epoch in (0, 1, 5):
+        expected = torch.randperm(size, generator=torch.Generator().manual_seed(seed + epoch))
+        assert [sampler._index(epoch * size + i) for i in range(size)] == expected.tolist()

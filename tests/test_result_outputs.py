@@ -95,6 +95,7 @@ def test_results_md_has_the_headline_columns_only() -> None:
         "parameters",
         "test perplexity (mean ± sd, n seeds)",
         "Δ vs base [95% CI]",
+        "p (Holm)",
         "valid perplexity",
         "NFE",
         "forward FLOPs/token",

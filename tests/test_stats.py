@@ -65,3 +65,50 @@ def test_markdown_table_aggregates_seeds_against_the_baseline():
     assert "| 12.00 ± 1.00 (3) | +1.17 [+0.45, +1.88], significant |" in rows["rk"]
     assert "| 9.00 ± n/a (1) (non-causal: not an LM perplexity) | -1.00 [n/a] |" in rows["solo"]
     assert "Data protocol: P." in table and "seeds 0, 1, 2" in table
+
+
+def test_paired_p_value_matches_the_t_distribution():
+    """Diffs 1, 2, 3: t = 2 / (1 / sqrt 3) = 3.4641 with 2 df; two-sided p = 0.07418
+    (tables of Student's t); the 95% interval contains 0 exactly when p > 0.05."""
+    paired = paired_difference({1: 11.0, 2: 12.0, 3: 13.0}, {1: 10.0, 2: 10.0, 3: 10.0})
+    assert paired.p_value == pytest.approx(0.074180, abs=1e-5)
+    assert not paired.significant and paired.p_value > 0.05
+
+
+def test_holm_adjustment():
+    """Holm (1979): sorted p 0.01, 0.02, 0.04 of m = 3 -> 0.03, 0.04, 0.04 (monotone);
+    None stays None and does not count in m."""
+    from experiments.comparison.stats import holm
+
+    assert holm([0.04, None, 0.01, 0.02]) == pytest.approx([0.04, None, 0.03, 0.04])
+    assert holm([0.5, 0.9]) == pytest.approx([1.0, 1.0])
+    assert holm([]) == []
+
+
+def test_seed_noise_row_pairs_with_the_baseline_and_stays_out_of_holm(tmp_path):
+    """The seed-noise row is paired by ``pair`` (the baseline seed it stands beside), shown
+    as a control, and left out of the Holm family; results.csv carries p, p_holm and
+    cap_bound (a run whose best step is its last validation at the budget)."""
+    import csv
+
+    from experiments.comparison.tables import adjusted_p_values, write_tables
+
+    base = [_row("base", s, 100.0 + s) for s in (1, 2, 3)]
+    better = [_row("rk2", s, 90.0 + s + 0.1 * s * s) for s in (1, 2, 3)]
+    noise = [
+        {**_row("seed-noise", s + 100, 100.0 + s + d), "pair": s}
+        for s, d in ((1, 0.5), (2, -0.2), (3, 0.1))
+    ]
+    for run in base:
+        run.update(best_step=1900, steps=1900, val_every=95, max_steps=1900)
+    better[0].update(best_step=1805, steps=1900, val_every=95, max_steps=1900)
+    results = base + better + noise
+    assert set(adjusted_p_values(results, "base")) == {"rk2"}
+    write_tables(results, tmp_path, "base")
+    rows = list(csv.DictReader((tmp_path / "results.csv").open()))
+    assert [r["cap_bound"] for r in rows[:4]] == ["True", "True", "True", "False"]
+    rk2 = [r for r in rows if r["name"] == "rk2"]
+    assert float(rk2[0]["p_holm"]) == pytest.approx(float(rk2[0]["p_value"]))  # m = 1
+    assert [r for r in rows if r["name"] == "seed-noise"][0]["p_holm"] == ""
+    table = (tmp_path / "results.md").read_text()
+    assert "+0.13 [" in table and "(A/A control)" in table and "3 cap-bound" in table

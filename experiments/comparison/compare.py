@@ -13,7 +13,11 @@ skipped and half-finished ones resume.
 
 ``results.csv`` holds one row per run (model x seed); ``results.md`` aggregates over seeds
 (mean +- sample standard deviation, n) and gives each model's seed-paired difference to
-the baseline with a 95% Student-t interval (``experiments.comparison.stats``).
+the baseline with a 95% Student-t interval, its p-value and Holm's adjustment over the
+grid (``experiments.comparison.stats``). ``seed_noise: OFFSET`` (or ``true``: 1000) adds
+the row ``seed-noise``, the baseline's config at seeds ``S + OFFSET`` paired with the
+baseline's seed ``S``: the A/A spread every difference is read against. ``tune:`` gives
+every run the same tuning trials first (``experiments.comparison.tuning``).
 """
 
 from __future__ import annotations
@@ -30,7 +34,8 @@ from typing import Any
 import yaml
 
 from experiments.comparison.launchers import Job, Launch, run_jobs
-from experiments.comparison.tables import write_tables
+from experiments.comparison.tables import SEED_NOISE, write_tables
+from experiments.comparison.tuning import apply_choices, run_tuning, tune_spec
 from experiments.training.config import ConfigError, load_yaml, merge, parse_config
 from experiments.training.progress import PROGRESS_FILE, duration
 from experiments.training.runfolder import (
@@ -45,7 +50,8 @@ from experiments.training.train import RESULT_FILE
 from odelm.errors import OdelmError
 
 GRIDS_DIR = Path(__file__).parents[1] / "configs" / "grids"
-GRID_KEYS = {"shared", "runs", "seeds", "baseline", "launcher"}
+GRID_KEYS = {"shared", "runs", "seeds", "baseline", "launcher", "tune", "seed_noise"}
+SEED_NOISE_OFFSET = 1000
 RUN_KEYS = {"name", "model", "optim", "recipe"}
 
 
@@ -57,6 +63,7 @@ class PlannedRun:
     seed: int
     run: str  # the run directory's name: ``name``, or ``name-seedS`` with several seeds
     values: dict[str, Any]
+    pair: int | None = None  # seed-noise runs: the baseline seed they are paired with
 
 
 class GridRunError(OdelmError, RuntimeError):
@@ -144,8 +151,32 @@ def expand_grid(
     baseline = grid.get("baseline", names[0])
     if baseline not in names:
         raise ConfigError(f"grid baseline {baseline!r} is not a run; runs: {', '.join(names)}")
+    planned += _seed_noise_runs(grid, planned, baseline, out_dir)
     # Seed by seed: a grid stopped early has every model at its first seeds.
-    return sorted(planned, key=lambda plan: seeds.index(plan.seed))
+    return sorted(planned, key=lambda plan: seeds.index(plan.seed if plan.pair is None else plan.pair))
+
+
+def _seed_noise_runs(
+    grid: dict[str, Any], planned: list[PlannedRun], baseline: str, out_dir: Path
+) -> list[PlannedRun]:
+    """The seed-noise row: the baseline's runs again at seeds shifted by the offset."""
+    offset = grid.get("seed_noise")
+    if offset is None or offset is False:
+        return []
+    if offset is True:
+        offset = SEED_NOISE_OFFSET
+    if isinstance(offset, bool) or not isinstance(offset, int) or offset < 1:
+        raise ConfigError(f"grid key seed_noise must be true or a seed offset >= 1, got {offset!r}")
+    if SEED_NOISE in {plan.name for plan in planned}:
+        raise ConfigError(f"a run named {SEED_NOISE} clashes with the seed-noise row")
+    noise = []
+    for plan in planned:
+        if plan.name == baseline:
+            seed = plan.seed + offset
+            run = f"{SEED_NOISE}-seed{seed}"
+            values = {**plan.values, "name": run, "seed": seed}
+            noise.append(PlannedRun(SEED_NOISE, seed, run, values, pair=plan.seed))
+    return noise
 
 
 def grid_baseline(grid: dict[str, Any]) -> str:
@@ -163,6 +194,7 @@ def check_grid(
     (nothing is written: a bad grid or a folder odelm did not make is one error)."""
     planned = expand_grid(grid, out_dir, shared_override, num_seeds)
     grid_slurm(grid)
+    tune_spec(grid, planned[0].seed)
     if out_dir.exists() and not out_dir.is_dir():
         raise FolderWriteError(
             f"cannot make comparison folder {out_dir} (File exists); choose another folder"
@@ -193,8 +225,60 @@ def run_grid(
     launch = replace(launch, slurm={**grid_slurm(grid), **launch.slurm})
     claim_folder(out_dir, COMPARISON_MARKER, "comparison")
     (out_dir / "configs").mkdir(parents=True, exist_ok=True)
-    finished: dict[str, dict[str, Any]] = {}
     failed: list[str] = []
+    counts = {"trained": 0, "kept": 0}
+
+    def train(plans: list[PlannedRun]) -> dict[str, dict[str, Any]]:
+        finished, jobs = _train_runs(plans, out_dir, launch, failed)
+        counts["trained"] += jobs
+        counts["kept"] += len(plans) - jobs
+        return finished
+
+    spec = tune_spec(grid, planned[0].seed)
+    if spec is not None:
+        arms = {
+            p.name: p.values for p in planned if p.name != SEED_NOISE and p.seed == planned[0].seed
+        }
+
+        def train_trials(todo: list[tuple[str, dict[str, Any], str]]) -> dict[str, dict[str, Any]]:
+            plans = [PlannedRun(label, spec.seed, name, values) for name, values, label in todo]
+            return train(plans)
+
+        spec, choices, _ = run_tuning(spec, arms, out_dir, train_trials)
+        planned = apply_choices(planned, spec, choices, grid_baseline(grid))
+        chosen = ", ".join(f"{arm} {value:g}" for arm, (value, _) in choices.items())
+        print(f"[tune] chosen {spec.key}: {chosen}", flush=True)
+    finished = train(planned)
+    results = [
+        {**finished[plan.run], "name": plan.name, "seed": plan.seed, "run": plan.run}
+        | ({"pair": plan.pair} if plan.pair is not None else {})
+        for plan in planned
+        if plan.run in finished
+    ]
+    if results:
+        write_tables(results, out_dir, grid_baseline(grid))
+        from experiments.comparison.plots import plot_comparison
+
+        plot_comparison(out_dir, results)
+    total = counts["trained"] + counts["kept"]
+    print(
+        f"[compare] {counts['trained'] - len(failed)} trained, {counts['kept']} kept, "
+        f"{len(failed)} failed of {total} runs in {duration(time.perf_counter() - started)} "
+        f"wall ({launch.launcher}, up to {launch.jobs} at once)",
+        flush=True,
+    )
+    if failed:
+        logs = ", ".join(f"{name} (log: {out_dir / 'logs' / (name + '.log')})" for name in failed)
+        raise GridRunError(f"{len(failed)} of {total} runs failed: {logs}; the other runs are kept")
+    return results
+
+
+def _train_runs(
+    planned: list[PlannedRun], out_dir: Path, launch: Launch, failed: list[str]
+) -> tuple[dict[str, dict[str, Any]], int]:
+    """Train the runs not yet finished (failed ones are appended to ``failed``); the
+    finished results by run name and how many jobs were started."""
+    finished: dict[str, dict[str, Any]] = {}
     jobs = []
     for index, plan in enumerate(planned, start=1):
         label = f"[{index}/{len(planned)}] {plan.name} seed {plan.seed}"
@@ -218,28 +302,7 @@ def run_grid(
         )
 
     run_jobs(jobs, launch, out_dir / "submitit", done)
-    results = [
-        {**finished[plan.run], "name": plan.name, "seed": plan.seed, "run": plan.run}
-        for plan in planned
-        if plan.run in finished
-    ]
-    if results:
-        write_tables(results, out_dir, grid_baseline(grid))
-        from experiments.comparison.plots import plot_comparison
-
-        plot_comparison(out_dir, results)
-    print(
-        f"[compare] {len(jobs) - len(failed)} trained, {len(planned) - len(jobs)} kept, "
-        f"{len(failed)} failed of {len(planned)} runs in {duration(time.perf_counter() - started)} "
-        f"wall ({launch.launcher}, up to {launch.jobs} at once)",
-        flush=True,
-    )
-    if failed:
-        logs = ", ".join(f"{name} (log: {out_dir / 'logs' / (name + '.log')})" for name in failed)
-        raise GridRunError(
-            f"{len(failed)} of {len(planned)} runs failed: {logs}; the other runs are kept"
-        )
-    return results
+    return finished, len(jobs)
 
 
 def grid_slurm(grid: dict[str, Any]) -> dict[str, Any]:

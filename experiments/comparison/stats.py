@@ -1,5 +1,6 @@
-"""Seed statistics for comparisons: mean, sample standard deviation, and a seed-paired
-difference to a baseline with a two-sided 95% Student-t confidence interval.
+"""Seed statistics for comparisons: mean, sample standard deviation, a seed-paired
+difference to a baseline with a two-sided 95% Student-t confidence interval and p-value,
+and Holm's step-down adjustment of a family of p-values.
 
 Pairing by seed removes what two models share at one seed (data order, initialisation
 stream), so the interval is over the differences ``model(seed) - baseline(seed)`` for the
@@ -64,6 +65,7 @@ class PairedDifference:
     mean: float
     ci_low: float | None  # None when n < 2 (no interval: "n/a")
     ci_high: float | None
+    p_value: float | None = None  # two-sided paired t-test of mean 0 (None when n < 2)
 
     @property
     def significant(self) -> bool | None:
@@ -91,5 +93,36 @@ def paired_difference(
     summary = summarize(diffs)
     if summary.sd is None:
         return PairedDifference(summary.n, summary.mean, None, None)
-    half = t_quantile_975(summary.n - 1) * summary.sd / math.sqrt(summary.n)
-    return PairedDifference(summary.n, summary.mean, summary.mean - half, summary.mean + half)
+    error = summary.sd / math.sqrt(summary.n)
+    half = t_quantile_975(summary.n - 1) * error
+    return PairedDifference(
+        summary.n,
+        summary.mean,
+        summary.mean - half,
+        summary.mean + half,
+        t_p_value(
+            summary.mean / error if error else math.copysign(math.inf, summary.mean), summary.n - 1
+        ),
+    )
+
+
+def t_p_value(t: float, df: int) -> float:
+    """Two-sided p-value of Student's t statistic ``t`` with ``df`` degrees of freedom."""
+    from scipy.stats import t as student_t
+
+    if math.isnan(t):
+        return 1.0
+    return float(2 * student_t.sf(abs(t), df))
+
+
+def holm(p_values: Sequence[float | None]) -> list[float | None]:
+    """Holm's step-down adjusted p-values (family-wise error control over the finite ones,
+    in their given order; None stays None): the i-th smallest of m is multiplied by
+    m - i + 1, made monotone, capped at 1."""
+    ranked = sorted((p, i) for i, p in enumerate(p_values) if p is not None)
+    adjusted: list[float | None] = [None] * len(p_values)
+    running, m = 0.0, len(ranked)
+    for rank, (p, index) in enumerate(ranked):
+        running = max(running, min(1.0, (m - rank) * p))
+        adjusted[index] = running
+    return adjusted

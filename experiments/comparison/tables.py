@@ -9,7 +9,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from experiments.comparison.stats import PairedDifference, paired_difference, summarize
+from experiments.comparison.stats import PairedDifference, holm, paired_difference, summarize
 
 # results.csv: one row per run, every column (``run`` is the run directory's name).
 CSV_COLUMNS = [
@@ -36,6 +36,11 @@ CSV_COLUMNS = [
     "train_seconds",
     "recipe",
     "model",
+    "best_step",
+    "cap_bound",
+    "pair",
+    "p_value",
+    "p_holm",
 ]
 # results.md: the headline columns averaged over seeds (after model, parameters, test
 # perplexity and Δ); per-word perplexity, BLEU, memory, steps, time, family, recipe and
@@ -77,25 +82,74 @@ def group_by_model(results: list[dict[str, Any]]) -> dict[str, list[dict[str, An
     return groups
 
 
+SEED_NOISE = "seed-noise"
+"""The run name of a grid's seed-noise row: the baseline's config at other seeds, paired
+with the baseline's seeds (an A/A comparison: how far two identical configs "differ")."""
+
+
+def _pair(result: dict[str, Any]) -> int:
+    """The seed a run is paired by: its own, or the baseline seed a seed-noise run stands
+    beside."""
+    pair = result.get("pair")
+    return int(pair) if pair is not None else int(result["seed"])
+
+
+def comparisons(results: list[dict[str, Any]], baseline: str) -> dict[str, PairedDifference | None]:
+    """Each model's seed-paired test-perplexity difference to ``baseline``."""
+    groups = group_by_model(results)
+    base = {_pair(r): _number(r.get("test_ppl")) for r in groups.get(baseline, [])}
+    return {
+        name: paired_difference({_pair(r): _number(r.get("test_ppl")) for r in runs}, base)
+        for name, runs in groups.items()
+        if name != baseline
+    }
+
+
+def adjusted_p_values(results: list[dict[str, Any]], baseline: str) -> dict[str, float | None]:
+    """Holm-adjusted p-values over the grid's comparisons with the baseline (the seed-noise
+    row, a control, is not one of them)."""
+    paired = {k: v for k, v in comparisons(results, baseline).items() if k != SEED_NOISE}
+    names = list(paired)
+    raw = [paired[n].p_value if paired[n] is not None else None for n in names]
+    return dict(zip(names, holm(raw), strict=True))
+
+
+def cap_bound(result: dict[str, Any]) -> bool | None:
+    """Whether the run's best checkpoint is its last validation at its step budget (it was
+    still improving when the budget ended); None for runs that did not record it."""
+    best, steps, every = result.get("best_step"), result.get("steps"), result.get("val_every")
+    if best is None or steps is None or not every:
+        return None
+    return bool(best == steps - steps % every and steps >= result.get("max_steps", steps))
+
+
 def write_tables(results: list[dict[str, Any]], out_dir: Path, baseline: str) -> None:
     """Write ``results.csv`` (every run) and ``results.md`` (the table a paper would show)."""
+    paired, adjusted = comparisons(results, baseline), adjusted_p_values(results, baseline)
     with (out_dir / "results.csv").open("w", newline="") as handle:
         writer = csv.writer(handle)
         writer.writerow(CSV_COLUMNS)
         for result in results:
-            writer.writerow([_csv_value(result.get(key)) for key in CSV_COLUMNS])
+            difference = paired.get(result["name"])
+            extra = {
+                "cap_bound": cap_bound(result),
+                "p_value": difference.p_value if difference is not None else None,
+                "p_holm": adjusted.get(result["name"]),
+            }
+            row = {**result, **extra}
+            writer.writerow([_csv_value(row.get(key)) for key in CSV_COLUMNS])
     (out_dir / "results.md").write_text(markdown_table(results, baseline))
 
 
 def markdown_table(results: list[dict[str, Any]], baseline: str) -> str:
     """The aggregated table plus its notes (protocol, statistics, cost definitions)."""
     groups = group_by_model(results)
-    base = {r["seed"]: _number(r.get("test_ppl")) for r in groups.get(baseline, [])}
+    paired, adjusted = comparisons(results, baseline), adjusted_p_values(results, baseline)
     mean_columns = [
         (key, title) for key, title in MEAN_COLUMNS if any(r.get(key) is not None for r in results)
     ]
     header = ["model", "parameters", "test perplexity (mean ± sd, n seeds)"]
-    header += [f"Δ vs {baseline} [95% CI]"] + [title for _, title in mean_columns]
+    header += [f"Δ vs {baseline} [95% CI]", "p (Holm)"] + [title for _, title in mean_columns]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for name, runs in groups.items():
         ppl = summarize([_number(r.get("test_ppl")) for r in runs])
@@ -104,27 +158,46 @@ def markdown_table(results: list[dict[str, Any]], baseline: str) -> str:
         if not causal:
             ppl_cell += " (non-causal: not an LM perplexity)"
         if name == baseline:
-            delta_cells = ["baseline"]
+            delta_cells = ["baseline", "-"]
         else:
-            paired = paired_difference({r["seed"]: _number(r.get("test_ppl")) for r in runs}, base)
-            delta_cells = _delta_cells(paired)
+            delta_cells = _delta_cells(paired[name], adjusted.get(name), name == SEED_NOISE)
+        if any(cap_bound(r) for r in runs):
+            ppl_cell += f" ({sum(bool(cap_bound(r)) for r in runs)} cap-bound)"
         cells = [name, _format("parameters", _mean(runs, "parameters")), ppl_cell, *delta_cells]
         cells += [_format(key, _mean(runs, key)) for key, _ in mean_columns]
         lines.append("| " + " | ".join(cells) + " |")
     protocols = "; ".join(sorted({str(r.get("protocol")) for r in results}))
     seeds = ", ".join(str(s) for s in sorted({r["seed"] for r in results}))
     note = NOTE.format(seeds=seeds, baseline=baseline)
+    if SEED_NOISE in groups:
+        note += SEED_NOISE_NOTE.format(baseline=baseline)
     lines += ["", f"Data protocol: {protocols}.", "", note]
     return "\n".join(lines) + "\n"
 
 
-def _delta_cells(paired: PairedDifference | None) -> list[str]:
+SEED_NOISE_NOTE = (
+    " The row seed-noise is {baseline}'s own config trained at other seeds, paired with "
+    "{baseline}'s seeds: the spread of an A/A comparison, which every Δ is read against. "
+    "p: two-sided paired t-test; in brackets Holm's adjustment over the table's comparisons "
+    "(seed-noise excluded), from which the word significant is taken. cap-bound: runs "
+    "whose best checkpoint was their last validation at the budget (still improving)."
+)
+
+
+def _delta_cells(
+    paired: PairedDifference | None, p_holm: float | None, control: bool = False
+) -> list[str]:
     if paired is None:
-        return ["-"]
-    if paired.ci_low is None:
-        return [f"{paired.mean:+.2f} [n/a]"]
-    verdict = "significant" if paired.significant else "not significant"
-    return [f"{paired.mean:+.2f} [{paired.ci_low:+.2f}, {paired.ci_high:+.2f}], {verdict}"]
+        return ["-", "-"]
+    if paired.ci_low is None or paired.p_value is None:
+        return [f"{paired.mean:+.2f} [n/a]", "-"]
+    interval = f"{paired.mean:+.2f} [{paired.ci_low:+.2f}, {paired.ci_high:+.2f}]"
+    if control:
+        return [f"{interval} (A/A control)", f"{paired.p_value:.3f}"]
+    significant = p_holm is not None and p_holm < 0.05
+    verdict = "significant" if significant else "not significant"
+    p_cell = f"{paired.p_value:.3f} ({p_holm:.3f})" if p_holm is not None else "-"
+    return [f"{interval}, {verdict}", p_cell]
 
 
 def _mean_sd(summary: Any) -> str:

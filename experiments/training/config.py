@@ -50,6 +50,9 @@ class DataConfig:
         shuffle: draw the training windows of each epoch in a seeded random order (true) or
             read them in stream order (false, as pytorch/examples word_language_model
             does); stateful data is always read in order
+        order: version of the seeded window order: 2 gives every (seed, epoch) its own
+            permutation stream; 1 is the order of runs published before it, where seed s's
+            epoch e+1 repeats seed s+1's epoch e (kept so they reproduce)
         seed: seed of the generated grammar corpus
     """
 
@@ -69,6 +72,7 @@ class DataConfig:
     eval_batch_size: int = 16
     stateful: bool = False
     shuffle: bool = True
+    order: Literal[1, 2] = 2
     seed: int = 0
 
 
@@ -317,10 +321,13 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Ru
 
 def load_run_config(path: str | Path) -> RunConfig:
     """A run folder's ``config.yaml``; one written by odelm 0.3 or before, whose model keys
-    have since been renamed (``num_layers``, ``n_blocks``), loads under the new names."""
+    have since been renamed (``num_layers``, ``n_blocks``), loads under the new names, and
+    one written before ``data.order`` existed reads the window order it trained with (1)."""
     values = load_yaml(path)
     if isinstance(values.get("model"), dict):
         values["model"] = current_spelling(values["model"])
+    if isinstance(values.get("data"), dict) and "order" not in values["data"]:
+        values["data"] = {**values["data"], "order": 1}  # written before data.order: version 1
     return parse_config(values, where=str(path))
 
 

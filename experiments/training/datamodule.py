@@ -13,6 +13,7 @@ import dataclasses
 from collections.abc import Callable, Iterator
 from typing import Any, Literal, NamedTuple
 
+import numpy as np
 import torch
 from torch.utils.data import DataLoader, Sampler
 
@@ -37,11 +38,29 @@ class StreamWindow(NamedTuple):
     starts_epoch: bool  # the first window of the streams: the carried state starts fresh
 
 
+DATA_ORDERS = (1, 2)
+"""Versions of the training-window order (``data.order``): 1 seeds epoch ``e`` of seed ``s``
+with ``s + e`` (so seed ``s``'s epoch ``e + 1`` is seed ``s + 1``'s epoch ``e``: the order of
+every run published before version 2); 2 draws each (seed, epoch) permutation from its own
+stream, ``numpy.random.SeedSequence([s, e])``, so no two seeds share an epoch's order."""
+
+
+def epoch_generator(seed: int, epoch: int, order: int = 2) -> torch.Generator:
+    """The generator of one epoch's window permutation under data order version ``order``."""
+    if order == 1:
+        return torch.Generator().manual_seed(seed + epoch)
+    if order != 2:
+        raise ValueError(f"data order version must be one of {DATA_ORDERS}, got {order}")
+    state = np.random.SeedSequence([seed, epoch]).generate_state(1, dtype=np.uint64)
+    return torch.Generator().manual_seed(int(state[0]))
+
+
 class SeededResumableSampler(Sampler[int]):
     """Seeded epoch permutations read from a given step on, one epoch's worth per iteration.
 
     Batch ``k`` of the run is ``permutation(epoch = k // n)[k % n]``, a pure function of the
-    seed and ``k``, so resuming at step ``k`` needs nothing but ``k``; with
+    seed, the order version (:data:`DATA_ORDERS`) and ``k``, so resuming at step ``k`` needs
+    nothing but ``k``; with
     ``shuffle=False`` it is batch ``k % n`` (the stateful order). ``start`` is the step
     (or a function returning it, read when an iteration begins): each iteration yields the
     next ``len(self)`` batches, so every Lightning epoch, and the validation at its end
@@ -58,18 +77,17 @@ class SeededResumableSampler(Sampler[int]):
         world_size: int = 1,
         *,
         shuffle: bool = True,
+        order: int = 2,
     ) -> None:
         self.size, self.seed, self.start = size, seed, start
-        self.rank, self.world_size, self.shuffle = rank, world_size, shuffle
+        self.rank, self.world_size, self.shuffle, self.order = rank, world_size, shuffle, order
 
     def _index(self, global_batch: int) -> int:
         epoch, position = divmod(global_batch, self.size)
         if not self.shuffle:
             return position
-        order = torch.randperm(
-            self.size, generator=torch.Generator().manual_seed(self.seed + epoch)
-        )
-        return int(order[position])
+        generator = epoch_generator(self.seed, epoch, self.order)
+        return int(torch.randperm(self.size, generator=generator)[position])
 
     def __iter__(self) -> Iterator[int]:
         first = self.start() if callable(self.start) else self.start
@@ -184,6 +202,7 @@ class LMDataModule(FollowsTrainer, *lightning_bases("LightningDataModule")):  # 
             rank,
             world,
             shuffle=self.config.shuffle and not self.config.stateful,
+            order=self.config.order,
         )
         # A generator of its own: starting an epoch's iterator must not draw from torch's
         # global RNG (dropout's), or a resumed run would diverge from the uninterrupted one.

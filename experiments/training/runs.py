@@ -48,9 +48,11 @@ IDENTITY_EXCLUDED = frozenset(
 )
 
 
-IDENTITY_ADDED = {"trainer.compile": False, "data.shuffle": True}
+IDENTITY_ADDED = {"trainer.compile": False, "data.shuffle": True, "data.order": 1}
 """Keys added after runs were made, left out of the identity at these values (the old
-behaviour), so a run made before them keeps its hash and resumes."""
+behaviour), so a run made before them keeps its hash and resumes. A run folder's
+``config.yaml`` written before ``data.order`` existed reads as ``order: 1``
+(:func:`experiments.training.config.load_run_config`)."""
 
 
 class RunConfigChangedError(OdelmError, ValueError):

@@ -245,6 +245,9 @@ def _train_locked(
         "protocol": metrics["protocol"],
         "selected": selected,
         "steps": parts.trainer.global_step,
+        "best_step": parts.checkpoint.best_step,  # with these two, results.csv's cap_bound
+        "max_steps": budgeted.trainer.max_steps,
+        "val_every": budgeted.trainer.val_every,
         "train_seconds": task.elapsed(),
         "train_tokens_per_s": parts.meter.tokens_per_second,
         "train_mfu": parts.meter.utilisation(),

@@ -1,0 +1,296 @@
+"""Equal tuning for every arm of a grid: the grid's ``tune:`` section.
+
+::
+
+    tune:
+      key: optim.lr                 # a run-config key (dotted)
+      values: [0.6, 1.25, 2.5, 5]   # tried in this order by every arm
+      seed: 1                       # the trials' seed (default: the grid's first)
+      extend: 1                     # values added past an edge, at most (default 1)
+      also: {key: optim.anneal_patience, values: [2, 3]}   # optional second key
+
+Every arm (every run of the grid) trains once per value, or per pair of values with
+``also``, at the trial seed and the grid's own budget; the value with the lowest
+validation perplexity is the arm's, and the grid's seeds then train at it. The trial at
+the chosen value *is* the arm's run at the trial seed (same config), so it is not trained
+twice. When an arm's best value is the first or last of the list, the list is extended by
+one value past that edge (the geometric continuation of the last two), for every arm, so
+the trials per arm stay equal; ``tune.csv`` and ``tune.png`` in the grid's folder hold the
+sweep, and a best value still at an edge after the extensions is reported.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from experiments.comparison.tables import SEED_NOISE
+from experiments.training.config import ConfigError, merge
+
+TUNE_KEYS = {"key", "values", "seed", "extend", "also"}
+
+
+@dataclass(frozen=True)
+class TuneSpec:
+    """A grid's checked ``tune:`` section."""
+
+    key: str
+    values: tuple[float, ...]
+    seed: int
+    extend: int = 1
+    also_key: str | None = None
+    also_values: tuple[Any, ...] = (None,)
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One arm at one tuned value (and one value of the second key)."""
+
+    arm: str
+    value: float
+    also: Any
+    run: str  # the run directory's name
+
+
+def tune_spec(grid: dict[str, Any], first_seed: int) -> TuneSpec | None:
+    """The grid's ``tune:`` section, checked (None without one)."""
+    section = grid.get("tune")
+    if section is None:
+        return None
+    if not isinstance(section, dict) or set(section) - TUNE_KEYS or "key" not in section:
+        raise ConfigError(
+            f"the grid's tune section takes {', '.join(sorted(TUNE_KEYS))} (key and values "
+            "required), e.g. tune: {key: optim.lr, values: [0.6, 1.25, 2.5, 5]}"
+        )
+    values = section.get("values")
+    if (
+        not isinstance(values, list)
+        or len(values) < 2
+        or not all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 for v in values
+        )
+        or values != sorted(set(values))
+    ):
+        raise ConfigError(
+            f"tune.values must be at least two increasing positive numbers, got {values!r}"
+        )
+    also = section.get("also") or {}
+    if also and (set(also) != {"key", "values"} or not isinstance(also["values"], list)):
+        raise ConfigError(
+            "tune.also takes key and values, e.g. {key: optim.schedule, values: [...]}"
+        )
+    extend = section.get("extend", 1)
+    if not isinstance(extend, int) or extend < 0:
+        raise ConfigError(f"tune.extend must be a count >= 0, got {extend!r}")
+    return TuneSpec(
+        section["key"],
+        tuple(float(v) for v in values),
+        int(section.get("seed", first_seed)),
+        extend,
+        also.get("key"),
+        tuple(also["values"]) if also else (None,),
+    )
+
+
+def nested(key: str, value: Any) -> dict[str, Any]:
+    """``{"optim": {"lr": value}}`` from ``("optim.lr", value)``."""
+    head, _, rest = key.partition(".")
+    return {head: nested(rest, value) if rest else value}
+
+
+def _slug(key: str, value: Any) -> str:
+    text = f"{value:g}" if isinstance(value, float) else str(value)
+    return f"{key.rsplit('.', 1)[-1]}{text}"
+
+
+def trial_name(spec: TuneSpec, arm: str, value: float, also: Any) -> str:
+    """The trial's run directory: ``tune-ARM-lr2.5`` (``-anneal_patience2`` with ``also``)."""
+    name = f"tune-{arm}-{_slug(spec.key, value)}"
+    return name if spec.also_key is None else f"{name}-{_slug(spec.also_key, also)}"
+
+
+def tuned_values(spec: TuneSpec, values: dict[str, Any], value: float, also: Any) -> dict[str, Any]:
+    """A run's config values at one tuned value (the tuned keys win over run and recipe)."""
+    tuned = merge(values, nested(spec.key, value))
+    return tuned if spec.also_key is None else merge(tuned, nested(spec.also_key, also))
+
+
+def extended(values: tuple[float, ...], low: bool, high: bool) -> tuple[float, ...]:
+    """The list with one value added past each edge asked for (geometric continuation)."""
+    result = list(values)
+    if low:
+        result.insert(0, round(values[0] ** 2 / values[1], 6))
+    if high:
+        result.append(round(values[-1] ** 2 / values[-2], 6))
+    return tuple(result)
+
+
+def choose(
+    spec: TuneSpec, arms: list[str], scores: dict[tuple[str, float, Any], float]
+) -> dict[str, tuple[float, Any]]:
+    """Each arm's (value, also) of lowest validation perplexity (non-finite counts as worst;
+    ties go to the earlier value)."""
+    choices = {}
+    for arm in arms:
+        candidates = [(v, a) for v in spec.values for a in spec.also_values]
+        choices[arm] = min(
+            candidates,
+            key=lambda c: _finite(scores.get((arm, *c))),
+        )
+    return choices
+
+
+def _finite(value: float | None) -> float:
+    return value if value is not None and math.isfinite(value) else math.inf
+
+
+def run_tuning(
+    spec: TuneSpec,
+    arms: dict[str, dict[str, Any]],
+    out_dir: Path,
+    train: Callable[[list[tuple[str, dict[str, Any], str]]], dict[str, dict[str, Any]]],
+) -> tuple[TuneSpec, dict[str, tuple[float, Any]], dict[str, dict[str, Any]]]:
+    """Train the trials (``train`` takes ``(run name, values, label)`` triples and returns
+    the finished results by run name), extending past an edge as the module says.
+
+    Returns the final spec, each arm's choice and the trials' results by run name.
+    """
+    results: dict[str, dict[str, Any]] = {}
+    extensions = 0
+    while True:
+        per_arm = len(spec.values) * len(spec.also_values)
+        print(
+            f"[tune] {spec.key} over {list(spec.values)}"
+            + (f" x {spec.also_key} over {list(spec.also_values)}" if spec.also_key else "")
+            + f": {per_arm} trials per arm, {len(arms)} arms, seed {spec.seed}",
+            flush=True,
+        )
+        todo = []
+        for arm, values in arms.items():
+            for value in spec.values:
+                for also in spec.also_values:
+                    name = trial_name(spec, arm, value, also)
+                    if name not in results:
+                        label = f"[tune] {arm} {_slug(spec.key, value)}"
+                        tuned = {**tuned_values(spec, values, value, also), "name": name}
+                        todo.append((name, {**tuned, "seed": spec.seed}, label))
+        results.update(train(todo))
+        scores = {
+            (arm, v, a): results.get(trial_name(spec, arm, v, a), {}).get("valid_ppl")
+            for arm in arms
+            for v in spec.values
+            for a in spec.also_values
+        }
+        choices = choose(spec, list(arms), scores)
+        low = [arm for arm, (v, _) in choices.items() if v == spec.values[0]]
+        high = [arm for arm, (v, _) in choices.items() if v == spec.values[-1]]
+        if low or high:
+            edge = ", ".join(f"{arm} (best {choices[arm][0]:g})" for arm in low + high)
+            if extensions >= spec.extend:
+                print(f"[tune] WARNING: best value at the edge of the list: {edge}", flush=True)
+                break
+            spec = replace(spec, values=extended(spec.values, bool(low), bool(high)))
+            extensions += 1
+            print(
+                f"[tune] best value at an edge for {edge}: extending every arm's list", flush=True
+            )
+            continue
+        break
+    write_tune_table(spec, arms, results, choices, out_dir)
+    return spec, choices, results
+
+
+def write_tune_table(
+    spec: TuneSpec,
+    arms: dict[str, dict[str, Any]],
+    results: dict[str, dict[str, Any]],
+    choices: dict[str, tuple[float, Any]],
+    out_dir: Path,
+) -> None:
+    """``tune.csv`` (one row per trial) and ``tune.png`` (validation perplexity against the
+    tuned value, one line per arm, the chosen value ringed)."""
+    rows = []
+    for arm in arms:
+        for value in spec.values:
+            for also in spec.also_values:
+                result = results.get(trial_name(spec, arm, value, also), {})
+                rows.append(
+                    {
+                        "arm": arm,
+                        "key": spec.key,
+                        "value": value,
+                        "also_key": spec.also_key or "",
+                        "also_value": "" if also is None else also,
+                        "valid_ppl": result.get("valid_ppl"),
+                        "test_ppl": result.get("test_ppl"),
+                        "steps": result.get("steps"),
+                        "chosen": choices.get(arm) == (value, also),
+                        "edge": choices.get(arm, (None,))[0] in (spec.values[0], spec.values[-1]),
+                        "run": trial_name(spec, arm, value, also),
+                    }
+                )
+    with (out_dir / "tune.csv").open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    plot_tuning(rows, spec, out_dir / "tune.png")
+
+
+def plot_tuning(rows: list[dict[str, Any]], spec: TuneSpec, path: Path) -> None:
+    """Validation perplexity against the tuned value (log scale), one line per arm."""
+    from experiments.comparison.plots import plain_log_ticks, plt, style
+
+    figure, axis = plt.subplots(figsize=(7.5, 4.5))
+    lines = sorted(
+        {(r["arm"], r["also_value"]) for r in rows},
+        key=lambda k: [r["arm"] for r in rows].index(k[0]),
+    )
+    for index, (arm, also) in enumerate(lines):
+        points = [
+            (r["value"], r["valid_ppl"])
+            for r in rows
+            if r["arm"] == arm and r["also_value"] == also and _finite(r["valid_ppl"]) < math.inf
+        ]
+        label = arm if spec.also_key is None else f"{arm}, {_slug(spec.also_key, also)}"
+        if points:
+            axis.plot(*zip(*points), label=label, **style(index))
+        for r in rows:
+            if r["arm"] == arm and r["also_value"] == also and r["chosen"] and r["valid_ppl"]:
+                axis.scatter([r["value"]], [r["valid_ppl"]], s=160, facecolors="none",
+                             edgecolors="black", zorder=5)  # fmt: skip
+    axis.set_xscale("log")
+    axis.set_yscale("log")
+    plain_log_ticks(axis, "y")
+    axis.set_xticks(list(spec.values), [f"{v:g}" for v in spec.values])
+    axis.minorticks_off()
+    axis.set_xlabel(f"{spec.key} (log scale)")
+    axis.set_ylabel("best validation perplexity (log scale)")
+    axis.set_title(f"Equal tuning: {len(spec.values) * len(spec.also_values)} trials per arm, "
+                   f"seed {spec.seed} (ringed: chosen)")  # fmt: skip
+    axis.grid(True, alpha=0.3)
+    axis.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small")
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
+def apply_choices(
+    planned: list[Any], spec: TuneSpec, choices: dict[str, tuple[float, Any]], baseline: str
+) -> list[Any]:
+    """The grid's runs at their arm's chosen value; the run at the trial seed is the trial
+    itself (seed-noise runs take the baseline's value and are never trials)."""
+    tuned = []
+    for plan in planned:
+        arm = baseline if plan.name == SEED_NOISE else plan.name
+        value, also = choices[arm]
+        values = tuned_values(spec, plan.values, value, also)
+        if plan.seed == spec.seed and plan.name != SEED_NOISE:
+            run = trial_name(spec, arm, value, also)
+            values = {**values, "name": run}
+            plan = replace(plan, run=run)
+        tuned.append(replace(plan, values=values))
+    return tuned
