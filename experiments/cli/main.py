@@ -78,6 +78,11 @@ def subcommands() -> dict[str, tuple[Callable[[], Parser], Handler, str]]:
             commands.cmd_compare,
             "train a grid of models side by side (--grid or --preset, --out)",
         ),
+        "verdicts": (
+            tools.verdicts_parser,
+            tools.cmd_verdicts,
+            "the README's verdict table, rebuilt from the grids' results.csv",
+        ),
         "discretize": (
             discretize.discretize_parser,
             discretize.cmd_discretize,

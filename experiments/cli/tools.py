@@ -187,3 +187,31 @@ def models_parser() -> Parser:
     parser = Parser()
     parser.add_argument("--json", action="store_true", help="one JSON object instead of a table")
     return parser
+
+
+def verdicts_parser() -> Parser:
+    """The options of ``odelm verdicts``."""
+    parser = Parser()
+    parser.add_argument(
+        "--results",
+        default="docs/results",
+        help="folder holding one folder per grid with its results.csv",
+    )
+    parser.add_argument(
+        "--write", help="put the table between the verdict markers of this file (README.md)"
+    )
+    return parser
+
+
+def cmd_verdicts(args: Namespace) -> int:
+    from pathlib import Path
+
+    from experiments.comparison.verdicts import collect, markdown, write_readme
+
+    table = markdown(collect(Path(args.results)), Path(args.results))
+    if args.write:
+        changed = write_readme(Path(args.write), table)
+        print(f"{args.write}: verdict table {'rewritten' if changed else 'unchanged'}")
+    else:
+        print(table, end="")
+    return 0

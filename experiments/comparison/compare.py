@@ -153,7 +153,9 @@ def expand_grid(
         raise ConfigError(f"grid baseline {baseline!r} is not a run; runs: {', '.join(names)}")
     planned += _seed_noise_runs(grid, planned, baseline, out_dir)
     # Seed by seed: a grid stopped early has every model at its first seeds.
-    return sorted(planned, key=lambda plan: seeds.index(plan.seed if plan.pair is None else plan.pair))
+    return sorted(
+        planned, key=lambda plan: seeds.index(plan.seed if plan.pair is None else plan.pair)
+    )
 
 
 def _seed_noise_runs(
