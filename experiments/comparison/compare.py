@@ -33,6 +33,7 @@ from typing import Any
 
 import yaml
 
+from experiments.comparison.compute import write_compute
 from experiments.comparison.launchers import Job, Launch, run_jobs
 from experiments.comparison.tables import SEED_NOISE, write_tables
 from experiments.comparison.tuning import apply_choices, run_tuning, tune_spec
@@ -262,6 +263,7 @@ def run_grid(
         from experiments.comparison.plots import plot_comparison
 
         plot_comparison(out_dir, results)
+        write_compute(out_dir, results, grid_baseline(grid))
     total = counts["trained"] + counts["kept"]
     print(
         f"[compare] {counts['trained'] - len(failed)} trained, {counts['kept']} kept, "
