@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from ode_transformer.backbone import TokenInputError, check_tokens
-from odelm.mixed_precision import Dropout
+from odelm.mixed_precision import Dropout, recurrent_in_fp32
 
 from .configs import LSTMConfig
 from .errors import ModelConfigError
@@ -92,7 +92,13 @@ class LSTMEncoder(nn.Module):
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
         """Hidden states ``[B, T, hidden_dim]`` and the ``(h, c)`` after the last token."""
         check_token_batch(tokens, self.embedding.num_embeddings)
-        out, state = self.lstm(self.input_dropout(self.embedding(tokens)), state)
+        inputs = self.input_dropout(self.embedding(tokens))
+        if recurrent_in_fp32(inputs):
+            with torch.autocast(inputs.device.type, enabled=False):
+                floats = None if state is None else (state[0].float(), state[1].float())
+                out, state = self.lstm(inputs.float(), floats)
+        else:
+            out, state = self.lstm(inputs, state)
         return self.dropout(out), state
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:

@@ -20,12 +20,19 @@ FlashAttention does; forward and backward 1.5x faster on a CPU than
 with ``bernoulli_`` and gathers strided q, k, v), and several times faster than its bf16
 kernels.
 
+**Recurrent layers** (:func:`recurrent_in_fp32`): an LSTM under autocast runs in fp32 on
+CUDA (autocast would cast cuDNN's LSTM to float16 whatever the autocast dtype, with no
+loss scaler under ``bf16-mixed``) and on CPUs without native bf16 products (oneDNN has no
+bf16 LSTM there and refuses the call); on CPUs with them it runs in bf16 as before.
+
 Outside autocast (full-precision training, evaluation) and off the CPU, :class:`Dropout`
 is ``torch.nn.Dropout`` bit for bit, and the models call ``scaled_dot_product_attention``
 as before: fp32 runs draw the same masks from the same generator.
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 import torch.nn.functional as F
@@ -115,3 +122,17 @@ def attention(
             scores = scores.masked_fill(future, float("-inf"))
         weights = masked_dropout(torch.softmax(scores, -1), p)
         return torch.matmul(weights.to(v.dtype), v)
+
+
+@functools.cache
+def _native_bf16_cpu() -> bool:
+    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
+def recurrent_in_fp32(x: torch.Tensor) -> bool:
+    """Whether a recurrent layer fed ``x`` inside an autocast region should run in fp32
+    with autocast off (see the module docstring); False outside autocast."""
+    device = x.device.type
+    if device not in ("cpu", "cuda") or not torch.is_autocast_enabled(device):
+        return False
+    return device == "cuda" or not _native_bf16_cpu()

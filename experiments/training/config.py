@@ -319,6 +319,11 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Ru
     return parse_config(merge(values, overrides or {}), where=str(path))
 
 
+_FULL_DATA_DUMP = {"batching", "stateful", "eval_batch_size", "eval_window"}
+"""Keys every ``config.yaml`` odelm has written carries in its data section (a full dump),
+unlike a hand-written partial config."""
+
+
 def load_run_config(path: str | Path) -> RunConfig:
     """A run folder's ``config.yaml``; one written by odelm 0.3 or before, whose model keys
     have since been renamed (``num_layers``, ``n_blocks``), loads under the new names, and
@@ -326,8 +331,9 @@ def load_run_config(path: str | Path) -> RunConfig:
     values = load_yaml(path)
     if isinstance(values.get("model"), dict):
         values["model"] = current_spelling(values["model"])
-    if isinstance(values.get("data"), dict) and "order" not in values["data"]:
-        values["data"] = {**values["data"], "order": 1}  # written before data.order: version 1
+    data = values.get("data")
+    if isinstance(data, dict) and "order" not in data and _FULL_DATA_DUMP <= data.keys():
+        values["data"] = {**data, "order": 1}  # odelm wrote it before data.order existed
     return parse_config(values, where=str(path))
 
 

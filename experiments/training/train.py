@@ -245,9 +245,8 @@ def _train_locked(
         "protocol": metrics["protocol"],
         "selected": selected,
         "steps": parts.trainer.global_step,
-        "best_step": parts.checkpoint.best_step,  # with these two, results.csv's cap_bound
-        "max_steps": budgeted.trainer.max_steps,
-        "val_every": budgeted.trainer.val_every,
+        "best_step": parts.checkpoint.best_step,  # with the budget: results.csv's cap_bound
+        **{key: getattr(budgeted.trainer, key) for key in ("max_steps", "val_every")},
         "train_seconds": task.elapsed(),
         "train_tokens_per_s": parts.meter.tokens_per_second,
         "train_mfu": parts.meter.utilisation(),
@@ -384,16 +383,13 @@ def select_weights(
 
 def check_finite(result: dict[str, Any], step: int) -> None:
     """A diverged run ends with an error, never with NaN results written as results."""
-    bad = [key for key in ("test_ppl", "valid_ppl") if not _finite_or_none(result.get(key))]
+    values = {key: result.get(key) for key in ("test_ppl", "valid_ppl")}
+    bad = [key for key, value in values.items() if value is not None and not math.isfinite(value)]
     if bad:
         raise DivergedError(
             f"the run diverged by step {step} ({', '.join(f'{k} = {result[k]}' for k in bad)}); "
             "no result was written. Lower optim.lr or set optim.grad_clip"
         )
-
-
-def _finite_or_none(value: Any) -> bool:
-    return value is None or math.isfinite(value)
 
 
 def describe_model(spec: dict[str, Any]) -> str:
