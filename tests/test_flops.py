@@ -245,3 +245,31 @@ def test_grid_flops_recomputes_fixed_compute_runs_and_leaves_adaptive_ones_out(
     tokens = sum(ids[:, 1:].numel() for ids, _ in batches)
     assert rows[0]["flops_batches"] == len(batches)
     assert rows[0]["flops_per_token"] == pytest.approx(flops / tokens, rel=0.02)
+
+
+@pytest.mark.parametrize("conditioning, size", [("weights", 4), ("hypernetwork", 3)])
+def test_depth_dependent_weights_add_their_weight_forming_per_evaluation(conditioning, size):
+    """A node-transformer's fixed grid costs its NFE times one evaluation of F plus the
+    head; depth-dependent weights add, per evaluation, the products that form each map's
+    ``W(s)`` (shared by all tokens): ``2 (K - 1)`` times the maps' weights and biases, or
+    ``2 r`` times their weights plus the hypernetwork's gates."""
+    from neuralode_lm.depth_weights import HIDDEN
+
+    def node(**options) -> nn.Module:
+        spec = {"family": "neuralode_lm", "name": "node-transformer", "d_model": D}
+        spec |= {"d_ff": FFN, "n_heads": HEADS, "solver": {"method": "rk3"}, "steps": 2}
+        return build_model({**spec, **options}, VOCAB)
+
+    options = {"time_conditioning": conditioning}
+    options["weight_basis" if conditioning == "weights" else "hypernetwork_rank"] = size
+    shared = forward_flops_per_token(node(), [one_window()])
+    counted = forward_flops_per_token(node(**options), [one_window()])
+    nfe = 2 * 3
+    layer = attention_layer(T, D, HEADS) + ffn(T, D, FFN)
+    assert shared == pytest.approx(per_token(nfe * layer + 2 * T * D * VOCAB), rel=0.02)
+    shapes = [(3 * D, D), (D, D), (FFN, D), (D, FFN)]
+    if conditioning == "weights":
+        forming = 2 * (size - 1) * sum(o * i + o for o, i in shapes)
+    else:
+        forming = 2 * size * sum(o * i for o, i in shapes) + 2 * HIDDEN * len(shapes) * size
+    assert counted - shared == pytest.approx(per_token(nfe * forming), rel=1e-12)
