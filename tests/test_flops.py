@@ -273,3 +273,30 @@ def test_depth_dependent_weights_add_their_weight_forming_per_evaluation(conditi
     else:
         forming = 2 * size * sum(o * i for o, i in shapes) + 2 * HIDDEN * len(shapes) * size
     assert counted - shared == pytest.approx(per_token(nfe * forming), rel=1e-12)
+
+
+def test_config_flops_of_depth_dependent_weights_is_the_closed_form(tiny_config, tmp_path):
+    """``config_flops.run_flops`` of a node-transformer with ``weights`` (K = 3, two Euler
+    steps) over the run's own test windows: per window batch, each evaluation of F costs
+    its attention and FFN for every row, plus forming the four maps' ``W(s)`` once."""
+    from experiments.comparison.config_flops import run_flops
+
+    d, d_ff = 16, 32
+    node = {"family": "neuralode_lm", "name": "node-transformer", "d_model": d, "d_ff": d_ff}
+    node |= {"n_heads": 2, "solver": {"method": "euler"}, "steps": 2}
+    node |= {"time_conditioning": "weights", "weight_basis": 3}
+    config = parse_config(tiny_config(tmp_path, model=node) | {"model": node})
+    data = prepare_data(config)
+    scored = run_flops(config, data)
+    batches = evaluation_batches(data, "test", EvalSettings(window=config.data.eval_window))
+    shapes = [(3 * d, d), (d, d), (d_ff, d), (d, d_ff)]
+    forming = 2 * 2 * sum(o * i + o for o, i in shapes)
+    flops = sum(
+        2 * ids.shape[0] * (attention_layer(ids.shape[1], d, 2) + ffn(ids.shape[1], d, d_ff))
+        + 2 * forming
+        + ids.numel() * 2 * d * data.tokenizer.vocab_size
+        for ids, _ in batches
+    )
+    tokens = sum(ids[:, 1:].numel() for ids, _ in batches)
+    assert scored["adaptive"] is False and scored["flops_batches"] == len(batches)
+    assert scored["flops_per_token"] == pytest.approx(flops / tokens, rel=0.02)
