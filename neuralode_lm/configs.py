@@ -43,8 +43,9 @@ FieldName = Literal["mlp", "time-concat"]
 """The built-in vector fields (``neuralode_lm.fields.FIELDS``)."""
 AugmentInit = Literal["zeros", "first"]
 """How augmented dimensions start: zeros (Dupont et al.) or the first real token's state."""
-TimeConditioning = Literal["none", "concat", "film"]
-"""How the depth field of ``node-transformer`` sees the depth ``s``."""
+TimeConditioning = Literal["none", "concat", "film", "weights", "hypernetwork"]
+"""How the depth field of ``node-transformer`` sees the depth ``s``: through its norms
+(``concat``, ``film``) or its weights (``weights``, ``hypernetwork``)."""
 CausalMode = Literal["shared", "prefix"]
 """``node-transformer``'s solves: one per batch, or every prefix alone in evaluation."""
 
@@ -251,7 +252,9 @@ class NODETransformerConfig(_Config):
         n_layers: depth ODEs (blocks), each with its own field
         max_positions: longest sequence (learned positions)
         integration_time: the depth S of each block
-        time_conditioning: how the field sees s: none, concat or film
+        time_conditioning: how the field sees s: none; concat or film (its norms); weights
+            (each linear map W(s) = sum_k P_k(2s/S - 1) W_k over weight_basis Legendre
+            polynomials) or hypernetwork (W(s) = W + A diag(g(s)) B, g a small network)
         solver: adaptive: {method: dopri5, rtol: 1e-3, adjoint: true}; a fixed grid:
             {method: rk4} with steps, or {method: rk4, step_size: 0.25}
         steps: fixed-grid steps per block (null: one, or solver.step_size)
@@ -262,6 +265,9 @@ class NODETransformerConfig(_Config):
         dropout: dropout on the embeddings
         field_dropout: dropout inside the field (keep 0 for adaptive solvers)
         layer_norm_eps: LayerNorm epsilon
+        weight_basis: K, the basis functions of time_conditioning weights (null: 4; 1 is
+            the shared field)
+        hypernetwork_rank: rank r of time_conditioning hypernetwork's update (null: 4)
     """
 
     d_model: int = 128
@@ -279,3 +285,5 @@ class NODETransformerConfig(_Config):
     dropout: float = 0.1
     field_dropout: float = 0.0
     layer_norm_eps: float = 1e-5
+    weight_basis: int | None = None
+    hypernetwork_rank: int | None = None

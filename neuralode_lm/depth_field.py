@@ -6,7 +6,8 @@ optionally conditioned on the depth ``s``. ``FixedGrid`` integrates it by an exp
 Runge-Kutta tableau with equal steps, giving each (step, stage) its own key/value cache.
 Tableaux and the stage loop are the library's one RK core (:mod:`ode_transformer.tableau`):
 ``rk4`` is the classic RK4 (``rk4_38`` the 3/8 rule), so one step over one unit of depth is an
-ODE Transformer RK4 block.
+ODE Transformer RK4 block. Depth-dependent weights (``weights``, ``hypernetwork``) live in
+:mod:`neuralode_lm.depth_weights`.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from ode_transformer.layers import AttentionContext, KVCache, PreNormAttentionFF
 from ode_transformer.tableau import TABLEAUX, Tableau, rk_step
 
 from .configs import TimeConditioning
+from .depth_weights import DepthWeights
 from .errors import ModelConfigError
 
 __all__ = ["GRID_METHODS", "GRID_TABLEAUX", "TIME_CONDITIONINGS", "DepthField", "FixedGrid"]
@@ -60,7 +62,9 @@ class _TimedNorm(nn.Module):
 
 class DepthField(nn.Module):
     """``F_theta(s, y)``: the ODE Transformer's ``PreNormAttentionFFN`` (attention then FFN as
-    one function, never including the residual), optionally conditioned on ``s``."""
+    one function, never including the residual), optionally conditioned on ``s``: through
+    its norms (``concat``, ``film``) or its weights (``weights`` over ``weight_basis``
+    Legendre polynomials on ``[0, length]``, ``hypernetwork`` of rank ``hypernetwork_rank``)."""
 
     def __init__(
         self,
@@ -71,6 +75,9 @@ class DepthField(nn.Module):
         dropout: float = 0.0,
         time_conditioning: str = "none",
         eps: float = 1e-5,
+        weight_basis: int = 1,
+        hypernetwork_rank: int = 4,
+        length: float = 1.0,
     ) -> None:
         super().__init__()
         if time_conditioning not in TIME_CONDITIONINGS:
@@ -82,7 +89,20 @@ class DepthField(nn.Module):
             d_model, n_heads, d_ff, dropout, dropout, dropout, causal=True, eps=eps
         )
         self.timed: list[_TimedNorm] = []
-        if time_conditioning != "none":
+        self.depth: DepthWeights | None = None
+        for name, value in (
+            ("weight_basis", weight_basis),
+            ("hypernetwork_rank", hypernetwork_rank),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ModelConfigError(f"{name} must be a positive integer, got {value!r}")
+        size = weight_basis if time_conditioning == "weights" else hypernetwork_rank
+        if time_conditioning == "hypernetwork" or (time_conditioning == "weights" and size > 1):
+            # weights with K = 1 is the shared field itself: nothing to replace
+            attention, ffn = self.layer.attention.attention, self.layer.ffn.ffn
+            maps = [(attention, "qkv"), (attention, "out"), (ffn, "fc1"), (ffn, "fc2")]
+            self.depth = DepthWeights(maps, time_conditioning, size, length)
+        elif time_conditioning in ("concat", "film"):
             for sub in (self.layer.attention, self.layer.ffn):
                 sub.norm = _TimedNorm(sub.norm, time_conditioning)
                 self.timed.append(sub.norm)
@@ -92,6 +112,8 @@ class DepthField(nn.Module):
     ) -> torch.Tensor:
         for norm in self.timed:
             norm.s = torch.as_tensor(s, dtype=y.dtype, device=y.device)
+        if self.depth is not None:
+            self.depth.set_time(torch.as_tensor(s, dtype=y.dtype, device=y.device))
         return self.layer(y) if cache is None else self.layer(y, AttentionContext(cache))
 
 

@@ -42,9 +42,24 @@ from .solvers import FIXED_METHODS, SolverConfig, SolverStats, solve
 from .solvers.config import grid_steps
 from .stats import ForwardStats
 
-__all__ = ["CAUSAL_MODES", "NODETransformerLM"]
+__all__ = ["CAUSAL_MODES", "NODETransformerLM", "looped"]
 
 CAUSAL_MODES = typing.get_args(CausalMode)
+DEFAULT_BASIS, DEFAULT_RANK = 4, 4
+"""``weight_basis`` and ``hypernetwork_rank`` when the config leaves them null."""
+
+
+def looped(loops: int) -> dict[str, Any]:
+    """The ``model:`` keys of a looped (weight-tied, recurrent-depth) block applied ``loops``
+    times: ``integration_time = loops`` solved by ``loops`` Euler steps of size 1, each step
+    ``y + F(y)`` being one pre-norm block with its full residual (``F`` never includes it)."""
+    if isinstance(loops, bool) or not isinstance(loops, int) or loops < 1:
+        raise ModelConfigError(f"loops must be a positive integer, got {loops!r}")
+    return {"integration_time": float(loops), "solver": {"method": "euler"}, "steps": loops}
+
+
+def _or(value: int | None, default: int) -> int:
+    return default if value is None else value
 
 
 def _integration(
@@ -138,6 +153,9 @@ class NODETransformerLM(PretrainedMixin, nn.Module):
         self.token_embedding = nn.Embedding(vocab_size, d_model)
         self.position_embedding = nn.Embedding(max_positions, d_model)
         self.dropout = Dropout(config.dropout)
+        for name, mode in (("weight_basis", "weights"), ("hypernetwork_rank", "hypernetwork")):
+            if getattr(config, name) is not None and config.time_conditioning != mode:
+                raise ModelConfigError(f"{name} applies to time_conditioning {mode} only")
         self.fields = nn.ModuleList(
             DepthField(
                 d_model,
@@ -146,6 +164,9 @@ class NODETransformerLM(PretrainedMixin, nn.Module):
                 dropout=config.field_dropout,
                 time_conditioning=config.time_conditioning,
                 eps=layer_norm_eps,
+                weight_basis=_or(config.weight_basis, DEFAULT_BASIS),
+                hypernetwork_rank=_or(config.hypernetwork_rank, DEFAULT_RANK),
+                length=self.integration_time,
             )
             for _ in range(config.n_layers)
         )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
@@ -52,3 +53,73 @@ def test_discretize_an_rk4_ode_transformer(tmp_path, capsys):
     assert by["rk4", "2 steps"]["flops_per_token"] > by["rk4", "1 step"]["flops_per_token"]
     assert (run / "discretize" / "discretize.png").stat().st_size > 0
     assert "| rk4 | 1 step |" in (run / "discretize" / "discretize.md").read_text()
+
+
+@pytest.mark.slow
+def test_discretize_plot_draws_the_test_time_depth_curve_of_a_looped_block(tmp_path, capsys):
+    """A looped block (2 Euler steps of size 1 over S = 2), trained for two steps: ``--plot``
+    writes ``depth.png`` and its points, every point finite, the training depth marked and
+    the grid past it (2x and 4x the training steps over S; 2x and 4x the loops)."""
+    from neuralode_lm.transformer import looped
+
+    model = {"family": "neuralode_lm", "name": "node-transformer", "d_model": 16, "n_heads": 2}
+    values = {
+        "name": "looped",
+        "out_dir": str(tmp_path),
+        "seed": 1,
+        "model": model | {"d_ff": 32, "max_positions": 64, **looped(2)},
+        "data": {"corpus": "grammar", "batch_size": 8, "bptt": 16, "eval_window": 32},
+        "trainer": {"max_steps": 2, "val_every": 2, "val_batches": 1, "progress_bar": False},
+        "eval": {"bleu_sentences": 0, "continuation_sentences": 0},
+    }
+    train(parse_config(values))
+    run = tmp_path / "looped"
+    argv = ["discretize", str(run), "--plot", "--json", "--max-batches", "1", "--batch-size", "2"]
+    assert main([*argv, "--steps", "1", "2"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    by_role = {row["role"]: row for row in rows if "role" in row}
+    assert sorted(by_role) == ["2S", "2x", "4S", "4x", "trained"]
+    assert by_role["trained"]["method"] == "euler 2 steps (as trained)"
+    assert by_role["trained"]["nfe"] == 2 and by_role["2x"]["nfe"] == 4 == by_role["2S"]["nfe"]
+    assert by_role["4x"]["setting"] == "4x training steps (8)" and by_role["4x"]["nfe"] == 8
+    assert (
+        by_role["4S"]["setting"] == "4x depth (8, 8 steps)" and by_role["4S"]["state_error"] is None
+    )
+    # as trained is the Euler row of the same grid: the same numbers
+    euler2 = next(r for r in rows if (r["method"], r["setting"]) == ("euler", "2 steps"))
+    assert by_role["trained"]["ppl"] == euler2["ppl"]
+    assert (run / "discretize" / "depth.png").stat().st_size > 0
+    points = json.loads((run / "discretize" / "depth.json").read_text())
+    flat = [v for xy in points["series"].values() for pair in xy for v in pair]
+    flat += points["training"] + [v for pair in points["extrapolation"].values() for v in pair]
+    assert flat and all(math.isfinite(v) for v in flat)
+    assert sorted(points["extrapolation"]) == ["2S", "2x", "4S", "4x"]
+    assert points["extrapolation"]["4x"][0] == 4 * points["training"][0]
+    assert {"euler", "rk4", "dopri5"} <= set(points["series"])
+
+
+def test_depth_curve_past_an_adaptive_solve_takes_rk4_at_its_mean_accepted_steps():
+    """A model trained adaptively: its training steps are the mean accepted steps per block
+    at its tolerance, and 2x/4x of them are RK4 grids; a time-conditioned field on a grid
+    gets no longer-depth rows (its weights are not defined past S)."""
+    import torch
+
+    from experiments.evaluation.depth_curve import extrapolation, trained_label, training_steps
+    from neuralode_lm import build_model
+
+    small = {"d_model": 16, "n_heads": 2, "d_ff": 32, "max_positions": 16, "dropout": 0.0}
+    adaptive = build_model("node-transformer", 11, **small, solver={"method": "bosh3"}).eval()
+    tokens = torch.randint(0, 11, (2, 8))
+    with torch.no_grad():
+        adaptive.final_state(tokens)
+        steps = training_steps(adaptive, tokens)
+    assert steps == math.ceil(adaptive.solver_stats.accepted_steps) >= 1
+    assert trained_label(adaptive) == "bosh3 rtol 1e-03 (as trained)"
+    rows = extrapolation(adaptive, steps)
+    assert [(m, g.method, g.steps, f) for m, _, g, f in rows] == [
+        ("rk4", "rk4", 2 * steps, None),
+        ("rk4", "rk4", 4 * steps, None),
+    ]
+    grid = {"solver": {"method": "rk4"}, "steps": 3, "time_conditioning": "weights"}
+    timed = build_model("node-transformer", 11, **small, **grid)
+    assert [g.steps for _, _, g, _ in extrapolation(timed, 3)] == [6, 12]

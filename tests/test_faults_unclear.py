@@ -232,6 +232,10 @@ def test_a_model_too_large_for_memory_is_refused_before_it_is_built(spec, vocab,
         {"family": "neuralode_lm", "name": "lstm", "embed_dim": 8, "hidden_dim": 12},
         {"family": "neuralode_lm", "name": "ode-lstm", "embed_dim": 8, "n_layers": 2},
         {"family": "neuralode_lm", "name": "node-transformer", "d_model": 16, "n_heads": 2},
+        {"family": "neuralode_lm", "name": "node-transformer", "d_model": 16, "n_heads": 2}
+        | {"time_conditioning": "weights", "weight_basis": 4},
+        {"family": "neuralode_lm", "name": "node-transformer", "d_model": 16, "n_heads": 2}
+        | {"time_conditioning": "hypernetwork"},
         {"family": "reference", "name": "transformer", "d_model": 16, "d_ff": 24},
         {"family": "reference"},
     ],

@@ -245,3 +245,58 @@ def test_grid_flops_recomputes_fixed_compute_runs_and_leaves_adaptive_ones_out(
     tokens = sum(ids[:, 1:].numel() for ids, _ in batches)
     assert rows[0]["flops_batches"] == len(batches)
     assert rows[0]["flops_per_token"] == pytest.approx(flops / tokens, rel=0.02)
+
+
+@pytest.mark.parametrize("conditioning, size", [("weights", 4), ("hypernetwork", 3)])
+def test_depth_dependent_weights_add_their_weight_forming_per_evaluation(conditioning, size):
+    """A node-transformer's fixed grid costs its NFE times one evaluation of F plus the
+    head; depth-dependent weights add, per evaluation, the products that form each map's
+    ``W(s)`` (shared by all tokens): ``2 (K - 1)`` times the maps' weights and biases, or
+    ``2 r`` times their weights plus the hypernetwork's gates."""
+    from neuralode_lm.depth_weights import HIDDEN
+
+    def node(**options) -> nn.Module:
+        spec = {"family": "neuralode_lm", "name": "node-transformer", "d_model": D}
+        spec |= {"d_ff": FFN, "n_heads": HEADS, "solver": {"method": "rk3"}, "steps": 2}
+        return build_model({**spec, **options}, VOCAB)
+
+    options = {"time_conditioning": conditioning}
+    options["weight_basis" if conditioning == "weights" else "hypernetwork_rank"] = size
+    shared = forward_flops_per_token(node(), [one_window()])
+    counted = forward_flops_per_token(node(**options), [one_window()])
+    nfe = 2 * 3
+    layer = attention_layer(T, D, HEADS) + ffn(T, D, FFN)
+    assert shared == pytest.approx(per_token(nfe * layer + 2 * T * D * VOCAB), rel=0.02)
+    shapes = [(3 * D, D), (D, D), (FFN, D), (D, FFN)]
+    if conditioning == "weights":
+        forming = 2 * (size - 1) * sum(o * i + o for o, i in shapes)
+    else:
+        forming = 2 * size * sum(o * i for o, i in shapes) + 2 * HIDDEN * len(shapes) * size
+    assert counted - shared == pytest.approx(per_token(nfe * forming), rel=1e-12)
+
+
+def test_config_flops_of_depth_dependent_weights_is_the_closed_form(tiny_config, tmp_path):
+    """``config_flops.run_flops`` of a node-transformer with ``weights`` (K = 3, two Euler
+    steps) over the run's own test windows: per window batch, each evaluation of F costs
+    its attention and FFN for every row, plus forming the four maps' ``W(s)`` once."""
+    from experiments.comparison.config_flops import run_flops
+
+    d, d_ff = 16, 32
+    node = {"family": "neuralode_lm", "name": "node-transformer", "d_model": d, "d_ff": d_ff}
+    node |= {"n_heads": 2, "solver": {"method": "euler"}, "steps": 2}
+    node |= {"time_conditioning": "weights", "weight_basis": 3}
+    config = parse_config(tiny_config(tmp_path, model=node) | {"model": node})
+    data = prepare_data(config)
+    scored = run_flops(config, data)
+    batches = evaluation_batches(data, "test", EvalSettings(window=config.data.eval_window))
+    shapes = [(3 * d, d), (d, d), (d_ff, d), (d, d_ff)]
+    forming = 2 * 2 * sum(o * i + o for o, i in shapes)
+    flops = sum(
+        2 * ids.shape[0] * (attention_layer(ids.shape[1], d, 2) + ffn(ids.shape[1], d, d_ff))
+        + 2 * forming
+        + ids.numel() * 2 * d * data.tokenizer.vocab_size
+        for ids, _ in batches
+    )
+    tokens = sum(ids[:, 1:].numel() for ids, _ in batches)
+    assert scored["adaptive"] is False and scored["flops_batches"] == len(batches)
+    assert scored["flops_per_token"] == pytest.approx(flops / tokens, rel=0.02)

@@ -55,7 +55,8 @@ def test_a_bad_choice_names_the_valid_values(capsys, option, value, valid):
 def test_choices_of_the_other_models_are_literal_types(capsys):
     node = "{family: neuralode_lm, name: node-transformer, time_conditioning: clock}"
     err = error_line(capsys, "--model", node)
-    assert "model.time_conditioning must be one of none, concat, film, got 'clock'" in err
+    valid = "none, concat, film, weights, hypernetwork"
+    assert f"model.time_conditioning must be one of {valid}, got 'clock'" in err
     ode_lstm = "{family: neuralode_lm, name: ode-lstm, augment_init: ones}"
     assert "must be one of zeros, first, got 'ones'" in error_line(capsys, "--model", ode_lstm)
     for label, schema in schemas().items():

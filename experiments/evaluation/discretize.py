@@ -32,6 +32,12 @@ from jsonargparse.typing import PositiveInt
 
 from experiments.cli.parser import Parser
 from experiments.data.batching import lm_nll
+from experiments.evaluation.depth_curve import (
+    extrapolation,
+    plot_depth,
+    trained_label,
+    training_steps,
+)
 from experiments.evaluation.evaluate import EvalSettings, evaluation_batches, window_length
 from experiments.evaluation.flops import forward_flops_per_token
 from neuralode_lm.depth_field import FixedGrid
@@ -127,6 +133,35 @@ def block_truncation_errors(lm: torch.nn.Module, model: NODETransformerLM, token
     return rows
 
 
+@torch.no_grad()
+def depth_rows(
+    model: NODETransformerLM, batches: list, reference: list[torch.Tensor], trained: Any
+) -> list[dict[str, Any]]:
+    """Rows of the test-time depth curve (``--plot``): the model as trained (``role``
+    ``trained``) and past its training depth (``role`` ``2x``/``4x`` the steps over
+    ``[0, S]``, ``2S``/``4S`` the same step over a longer depth, whose end state has no
+    reference: ``state_error`` None)."""
+    model.set_integration(trained)
+    rows = [
+        {"method": trained_label(model), "setting": "as trained", "role": "trained"}
+        | evaluate_setting(model, batches, reference)
+    ]
+    for method, setting, grid, factor in extrapolation(model, training_steps(model, batches[0][0])):
+        model.set_integration(grid)
+        length = model.integration_time
+        model.integration_time = length * (factor or 1)
+        try:
+            values = evaluate_setting(model, batches, reference)
+        finally:
+            model.integration_time = length
+        role = f"{factor}S" if factor else setting.split()[0]
+        rows.append({"method": method, "setting": setting, "role": role} | values)
+        if factor:
+            rows[-1]["state_error"] = None
+    model.set_integration(trained)
+    return rows
+
+
 def discretize(
     run_dir: str | Path,
     *,
@@ -134,8 +169,10 @@ def discretize(
     batch_size: int = 16,
     steps: list[int] | None = None,
     dtype: str = "float64",
+    depth: bool = False,
 ) -> list[dict[str, Any]]:
-    """The rows of the discretisation table for a finished run."""
+    """The rows of the discretisation table for a finished run (with ``depth``, the rows
+    of the test-time depth curve too: :func:`depth_rows`)."""
     from experiments.evaluation.trained import load_run
 
     counts = [("--max-batches", max_batches), ("--batch-size", batch_size)]
@@ -178,6 +215,8 @@ def discretize(
             {"method": method, "setting": setting, **evaluate_setting(model, batches, reference)}
         )
     model.set_integration(trained)
+    if depth:
+        rows += depth_rows(model, batches, reference, trained)
     label = f"{data.protocol}, test, first {len(batches)} batches of {window} tokens x {batches[0][0].shape[0]}"
     for row in rows:
         row["protocol"] = label
@@ -242,11 +281,15 @@ def cmd_discretize(args: Namespace) -> int:
         batch_size=args.batch_size,
         steps=args.steps,
         dtype=args.dtype,
+        depth=args.plot,
     )
     out = Path(args.out or Path(args.run) / "discretize")
     out.mkdir(parents=True, exist_ok=True)
     table = write_table(rows, out / "discretize.md")
-    plot_pareto(rows, out / "discretize.png", f"{Path(args.run).name}\n{rows[0]['protocol']}")
+    title = f"{Path(args.run).name}\n{rows[0]['protocol']}"
+    plot_pareto([r for r in rows if "role" not in r], out / "discretize.png", title)
+    if args.plot:
+        plot_depth(rows, out / "depth.png", f"test-time depth: {title}")
     if args.json:
         for row in rows:
             print(json.dumps(row))
@@ -267,6 +310,12 @@ def discretize_parser() -> Parser:
     )
     parser.add_argument(
         "--dtype", default="float64", choices=["float32", "float64"], help="evaluation precision"
+    )
+    parser.add_argument(
+        "--plot",
+        action="store_true",
+        help="also the test-time depth curve: depth.png (test perplexity against NFE per "
+        "token, training depth marked, 2x and 4x the training steps) and depth.json",
     )
     parser.add_argument("--out", help="folder for discretize.md/.png (default: RUN_DIR/discretize)")
     parser.add_argument(

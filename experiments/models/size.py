@@ -26,6 +26,14 @@ def _int(sizes: dict[str, Any], key: str) -> int | None:
     return int(value)
 
 
+TRANSFORMER_SIZES = ("d_model", "d_ff", "n_layers", "max_positions")
+
+
+def drop_none(sizes: dict[str, Any]) -> dict[str, Any]:
+    """``sizes`` without its null values (a null key takes the model's own default)."""
+    return {key: value for key, value in sizes.items() if value is not None}
+
+
 def _transformer(vocab: int, d: int, ff: int, layers: int, positions: int, tied: bool) -> int:
     return vocab * d * (1 if tied else 2) + positions * d + layers * (4 * d * d + 2 * d * ff)
 
@@ -56,7 +64,17 @@ def estimate_parameters(
         return vocab_size * e + n * 4 * h * h + (0 if tied else vocab_size * h)
     elif family == "neuralode_lm" and name == "node-transformer":
         sizes = {**keys["neuralode_lm: node-transformer"], **options}
-        wanted, tied = ("d_model", "d_ff", "n_layers", "max_positions"), True
+        d, ff, layers, positions, basis, rank = (
+            _int({"weight_basis": 4, "hypernetwork_rank": 4, **drop_none(sizes)}, key)
+            for key in (*TRANSFORMER_SIZES, "weight_basis", "hypernetwork_rank")
+        )
+        if None in (d, ff, layers, positions, basis, rank):
+            return None
+        conditioning = sizes.get("time_conditioning")
+        field = (4 * d * d + 2 * d * ff) * (basis if conditioning == "weights" else 1)
+        if conditioning == "hypernetwork":
+            field += rank * (8 * d + 2 * ff)  # the low-rank factors of the four maps
+        return vocab_size * d + positions * d + layers * field
     elif family == "reference" and name == "transformer":
         sizes = {**keys["reference: transformer"], **options, "max_positions": 0}  # sinusoidal
         wanted, tied = ("d_model", "d_ff", "n_layers", "max_positions"), False

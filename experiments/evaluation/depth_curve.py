@@ -1,0 +1,130 @@
+"""``odelm discretize RUN --plot``: test perplexity against NFE per token, depth chosen at
+test time.
+
+The trained fields are evaluated as trained, on the grids and tolerances ``discretize``
+already runs, and past the training depth: the trained grid's method at 2x and 4x the
+training steps over the same depth ``[0, S]`` (a finer solve of the same flow), and, for an
+autonomous field on a grid (``time_conditioning: none``, the looped block among them), the
+same step size over ``2S`` and ``4S`` (more loops: the looped reading of more depth). A
+model trained adaptively has as its training steps the mean accepted steps per block at
+its tolerance; its 2x and 4x are RK4 grids of that many steps.
+
+Every evaluation of ``F`` processes every token once, so the NFE of a forward pass (summed
+over blocks) is the NFE per token.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import textwrap
+from pathlib import Path
+from typing import Any
+
+from neuralode_lm.depth_field import FixedGrid
+from neuralode_lm.transformer import NODETransformerLM
+
+FACTORS = (2, 4)
+"""Extrapolation past the training depth: these multiples of the training steps."""
+
+
+def training_steps(model: NODETransformerLM, tokens: Any) -> int:
+    """Steps per block of the model's own integration: a grid's, or the mean accepted steps
+    per block of an adaptive solve on ``tokens`` (rounded up)."""
+    if isinstance(model.integration, FixedGrid):
+        return model.integration.steps
+    model.final_state(tokens)
+    return max(1, math.ceil(model.solver_stats.accepted_steps / len(model.fields)))
+
+
+def extrapolation(
+    model: NODETransformerLM, steps: int
+) -> list[tuple[str, str, FixedGrid, float | None]]:
+    """``(method, setting, grid, depth)`` past the training depth: the trained grid's method
+    (RK4 after an adaptive solve) at ``FACTORS`` x ``steps`` over ``[0, S]`` (``depth``
+    None), and for an autonomous field on a grid the same step size over ``FACTORS`` x S."""
+    trained = model.integration
+    method = trained.method if isinstance(trained, FixedGrid) else "rk4"
+    rows = [
+        (method, f"{k}x training steps ({k * steps})", FixedGrid(method, k * steps), None)
+        for k in FACTORS
+    ]
+    if isinstance(trained, FixedGrid) and model.config.time_conditioning == "none":
+        length = model.integration_time
+        rows += [
+            (f"{method}, depth kS", f"{k}x depth ({k * length:g}, {k * steps} steps)", grid, k)
+            for k in FACTORS
+            for grid in [FixedGrid(method, k * steps)]
+        ]
+    return rows
+
+
+def trained_label(model: NODETransformerLM) -> str:
+    """The model's own integration, as a table's method column names it."""
+    trained = model.integration
+    if isinstance(trained, FixedGrid):
+        return f"{trained.method} {trained.steps} step{'s' * (trained.steps > 1)} (as trained)"
+    return f"{trained.method} rtol {trained.rtol:.0e} (as trained)"
+
+
+def curve_points(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The plotted data: ``series`` (method -> sorted ``[nfe, ppl]``), the ``training``
+    point and the ``extrapolation`` points by factor (``"2x"``, ``"4x"``; depth ``"2S"``...)."""
+    points = [r for r in rows if r.get("ppl") is not None and r.get("role") is None]
+    series: dict[str, list[list[float]]] = {}
+    for row in points:
+        series.setdefault(row["method"], []).append([row["nfe"], row["ppl"]])
+    training = next(([r["nfe"], r["ppl"]] for r in rows if r.get("role") == "trained"), None)
+    extra = {
+        r["role"]: [r["nfe"], r["ppl"]] for r in rows if r.get("role", "").endswith(("x", "S"))
+    }
+    return {
+        "series": {k: sorted(v) for k, v in series.items()},
+        "training": training,
+        "extrapolation": extra,
+    }
+
+
+def plot_depth(rows: list[dict[str, Any]], path: Path, title: str) -> dict[str, Any]:
+    """Test perplexity against NFE per token, one line per method, the training depth
+    marked (a star and a dotted line) and the 2x/4x extrapolation ringed; writes ``path``
+    (PNG) and ``path`` with ``.json`` (the points), and returns the points."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    points = curve_points(rows)
+    figure, axes = plt.subplots(figsize=(7, 4.8))
+    for method, xy in points["series"].items():
+        axes.plot(*zip(*xy), marker="o", markersize=4, label=method)
+    training = points["training"]
+    if training is not None:
+        axes.axvline(training[0], color="grey", linestyle=":", linewidth=1)
+        axes.plot(*training, marker="*", markersize=14, color="black", linestyle="none")
+        axes.plot([], [], marker="*", color="black", linestyle="none",
+                  label=f"as trained (training depth: NFE {training[0]:g})")  # fmt: skip
+    extra = points["extrapolation"]
+    for kind, style, label in (
+        ("x", "--", "past training: 2x, 4x the steps over [0, S]"),
+        ("S", "-.", "past training: same steps over 2S, 4S (more loops)"),
+    ):
+        chosen = [(name, xy) for name, xy in extra.items() if name.endswith(kind)]
+        if not chosen:
+            continue
+        line = ([training] if training is not None else []) + [xy for _, xy in chosen]
+        axes.plot(*zip(*line), linestyle=style, color="black", linewidth=1, label=label)
+        for name, (nfe, ppl) in chosen:
+            axes.plot([nfe], [ppl], marker="o", markersize=10, fillstyle="none", color="red")
+            text = f"{name} steps" if kind == "x" else name
+            axes.annotate(text, (nfe, ppl), textcoords="offset points", xytext=(6, 4), fontsize=8)
+    axes.set_xscale("log")
+    axes.set_xlabel("NFE per token (evaluations of F, all blocks)")
+    axes.set_ylabel("test perplexity")
+    axes.set_title("\n".join(textwrap.wrap(title, 80)), fontsize=8)
+    axes.legend(fontsize=7)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+    path.with_suffix(".json").write_text(json.dumps(points, indent=1))
+    return points
