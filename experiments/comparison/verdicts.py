@@ -168,10 +168,13 @@ def markdown(claims: list[dict[str, Any]], results_root: Path = Path("docs/resul
                     f", seed noise {noise.mean:+.2f} [{noise.ci_low:+.2f}, {noise.ci_high:+.2f}]"
                 )
             parts.append(head + ": " + "; ".join(_cell(e) for e in items))
-        if not any(e.kind == "study" for e in evidence) and any(
-            c["kind"] == "study" for c in claim["comparisons"]
-        ):
-            parts.insert(0, "**tuned, to convergence**: grid running, not yet in")
+        pending = sorted(
+            {c["grid"] for c in claim["comparisons"] if c["kind"] == "study"}
+            - {e.grid for e in evidence}
+        )
+        if pending:
+            grids = ", ".join(f"`odelm compare --preset {g}`" for g in pending)
+            parts.insert(0, f"**tuned, to convergence**: no results yet ({grids})")
         links = ", ".join(
             f"[{name}](docs/results/{name}/{_page(results_root / name)})"
             for name in claim.get("details", [])
