@@ -28,8 +28,8 @@ from typing import Any
 
 import torch
 from jsonargparse import Namespace
-from jsonargparse.typing import PositiveInt
 
+from experiments.cli import values
 from experiments.cli.parser import Parser
 from experiments.data.batching import lm_nll
 from experiments.evaluation.evaluate import EvalSettings, evaluation_batches, window_length
@@ -268,8 +268,14 @@ def discretize_parser() -> Parser:
     parser.add_argument(
         "--dtype", default="float64", choices=["float32", "float64"], help="evaluation precision"
     )
-    parser.add_argument("--out", help="folder for discretize.md/.png (default: RUN_DIR/discretize)")
     parser.add_argument(
-        "--num-threads", type=PositiveInt, help="torch CPU threads (default: torch's)"
+        "--out",
+        type=values.folder,
+        help="folder for discretize.md/.png, made when missing (default: RUN_DIR/discretize)",
+    )
+    parser.add_argument(
+        "--num-threads",
+        type=values.threads,
+        help="torch CPU threads, 1..this machine's CPUs (default: torch's)",
     )
     return parser
