@@ -131,11 +131,16 @@ def train_parser() -> Parser:
     """The options of ``odelm train``."""
     parser = options_parser(
         "odelm train",
-        "Train one model from a YAML run config; any config key may be overridden on the "
-        "command line as --section.key VALUE (e.g. --optim.lr 1e-3 --trainer.max_steps 20); "
-        "--model.KEY VALUE edits one model key, --model '{...}' replaces the whole model section.",
+        "Train one model from a YAML run config, or from options alone; any config key may be "
+        "given on the command line as --section.key VALUE (e.g. --optim.lr 1e-3 "
+        "--trainer.max_steps 20 --trainer.max_time 00:05:00); --model.KEY VALUE edits one "
+        "model key, --model '{...}' replaces the whole model section.",
     )
-    parser.add_argument("--config", required=True, help="the run's YAML config file")
+    parser.add_argument(
+        "--config",
+        help="the run's YAML config file (default: none; the schema's defaults, which "
+        "--print_config shows, under the options given, which must name a --model.family)",
+    )
     parser.add_argument(
         "--overwrite",
         action="store_true",
@@ -150,6 +155,25 @@ def train_parser() -> Parser:
     return parser
 
 
+NO_MODEL = (
+    "odelm train needs --config FILE, or a model on the command line: --model.family "
+    "ode_transformer (or neuralode_lm, reference; odelm models lists their keys)"
+)
+
+
+def flags_config(given: dict[str, Any], print_only: bool = False) -> RunConfig:
+    """The run config of ``odelm train`` without ``--config``: the schema's defaults under
+    the options given, which must name a model (``print_only``: the defaults may be shown
+    without one, every other section checked)."""
+    if (given.get("model") or {}).get("family"):
+        return parse_config(merge({}, given))
+    if not print_only:
+        raise ConfigError(NO_MODEL)
+    config = parse_config(merge(given, {"model": {"family": "ode_transformer"}}))
+    config.model = {}
+    return config
+
+
 def cmd_train(args: Namespace) -> int:
     from datetime import datetime
 
@@ -158,12 +182,15 @@ def cmd_train(args: Namespace) -> int:
 
     given = given_options(args)
     command = {key: given.pop(key, None) for key in COMMAND_KEYS}
-    config = load_config(command["config"], given)
+    if command["config"] is None:
+        config = flags_config(given, print_only=bool(command["print_config"]))
+    else:
+        config = load_config(command["config"], given)
     if config.name == "auto":  # a run folder per config: trying an override needs no --overwrite
-        config.name = f"{Path(command['config']).stem}-{config_sha256(config)[:10]}"
+        config.name = f"{Path(command['config'] or 'train').stem}-{config_sha256(config)[:10]}"
     if command["print_config"]:
         print(yaml.safe_dump(config.to_dict(), sort_keys=False, default_flow_style=None), end="")
-        print(resolved_model_comment(config.model), end="")
+        print(resolved_model_comment(config.model) if config.model else f"# {NO_MODEL}\n", end="")
         return 0
     if not command["verbose"]:
         quiet_lightning()

@@ -61,7 +61,7 @@ def subcommands() -> dict[str, tuple[Callable[[], Parser], Handler, str]]:
         "train": (
             commands.train_parser,
             commands.cmd_train,
-            "train one model from a YAML config (--config, --section.key overrides)",
+            "train one model from a YAML config (--config) and/or --section.key options",
         ),
         "eval": (
             trained.eval_parser,
