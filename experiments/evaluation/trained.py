@@ -212,7 +212,7 @@ class TrainedRun:
         result = evaluate(
             self.model, data, split, settings=settings, allow_noncausal=allow_noncausal
         )
-        lead = {key: result[key] for key in ("ppl", "ppl_per_word") if key in result}
+        lead: dict[str, Any] = {k: result[k] for k in ("ppl", "ppl_per_word") if k in result}
         return {**lead, **result}
 
     def generate(
