@@ -27,6 +27,7 @@ continuation BLEU and ``odelm generate`` use.
 from __future__ import annotations
 
 import math
+import os
 from typing import Any
 
 import torch
@@ -41,8 +42,110 @@ MAX_NEW_TOKENS = 10_000
 typo such as ``max_new_tokens=1000000000`` from running for hours with nothing shown."""
 
 
+MIN_TEMPERATURE = 1e-4
+"""The lowest sampling temperature: at 1e-4 a logit gap of 0.01 is already 100 nats (odds of
+1e43), so sampling is argmax in all but name; below it nothing changes but the risk, since
+``logits / temperature`` overflows float32 (max 3.4e38) and a temperature under 1.2e-38
+rounds to 0 (probabilities inf/nan)."""
+MIN_TOP_P = 1e-6
+"""The smallest nucleus: any ``top_p`` at most the likeliest token's probability (>= 1e-6
+for vocabularies up to a million) keeps that token alone, like ``top_k=1``; a ``top_p``
+under float32's smallest number rounds to 0 and drops every token (probabilities nan)."""
+SEED_MAX = 2**64 - 1
+"""The largest seed ``torch.Generator.manual_seed`` takes (seeds lie in 0..2**64-1)."""
+BEAM_SCORE_BYTES = 32
+"""Bytes per beam and vocabulary entry that every step of beam search holds: float64
+log-probabilities and candidate scores, and the sort's float64 values and int64 indices."""
+
+
 class DecodingError(OdelmError, ValueError):
     """Invalid decoding options or prompt."""
+
+
+def check_temperature(value: float, label: str = "temperature") -> None:
+    """Refuse a temperature that is not finite or is below :data:`MIN_TEMPERATURE`."""
+    if not isinstance(value, (int, float)) or not math.isfinite(value) or value < MIN_TEMPERATURE:
+        raise DecodingError(
+            f"{label} = {value!r} is out of range; it must be a finite number >= "
+            f"{MIN_TEMPERATURE} (a lower one samples the argmax anyway and can overflow "
+            "float32; for the argmax use greedy decoding)"
+        )
+
+
+def check_top_p(value: float | None, label: str = "top_p") -> None:
+    """Refuse a nucleus ``top_p`` outside ``[MIN_TOP_P, 1]`` (None: no nucleus)."""
+    if value is not None and not (isinstance(value, (int, float)) and MIN_TOP_P <= value <= 1):
+        raise DecodingError(
+            f"{label} = {value!r} is out of range; it must be in [{MIN_TOP_P}, 1] (a smaller "
+            "nucleus is the likeliest token alone, as top_k=1 gives)"
+        )
+
+
+def check_seed(value: int, label: str = "seed") -> None:
+    """Refuse a sampling seed that is not an integer in ``0..2**64-1``."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= SEED_MAX:
+        raise DecodingError(
+            f"{label} = {value!r} is out of range; it must be an integer in [0, 2**64-1 = "
+            f"{SEED_MAX}]"
+        )
+
+
+def memory_bytes() -> int | None:
+    """This process's memory: the machine's physical memory, capped by a cgroup limit
+    (``memory.max``) or an address-space limit (``ulimit -v``) when one is set."""
+    limits = []
+    try:
+        limits.append(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (AttributeError, ValueError, OSError):
+        pass
+    try:
+        with open("/sys/fs/cgroup/memory.max") as handle:
+            limits.append(int(handle.read().strip()))
+    except (OSError, ValueError):  # no cgroup v2, or "max"
+        pass
+    try:
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_AS)[0]
+        if soft != resource.RLIM_INFINITY:
+            limits.append(soft)
+    except (ImportError, OSError, ValueError):
+        pass
+    return min(limits) if limits else None
+
+
+def check_beam_memory(
+    model: LanguageModel,
+    num_beams: int,
+    rows: int,
+    length: int,
+    label: str = "num_beams",
+    use_cache: bool = True,
+) -> None:
+    """Refuse ``num_beams`` when beam search would need more memory than this process has.
+
+    The estimate is a lower bound (a model's own cache and activations come on top), per
+    beam and row: the vocabulary times :data:`BEAM_SCORE_BYTES`, the token ids (int64,
+    copied as they grow), and, for a model that recomputes its context every step, its
+    float32 logits over the whole sequence (vocabulary x ``length`` x 4 bytes). A model
+    without ``vocab_size`` is not estimated.
+    """
+    vocab, memory = getattr(model, "vocab_size", None), memory_bytes()
+    if not isinstance(vocab, int) or memory is None:
+        return
+    limit = getattr(model, "max_positions", None)
+    sequence = min(length, limit) if limit else length
+    cached = use_cache and callable(getattr(model, "next_token_logits", None))
+    per_beam = rows * (vocab * (BEAM_SCORE_BYTES + (0 if cached else 4 * sequence)) + 16 * length)
+    if num_beams * per_beam <= memory:
+        return
+    logits = "" if cached else f" + {sequence} tokens x 4 bytes of logits"
+    raise DecodingError(
+        f"{label} = {num_beams} is out of range; it must be in [1, {memory // per_beam}] "
+        f"here: beam search needs at least {num_beams * per_beam / 2**30:,.3g} GiB (beams x "
+        f"{rows} row(s) x (vocabulary {vocab} x ({BEAM_SCORE_BYTES} bytes of scores{logits}) "
+        f"+ {length} tokens x 16 bytes)) and the memory here is {memory / 2**30:,.1f} GiB"
+    )
 
 
 class StepFunction:
@@ -116,6 +219,8 @@ def generate(
     try:
         step = StepFunction(model, use_cache)
         if strategy == "beam":
+            rows, length = prompt_ids.shape[0], prompt_ids.shape[1] + max_new_tokens
+            check_beam_memory(model, num_beams, rows, length, use_cache=step.cached)
             return _beam_search(step, prompt_ids, max_new_tokens, num_beams, length_penalty, eos_id)
         sample = strategy == "sample"
         return _one_by_one(
@@ -140,15 +245,10 @@ def _check_options(
         raise DecodingError(
             f"max_new_tokens must be an integer in [0, {MAX_NEW_TOKENS}], got {max_new_tokens!r}"
         )
-    if not math.isfinite(temperature) or temperature <= 0:
-        raise DecodingError(
-            "temperature must be a finite number > 0 (use strategy='greedy' for argmax), "
-            f"got {temperature}"
-        )
+    check_temperature(temperature)
     if top_k is not None and (not isinstance(top_k, int) or top_k < 1):
         raise DecodingError(f"top_k must be a positive integer or None, got {top_k!r}")
-    if top_p is not None and not 0.0 < top_p <= 1.0:
-        raise DecodingError(f"top_p must lie in (0, 1] or be None, got {top_p!r}")
+    check_top_p(top_p)
     if not isinstance(num_beams, int) or num_beams < 1:
         raise DecodingError(f"num_beams must be a positive integer, got {num_beams!r}")
 

@@ -47,8 +47,13 @@ def test_a_finished_run_has_a_hugging_face_model_card(finished):
     assert header["datasets"] == ["grammar"] and header["metrics"] == ["perplexity"]
     (entry,) = header["model-index"]
     assert entry["name"] == "card-run"
-    (metric,) = entry["results"][0]["metrics"]
-    assert metric["type"] == "perplexity" and metric["value"] == result["test_ppl_per_word"]
+    per_token, per_word = entry["results"][0]["metrics"]  # the tables' per-token one first
+    assert per_token == {
+        "type": "perplexity",
+        "value": result["test_ppl"],
+        "name": "Test perplexity (per token)",
+    }
+    assert per_word["value"] == result["test_ppl_per_word"] and "per word" in per_word["name"]
     headings = re.findall(r"^## (.+)$", body, flags=re.MULTILINE)
     assert headings == [
         "Model",
@@ -61,8 +66,9 @@ def test_a_finished_run_has_a_hugging_face_model_card(finished):
     ]
     assert f"| Parameters | {result['parameters']:,} |" in body
     assert f"| Protocol | {result['protocol']} |" in body
-    assert f"| Test | {result['test_ppl_per_word']:,.2f} | {result['test_ppl']:,.2f} |" in body
-    assert f"| Validation (selection) | {result['valid_ppl']:,.2f} |" in body
+    assert "| Split | Perplexity per token | Perplexity per word |" in body
+    assert f"| Test | {result['test_ppl']:,.2f} | {result['test_ppl_per_word']:,.2f} |" in body
+    assert f"| Validation (selection) | {result['valid_ppl']:,.2f} | – |" in body  # val/ppl
     assert f"| NFE (function evaluations per forward) | {result['test_nfe']:,.2f} |" in body
     assert f"| FLOPs per token (forward) | {result['test_flops_per_token']:,.0f} |" in body
     assert f"| odelm | {__version__} |" in body

@@ -128,7 +128,7 @@ def test_generate_samples_reproducibly_from_its_seed(tiny_run, capsys):
         (["eval"], "odelm eval needs RUN; see odelm eval --help"),
         (["eval", "r", "--nope"], "unknown option --nope; odelm eval --help lists the options"),
         (["eval", "r", "--bleu-sentences", "x"], "--bleu-sentences must be int, got 'x'"),
-        (["bench", "corpus-load", "--num-threads", "0"], "--num-threads must be >0, got 0"),
+        (["bench", "corpus-load", "--num-threads", "0"], "--num-threads = 0 is out of range"),
         (["compare", "--preset", "quick", "--seeds", "x"], "--seeds must be int, got 'x'"),
     ],
 )

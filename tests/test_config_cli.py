@@ -126,11 +126,12 @@ def test_a_bad_file_value_is_named_with_its_file_and_key(tmp_path):
         load_config(config)
 
 
-def test_train_needs_a_config_and_says_so(capsys):
+def test_train_needs_a_config_or_a_model_and_says_so(capsys):
     assert main(["train", "--optim.lr", "1e-3"]) == 2
-    assert (
-        capsys.readouterr().err
-        == "odelm: error: odelm train needs --config; see odelm train --help\n"
+    assert capsys.readouterr().err == (
+        "odelm: error: odelm train needs --config FILE, or a model on the command line: "
+        "--model.family ode_transformer (or neuralode_lm, reference; odelm models lists their "
+        "keys)\n"
     )
 
 

@@ -450,7 +450,12 @@ def test_a_key_added_later_keeps_old_runs_hashes() -> None:
 
     values = {"model": {"family": "reference"}, "trainer": {"max_steps": 4}}
     plain = parse_config(values)
-    assert IDENTITY_ADDED == {"trainer.compile": False, "data.shuffle": True, "data.order": 1}
+    assert IDENTITY_ADDED == {
+        "trainer.compile": False,
+        "data.shuffle": True,
+        "trainer.max_time": None,
+        "data.order": 1,
+    }
     assert "trainer.compile" not in identity(plain)
     old_style = {k: v for k, v in plain.to_dict().items()}
     old_style["trainer"] = {k: v for k, v in old_style["trainer"].items() if k != "compile"}

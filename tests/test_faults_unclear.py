@@ -100,7 +100,7 @@ CLI_CASES: dict[str, tuple[Callable[[Path], list[str]], str]] = {
 RUN_CASES: dict[str, tuple[list[str], str]] = {
     "temperature nan": (
         ["generate", "{run}", "--prompt", "", "--strategy", "sample", "--temperature", "nan"],
-        "temperature must be a finite number > 0",
+        "--temperature = nan is out of range; it must be a finite number >= 0.0001",
     ),
     "max new tokens 1e9": (
         ["generate", "{run}", "--prompt", "", "--max-new-tokens", "1000000000"],

@@ -55,7 +55,8 @@ def test_eval_rounds_for_people_and_keeps_full_precision_in_json(bpe_run, capsys
     full = json.loads(capsys.readouterr().out)
     assert main(["eval", str(run_dir), "--num-threads", "1"]) == 0
     printed = dict(
-        line.strip().split(": ", 1) for line in capsys.readouterr().out.strip().splitlines()
+        line.strip().split("  (")[0].split(": ", 1)  # a perplexity's label after its value
+        for line in capsys.readouterr().out.strip().splitlines()
     )
     assert printed["ppl"] == f"{full['ppl']:.2f}" and printed["ppl"] != str(full["ppl"])
     assert printed["ppl_per_word"] == f"{full['ppl_per_word']:.2f}"
@@ -63,6 +64,24 @@ def test_eval_rounds_for_people_and_keeps_full_precision_in_json(bpe_run, capsys
     assert re.fullmatch(r"[0-9.e+-]{1,10}", printed["seconds"])  # 4 significant digits
     assert printed["tokens"] == str(full["tokens"]) and printed["split"] == "test"
     assert len(str(full["ppl"]).split(".")[1]) > 2
+
+
+@pytest.mark.slow
+def test_eval_leads_with_the_labelled_per_token_perplexity_of_the_tables(bpe_run, capsys):
+    # Issue 34: on a BPE run the per-word perplexity is far larger; the first one printed,
+    # by odelm eval and by run.evaluate, is the per-token one the tables use, labelled.
+    run_dir, result = bpe_run
+    assert main(["eval", str(run_dir), "--num-threads", "1"]) == 0
+    lines = capsys.readouterr().out.splitlines()  # the first two lines of all
+    per_token, per_word = result["test_ppl"], result["test_ppl_per_word"]
+    assert lines[0] == f"           ppl: {per_token:.2f}  (per token: the perplexity of the tables)"
+    assert lines[1] == (
+        f"  ppl_per_word: {per_word:.2f}  (per word: total NLL / words, line ends counted as words)"
+    )
+    assert per_word > per_token  # on BPE the two differ: which comes first matters
+    evaluated = experiments.load_run(run_dir).evaluate()
+    assert list(evaluated)[:2] == ["ppl", "ppl_per_word"]
+    assert evaluated["ppl"] == pytest.approx(result["test_ppl"], rel=1e-9)
 
 
 def _result(name: str, seed: int, ppl: float, parameters: int) -> dict:

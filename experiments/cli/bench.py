@@ -17,8 +17,8 @@ from collections.abc import Callable
 from typing import Any
 
 from jsonargparse import Namespace
-from jsonargparse.typing import PositiveInt
 
+from experiments.cli import values
 from experiments.cli.parser import Parser
 from experiments.cli.tools import print_rows
 from odelm.errors import OdelmError
@@ -92,8 +92,8 @@ def bench_parser() -> Parser:
     parser.add_argument("--strict", action="store_true", help="exit 1 when a target is missed")
     parser.add_argument(
         "--num-threads",
-        type=PositiveInt,
-        help="torch CPU threads (default: the free cores, printed)",
+        type=values.threads,
+        help="torch CPU threads, 1..this machine's CPUs (default: the free cores, printed)",
     )
     return parser
 

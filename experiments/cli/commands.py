@@ -2,24 +2,20 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 from argparse import Action, ArgumentError
 from pathlib import Path
 from typing import Any
 
-import torch
 import yaml
 from jsonargparse import Namespace, get_loader
-from jsonargparse.typing import PositiveInt
 
 from experiments.cli.parser import Parser, epilog
 from experiments.comparison.launchers import LAUNCH_KEYS, add_launch_options, launch_settings
 from experiments.data.corpora import CORPUS_NAMES
 from experiments.models.schema import model_keys_help, resolved_model_comment
 from experiments.training.config import (
-    EvalConfig,
     Replace,
     RunConfig,
     add_run_arguments,
@@ -28,7 +24,7 @@ from experiments.training.config import (
     merge,
     parse_config,
 )
-from experiments.training.config_checks import ConfigError, key_type
+from experiments.training.config_checks import ConfigError, check_threads, key_type
 from experiments.training.threads import set_threads
 
 # Short flags kept beside the dotted options they stand for (``--max-steps`` is
@@ -135,11 +131,16 @@ def train_parser() -> Parser:
     """The options of ``odelm train``."""
     parser = options_parser(
         "odelm train",
-        "Train one model from a YAML run config; any config key may be overridden on the "
-        "command line as --section.key VALUE (e.g. --optim.lr 1e-3 --trainer.max_steps 20); "
-        "--model.KEY VALUE edits one model key, --model '{...}' replaces the whole model section.",
+        "Train one model from a YAML run config, or from options alone; any config key may be "
+        "given on the command line as --section.key VALUE (e.g. --optim.lr 1e-3 "
+        "--trainer.max_steps 20 --trainer.max_time 00:05:00); --model.KEY VALUE edits one "
+        "model key, --model '{...}' replaces the whole model section.",
     )
-    parser.add_argument("--config", required=True, help="the run's YAML config file")
+    parser.add_argument(
+        "--config",
+        help="the run's YAML config file (default: none; the schema's defaults, which "
+        "--print_config shows, under the options given, which must name a --model.family)",
+    )
     parser.add_argument(
         "--overwrite",
         action="store_true",
@@ -154,6 +155,25 @@ def train_parser() -> Parser:
     return parser
 
 
+NO_MODEL = (
+    "odelm train needs --config FILE, or a model on the command line: --model.family "
+    "ode_transformer (or neuralode_lm, reference; odelm models lists their keys)"
+)
+
+
+def flags_config(given: dict[str, Any], print_only: bool = False) -> RunConfig:
+    """The run config of ``odelm train`` without ``--config``: the schema's defaults under
+    the options given, which must name a model (``print_only``: the defaults may be shown
+    without one, every other section checked)."""
+    if (given.get("model") or {}).get("family"):
+        return parse_config(merge({}, given))
+    if not print_only:
+        raise ConfigError(NO_MODEL)
+    config = parse_config(merge(given, {"model": {"family": "ode_transformer"}}))
+    config.model = {}
+    return config
+
+
 def cmd_train(args: Namespace) -> int:
     from datetime import datetime
 
@@ -162,12 +182,15 @@ def cmd_train(args: Namespace) -> int:
 
     given = given_options(args)
     command = {key: given.pop(key, None) for key in COMMAND_KEYS}
-    config = load_config(command["config"], given)
+    if command["config"] is None:
+        config = flags_config(given, print_only=bool(command["print_config"]))
+    else:
+        config = load_config(command["config"], given)
     if config.name == "auto":  # a run folder per config: trying an override needs no --overwrite
-        config.name = f"{Path(command['config']).stem}-{config_sha256(config)[:10]}"
+        config.name = f"{Path(command['config'] or 'train').stem}-{config_sha256(config)[:10]}"
     if command["print_config"]:
         print(yaml.safe_dump(config.to_dict(), sort_keys=False, default_flow_style=None), end="")
-        print(resolved_model_comment(config.model), end="")
+        print(resolved_model_comment(config.model) if config.model else f"# {NO_MODEL}\n", end="")
         return 0
     if not command["verbose"]:
         quiet_lightning()
@@ -184,54 +207,6 @@ def cmd_train(args: Namespace) -> int:
             print(f"{config.run_dir}: already finished, result from {date} (--overwrite retrains)")
         else:
             print(f"wrote {config.run_dir}")
-    return 0
-
-
-def cmd_eval(args: Namespace) -> int:
-    from experiments.evaluation.evaluate import EvalSettings
-    from experiments.evaluation.trained import load_run
-
-    given = {field.name: getattr(args, field.name) for field in dataclasses.fields(EvalConfig)}
-    EvalSettings().with_overrides(flags=True, **given)  # checked before the run loads
-    run = load_run(args.run)
-    overrides = {"data_dir": args.data_dir} if args.data_dir else {}
-    data = run.data(allow_changed_data=args.allow_changed_data, **overrides)
-    set_threads(args.num_threads)  # once the run and its data load: an error stays one line
-    result = run.evaluate(args.split, **given, allow_noncausal=args.allow_noncausal, data=data)
-    if args.json:
-        print(json.dumps(result))
-    else:
-        for key, value in result.items():
-            print(f"{key:>14}: {rounded(key, value)}")
-    return 0
-
-
-def rounded(key: str, value: Any) -> Any:
-    """A result value for people: perplexities (and numbers >= 100) to 2 decimals, other
-    floats to 4 significant digits (``--json`` keeps full precision)."""
-    if not isinstance(value, float):
-        return value
-    return f"{value:.2f}" if "ppl" in key or abs(value) >= 100 else f"{value:.4g}"
-
-
-def cmd_generate(args: Namespace) -> int:
-    from experiments.evaluation.trained import load_run
-
-    if args.num_threads is not None:
-        torch.set_num_threads(args.num_threads)
-    run = load_run(args.run)
-    text = run.generate(
-        args.prompt,
-        args.max_new_tokens,
-        strategy=args.strategy,
-        num_beams=args.num_beams,
-        temperature=args.temperature,
-        top_k=args.top_k,
-        top_p=args.top_p,
-        seed=args.seed,
-        stop_at_eos=args.stop_at_eos,
-    )
-    print(text)
     return 0
 
 
@@ -286,6 +261,8 @@ def cmd_compare(args: Namespace) -> int:
     trainer, values = shared.setdefault("trainer", {}), load_yaml(grid)
     runs = len(check_grid(values, Path(out), shared, num_seeds))  # errors first
     launch = launch_settings(launch_options, runs, trainer.get("num_threads"), grid_slurm(values))
+    if launch.launcher == "local":  # Slurm's nodes may have more CPUs than this machine
+        check_threads(trainer.get("num_threads"))
     requested = trainer.get("num_threads") or launch.slurm.get("cpus")
     # the policy's threads, shared among the runs in flight at once
     trainer["num_threads"] = set_threads(requested, runs=min(launch.jobs, runs))
@@ -293,97 +270,3 @@ def cmd_compare(args: Namespace) -> int:
     print(f"[compare] {len(results)} runs; tables and plots in {out}")
     print((Path(out) / "results.md").read_text())
     return 0
-
-
-def eval_parser() -> Parser:
-    """The options of ``odelm eval``."""
-    parser = Parser()
-    parser.add_argument("run", help="a run directory written by odelm train")
-    parser.add_argument("--split", default="test", help="the split to score")
-    parser.add_argument(
-        "--bleu-sentences",
-        type=int,
-        help="sentences scored for BLEU (default: the run's eval setting)",
-    )
-    parser.add_argument(
-        "--continuation-sentences",
-        type=int,
-        help="sentences continued for continuation BLEU (default: the run's eval setting)",
-    )
-    parser.add_argument(
-        "--prompt-len",
-        type=int,
-        help="prompt tokens of continuation BLEU (default: the run's eval setting)",
-    )
-    parser.add_argument(
-        "--decode",
-        choices=["greedy", "beam"],
-        help="decoding of continuation BLEU (default: the run's eval setting)",
-    )
-    parser.add_argument(
-        "--num-threads",
-        type=PositiveInt,
-        help="torch CPU threads (default: the cores other work leaves free, printed)",
-    )
-    parser.add_argument(
-        "--allow-noncausal",
-        action="store_true",
-        help="score a model that sees the tokens it predicts (labelled as such)",
-    )
-    parser.add_argument(
-        "--data-dir", help="where the run's corpus is now (default: where it was trained)"
-    )
-    parser.add_argument(
-        "--allow-changed-data",
-        action="store_true",
-        help="score splits that differ from those the run recorded (data_sha256)",
-    )
-    parser.add_argument("--json", action="store_true", help="one JSON object instead of lines")
-    return parser
-
-
-def number(text: str) -> float:
-    """A float as Python reads it, ``nan`` and ``inf`` included (the decoder names the
-    values it takes; YAML, and so jsonargparse's ``float``, reads ``nan`` as text)."""
-    return float(text)
-
-
-def generate_parser() -> Parser:
-    """The options of ``odelm generate``."""
-    from odelm.decoding import MAX_NEW_TOKENS, STRATEGIES
-
-    parser = Parser()
-    parser.add_argument("run", help="a run directory written by odelm train")
-    parser.add_argument("--prompt", required=True, help="the text to continue (its words)")
-    parser.add_argument(
-        "--max-new-tokens",
-        type=int,
-        default=20,
-        help=f"tokens to generate (at most {MAX_NEW_TOKENS})",
-    )
-    parser.add_argument(
-        "--strategy",
-        default="greedy",
-        choices=STRATEGIES,
-        help="argmax, sampling (--temperature, --top-k, --top-p, --seed) or beam search",
-    )
-    parser.add_argument("--num-beams", type=int, default=4, help="beams of --strategy beam")
-    parser.add_argument(
-        "--temperature", type=number, default=1.0, help="sampling: divide the logits by it"
-    )
-    parser.add_argument(
-        "--top-k", type=int, help="sampling: keep the K likeliest tokens (default: all)"
-    )
-    parser.add_argument(
-        "--top-p",
-        type=number,
-        help="sampling: keep the smallest set of tokens with probability >= P (default: all)",
-    )
-    parser.add_argument("--seed", type=int, default=0, help="seed of the sampling generator")
-    parser.add_argument(
-        "--stop-at-eos", action="store_true", help="stop at the first end of line (<eos>)"
-    )
-    parser.add_argument(
-        "--num-threads", type=PositiveInt, help="torch CPU threads (default: torch's choice)"
-    )
-    return parser

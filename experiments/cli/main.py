@@ -34,7 +34,7 @@ Handler = Callable[[Namespace], int]
 
 def subcommands() -> dict[str, tuple[Callable[[], Parser], Handler, str]]:
     """Every subcommand (``"data info"`` one level down): its parser, handler and help."""
-    from experiments.cli import bench, commands, tools
+    from experiments.cli import bench, commands, tools, trained
     from experiments.evaluation import discretize
 
     return {
@@ -61,16 +61,16 @@ def subcommands() -> dict[str, tuple[Callable[[], Parser], Handler, str]]:
         "train": (
             commands.train_parser,
             commands.cmd_train,
-            "train one model from a YAML config (--config, --section.key overrides)",
+            "train one model from a YAML config (--config) and/or --section.key options",
         ),
         "eval": (
-            commands.eval_parser,
-            commands.cmd_eval,
+            trained.eval_parser,
+            trained.cmd_eval,
             "perplexity, per-word perplexity, BLEU, NFE of a run",
         ),
         "generate": (
-            commands.generate_parser,
-            commands.cmd_generate,
+            trained.generate_parser,
+            trained.cmd_generate,
             "continue a prompt with a trained run",
         ),
         "compare": (
@@ -179,6 +179,9 @@ def usage_error(parser: ArgumentParser, argv: list[str], error: ArgumentError) -
         expected = type_name(getattr(action, "_typehint", None) or getattr(action, "type", None))
         flag = _flag(sub, key) or f"--{key}"
         return UsageError(f"{flag} must be {expected}, got {given and given[1]!r}")
+    typed = re.match(r"argument ([-\w]+): (\1 .*)", text)
+    if typed:  # a range type's own line (experiments.cli.values) names the option
+        return UsageError(typed[2])
     if re.match(r'expected "[\w.]*command" to be one of', text) and sub._subcommands_action:
         names = ", ".join(sub._subcommands_action._name_parser_map)
         return UsageError(f"{prog} needs a subcommand, one of {names}; see {prog} --help")

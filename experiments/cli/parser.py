@@ -11,6 +11,10 @@ from jsonargparse import ArgumentParser, DefaultHelpFormatter
 
 EXAMPLES: dict[str, tuple[str, ...]] = {
     "train": (
+        (
+            "odelm train --model.family ode_transformer --model.block rk4 --corpus grammar "
+            "--trainer.max_time 00:05:00 --name flags-rk4"
+        ),
         "odelm train --config experiments/configs/example.yaml",
         "odelm train --config experiments/configs/example.yaml --optim.lr 3e-4 --name auto",
         (

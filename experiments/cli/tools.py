@@ -9,6 +9,7 @@ from typing import Any
 
 from jsonargparse import Namespace
 
+from experiments.cli import values
 from experiments.cli.parser import Parser
 from experiments.data.corpora import (
     CORPUS_NAMES,
@@ -153,7 +154,9 @@ def data_info_parser() -> Parser:
         choices=PROTOCOLS,
         help="describe the splits a run would use under it (default: the files as found)",
     )
-    parser.add_argument("--seed", type=int, default=0, help="seed of the grammar corpus")
+    parser.add_argument(
+        "--seed", type=values.data_seed, default=0, help="seed of the grammar corpus"
+    )
     parser.add_argument("--json", action="store_true", help="one JSON object instead of a table")
     return parser
 

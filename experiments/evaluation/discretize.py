@@ -28,8 +28,8 @@ from typing import Any
 
 import torch
 from jsonargparse import Namespace
-from jsonargparse.typing import PositiveInt
 
+from experiments.cli import values
 from experiments.cli.parser import Parser
 from experiments.data.batching import lm_nll
 from experiments.evaluation.depth_curve import (
@@ -317,8 +317,14 @@ def discretize_parser() -> Parser:
         help="also the test-time depth curve: depth.png (test perplexity against NFE per "
         "token, training depth marked, 2x and 4x the training steps) and depth.json",
     )
-    parser.add_argument("--out", help="folder for discretize.md/.png (default: RUN_DIR/discretize)")
     parser.add_argument(
-        "--num-threads", type=PositiveInt, help="torch CPU threads (default: torch's)"
+        "--out",
+        type=values.folder,
+        help="folder for discretize.md/.png, made when missing (default: RUN_DIR/discretize)",
+    )
+    parser.add_argument(
+        "--num-threads",
+        type=values.threads,
+        help="torch CPU threads, 1..this machine's CPUs (default: torch's)",
     )
     return parser

@@ -193,7 +193,8 @@ class TrainedRun:
         data: LMData | None = None,
     ) -> dict[str, Any]:
         """What ``odelm eval RUN`` reports (its ``--json`` object), with the same options:
-        perplexity, per-word perplexity, BLEU and NFE of ``split`` of the run's corpus.
+        perplexity, BLEU and NFE of ``split`` of the run's corpus. The per-token perplexity
+        the tables use (``ppl``) comes first, the per-word one (``ppl_per_word``) next.
 
         BLEU settings left None keep the run's ``eval`` config; ``data`` is the corpus
         already loaded by :meth:`data` (default: loaded here, from ``data_dir`` if given)."""
@@ -208,7 +209,11 @@ class TrainedRun:
         if data is None:
             overrides = {"data_dir": data_dir} if data_dir else {}
             data = self.data(allow_changed_data=allow_changed_data, **overrides)
-        return evaluate(self.model, data, split, settings=settings, allow_noncausal=allow_noncausal)
+        result = evaluate(
+            self.model, data, split, settings=settings, allow_noncausal=allow_noncausal
+        )
+        lead: dict[str, Any] = {k: result[k] for k in ("ppl", "ppl_per_word") if k in result}
+        return {**lead, **result}
 
     def generate(
         self,
@@ -228,12 +233,15 @@ class TrainedRun:
         RUN --prompt PROMPT`` prints with the same options (same names, defaults, meaning).
 
         ``strategy`` is greedy, sample or beam; sampling draws from a ``torch.Generator``
-        seeded with ``seed``. ``options`` go to
+        seeded with ``seed`` (0..2**64-1). Odd values are refused with one
+        :class:`~odelm.decoding.DecodingError` line: a temperature below
+        ``MIN_TEMPERATURE``, a ``top_p`` below ``MIN_TOP_P``, more beams than memory holds. ``options`` go to
         :func:`odelm.decoding.decode_continuation`: ``generator`` (a generator of your
         own, used instead of ``seed``), ``eos_id``, ``length_penalty``, ``use_cache``.
         """
-        from odelm.decoding import decode_continuation
+        from odelm.decoding import check_seed, decode_continuation
 
+        check_seed(seed)
         options.setdefault("generator", torch.Generator().manual_seed(seed))
         if stop_at_eos:
             options.setdefault("eos_id", self.tokenizer.eos_id)

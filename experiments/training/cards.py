@@ -3,8 +3,9 @@
 A run folder shared with someone else should say what it is without its reader parsing
 ``config.yaml`` and ``result.json``: :func:`write_card` writes YAML front matter
 (``library_name: odelm``, ``tags``, ``datasets``, ``metrics`` and a ``model-index`` with the
-test perplexity, as the Hub reads it) followed by sections on the model, the data protocol,
-the training recipe, the results (test and validation perplexity, NFE and FLOPs per token),
+test perplexity per token, then per word, as the Hub reads it) followed by sections on the
+model, the data protocol, the training recipe, the results (test and validation perplexity,
+per token first as in the tables, per word beside it; NFE and FLOPs per token),
 the software (odelm version and git commit) and the command that reproduces the run.
 
 The card is documentation only: ``load_run`` never reads it, its checksum is not recorded
@@ -73,11 +74,18 @@ def front_matter(config: RunConfig, result: dict[str, Any]) -> dict[str, Any]:
     corpus = config.data.corpus
     family = config.model.get("family", "unknown")
     tags = ["odelm", "language-modeling", family, result["family"].replace(" ", "-")]
-    metric = {
-        "type": "perplexity",
-        "value": result.get("test_ppl_per_word"),
-        "name": "Test perplexity (per word)",
-    }
+    metrics = [  # the per-token perplexity of the tables first, the per-word one beside it
+        {
+            "type": "perplexity",
+            "value": result.get("test_ppl"),
+            "name": "Test perplexity (per token)",
+        },
+        {
+            "type": "perplexity",
+            "value": result.get("test_ppl_per_word"),
+            "name": "Test perplexity (per word)",
+        },
+    ]
     return {
         "library_name": "odelm",
         "tags": tags,
@@ -90,7 +98,7 @@ def front_matter(config: RunConfig, result: dict[str, Any]) -> dict[str, Any]:
                     {
                         "task": {"type": "text-generation", "name": "Language modeling"},
                         "dataset": {"type": corpus, "name": result["protocol"], "split": "test"},
-                        "metrics": [metric],
+                        "metrics": metrics,
                     }
                 ],
             }
@@ -102,11 +110,11 @@ def card_text(config: RunConfig, result: dict[str, Any], commit: str | None = No
     """The Markdown of a run's card (front matter, then sections)."""
     run_dir = config.run_dir
     optim, trainer = config.optim, config.trainer
-    rows = [
-        ("Test", result.get("test_ppl_per_word"), result.get("test_ppl")),
+    rows = [  # validation's perplexity (val/ppl, which selects the weights) is per token
+        ("Test", result.get("test_ppl"), result.get("test_ppl_per_word")),
         ("Validation (selection)", result.get("valid_ppl"), None),
     ]
-    results = "\n".join(f"| {name} | {_number(w)} | {_number(t)} |" for name, w, t in rows)
+    results = "\n".join(f"| {name} | {_number(t)} | {_number(w)} |" for name, t, w in rows)
     limits = {"max_steps": trainer.max_steps, "max_epochs": trainer.max_epochs}
     limits["max_time_s"] = trainer.max_time_s
     budget = ", ".join(f"{key} {value}" for key, value in limits.items() if value is not None)
@@ -149,7 +157,7 @@ A {result["family"]} language model trained with odelm: {result["model"]}.
 
 ## Results
 
-| Split | Perplexity per word | Perplexity per token |
+| Split | Perplexity per token | Perplexity per word |
 |---|---|---|
 {results}
 
@@ -165,7 +173,7 @@ A {result["family"]} language model trained with odelm: {result["model"]}.
 import experiments
 
 run = experiments.load_run({str(run_dir)!r})
-run.perplexity(["some new text"])
+run.perplexity(["some new text"], per="token")  # as in the tables; per="word" beside it
 run.generate("the", 20, strategy="sample", seed=1)
 ```
 

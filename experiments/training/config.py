@@ -23,7 +23,12 @@ import yaml
 from jsonargparse import ArgumentParser, get_loader
 
 from experiments.models.schema import check_model, current_spelling
-from experiments.training.config_checks import ConfigError, check_values, config_error
+from experiments.training.config_checks import (
+    ConfigError,
+    check_values,
+    config_error,
+    resolve_max_time,
+)
 
 
 @dataclass
@@ -116,6 +121,8 @@ class TrainerConfig:
         max_steps: optimizer steps (null: max_epochs decides; with both, the first reached)
         max_epochs: passes over the train split (null: max_steps decides)
         max_time_s: wall-clock budget in seconds (null: none)
+        max_time: the wall-clock budget as Lightning spells it, HH:MM:SS or DD:HH:MM:SS
+            (e.g. 00:05:00; null: none); it sets max_time_s, where the resolved config keeps it
         val_every: validate every N steps, or epoch
         val_batches: validation windows per validation (null: the whole split)
         checkpoint_every: save a resumable checkpoint every N steps
@@ -138,6 +145,7 @@ class TrainerConfig:
     max_steps: int | None = 1000
     max_epochs: int | None = None
     max_time_s: float | None = None
+    max_time: str | int | None = None
     val_every: int | str = 100
     val_batches: int | None = None
     checkpoint_every: int = 100
@@ -289,6 +297,7 @@ def parse_config(values: dict[str, Any], *, where: str = "config") -> RunConfig:
         raise config_error(error, lambda key: f"{where}.{key}".rstrip("."), values, RunConfig)
     sections = {key: schema(**parsed.pop(key)) for key, schema in SECTIONS.items()}
     config = RunConfig(**parsed, **sections)
+    config.trainer = resolve_max_time(config.trainer)
     check_values(config)
     check_model(config.model)
     return config

@@ -8,6 +8,7 @@ the key.
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 import types
 import typing
@@ -190,6 +191,57 @@ def check_range(key: str, value: float | None, label: str | None = None) -> None
         unset = " or null" if key in _NULLABLE else ""
         raise ConfigError(
             f"{label or key} = {value!r} is out of range; it must be {RANGES[key]}{unset}"
+        )
+
+
+_HMS = re.compile(r"(?:(\d+):)?(\d+):(\d+):(\d+)")
+
+
+def resolve_max_time(trainer: Any) -> Any:
+    """``trainer`` with its ``max_time`` (Lightning's ``[DD:]HH:MM:SS``; whole seconds as a
+    number, which is what YAML reads an unquoted ``1:30:00`` as) moved into ``max_time_s``,
+    so a run's identity is one budget however it was spelled."""
+    value = trainer.max_time
+    if value is None:
+        return trainer
+    text = str(value)
+    match = _HMS.fullmatch(text)
+    if match:
+        days, hours, minutes, seconds = (int(part or 0) for part in match.groups())
+        total = float(((days * 24 + hours) * 60 + minutes) * 60 + seconds)
+    elif text.isdigit():
+        total = float(text)
+    else:
+        raise ConfigError(
+            f"trainer.max_time = {value!r} is not a time; it must be HH:MM:SS or DD:HH:MM:SS "
+            "(as Lightning spells it, e.g. 00:05:00) or null"
+        )
+    if total <= 0:
+        raise ConfigError(f"trainer.max_time = {value!r} is out of range; it must be > 0 or null")
+    if trainer.max_time_s is not None and trainer.max_time_s != total:
+        raise ConfigError(
+            f"trainer.max_time = {value!r} ({total:g} s) and trainer.max_time_s = "
+            f"{trainer.max_time_s!r} disagree; give one of them"
+        )
+    return dataclasses.replace(trainer, max_time_s=total, max_time=None)
+
+
+MAX_THREADS = os.cpu_count() or 1
+"""The most CPU threads a process may ask for: this machine's logical CPUs (torch starts a
+thread pool of the size asked; a hundred thousand threads fail far from the cause)."""
+
+
+def check_threads(value: int | None, label: str = "trainer.num_threads") -> None:
+    """Raise ``ConfigError`` naming ``label`` unless ``value`` is None (the thread policy's
+    choice) or a thread count within 1..:data:`MAX_THREADS`. Checked where threads are set,
+    not when a config is read: a run trained on a larger machine still loads."""
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_THREADS:
+        unset = " or null" if label.startswith("trainer.") else ""
+        raise ConfigError(
+            f"{label} = {value!r} is out of range; it must be in [1, {MAX_THREADS}]{unset} "
+            f"({MAX_THREADS} is this machine's CPU count)"
         )
 
 

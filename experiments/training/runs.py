@@ -48,7 +48,12 @@ IDENTITY_EXCLUDED = frozenset(
 )
 
 
-IDENTITY_ADDED = {"trainer.compile": False, "data.shuffle": True, "data.order": 1}
+IDENTITY_ADDED = {
+    "trainer.compile": False,
+    "data.shuffle": True,
+    "trainer.max_time": None,
+    "data.order": 1,
+}
 """Keys added after runs were made, left out of the identity at these values (the old
 behaviour), so a run made before them keeps its hash and resumes. A run folder's
 ``config.yaml`` written before ``data.order`` existed reads as ``order: 1``

@@ -53,16 +53,12 @@ from experiments.training.checkpoints import (
     read_checkpoint,
 )
 from experiments.training.config import RunConfig
+from experiments.training.config_checks import check_threads
 from experiments.training.datamodule import LMDataModule, StreamWindow
 from experiments.training.loggers import build_loggers
 from experiments.training.progress import PROGRESS_FILE, ProgressFile
 from experiments.training.recipes import with_budget
-from experiments.training.runs import (
-    CONFIG_FILE,
-    check_same_config,
-    config_sha256,
-    write_json,
-)
+from experiments.training.runs import CONFIG_FILE, check_same_config, config_sha256, write_json
 from experiments.training.speed import peak_gflops_per_cpu_second
 from experiments.training.task import LMTask
 from experiments.training.threads import set_threads
@@ -193,6 +189,7 @@ def train(
     """
     run_dir = config.run_dir
     runfolder.check_run_name(config.name)
+    check_threads(config.trainer.num_threads)  # the machine's, before the folder is made
     runfolder.check_not_foreign(run_dir)
     check_writable(run_dir)
     with runfolder.claimed_run(run_dir, overwrite=overwrite), disk_full_is_one_line(run_dir):

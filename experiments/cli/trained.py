@@ -1,0 +1,195 @@
+"""The subcommands of ``odelm`` on a finished run: ``eval`` and ``generate``.
+
+``eval`` leads with the perplexity the README's tables and comparison tables use, per token
+(``ppl``), with the per-word one (``ppl_per_word``) beside it, each labelled, whatever the
+tokenizer (they are equal for a word vocabulary). ``--json`` prints the same keys.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+import torch
+from jsonargparse import Namespace
+
+from experiments.cli import values
+from experiments.cli.parser import Parser
+from experiments.training.config import EvalConfig
+from experiments.training.threads import set_threads
+
+PERPLEXITY_LABELS = {
+    "ppl": "per token: the perplexity of the tables",
+    "ppl_per_word": "per word: total NLL / words, line ends counted as words",
+}
+"""The label after each perplexity line of ``odelm eval``, in the order they lead."""
+
+
+def eval_lines(result: dict[str, Any]) -> list[str]:
+    """``odelm eval``'s lines: the per-token perplexity first, the per-word one next, both
+    labelled, then every other value of ``result`` in its order."""
+    keys = [key for key in PERPLEXITY_LABELS if key in result]
+    keys += [key for key in result if key not in PERPLEXITY_LABELS]
+    lines = []
+    for key in keys:
+        label = f"  ({PERPLEXITY_LABELS[key]})" if key in PERPLEXITY_LABELS else ""
+        lines.append(f"{key:>14}: {rounded(key, result[key])}{label}")
+    return lines
+
+
+def rounded(key: str, value: Any) -> Any:
+    """A result value for people: perplexities (and numbers >= 100) to 2 decimals, other
+    floats to 4 significant digits (``--json`` keeps full precision)."""
+    if not isinstance(value, float):
+        return value
+    return f"{value:.2f}" if "ppl" in key or abs(value) >= 100 else f"{value:.4g}"
+
+
+def cmd_eval(args: Namespace) -> int:
+    from experiments.evaluation.evaluate import EvalSettings
+    from experiments.evaluation.trained import load_run
+
+    given = {field.name: getattr(args, field.name) for field in dataclasses.fields(EvalConfig)}
+    EvalSettings().with_overrides(flags=True, **given)  # checked before the run loads
+    run = load_run(args.run)
+    overrides = {"data_dir": args.data_dir} if args.data_dir else {}
+    data = run.data(allow_changed_data=args.allow_changed_data, **overrides)
+    set_threads(args.num_threads)  # once the run and its data load: an error stays one line
+    result = run.evaluate(args.split, **given, allow_noncausal=args.allow_noncausal, data=data)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print("\n".join(eval_lines(result)))
+    return 0
+
+
+def cmd_generate(args: Namespace) -> int:
+    from experiments.evaluation.trained import load_run
+    from odelm.decoding import check_beam_memory
+
+    if args.num_threads is not None:
+        torch.set_num_threads(args.num_threads)
+    run = load_run(args.run)
+    if args.strategy == "beam":  # the memory bound needs the model's vocabulary
+        length = len(run.encode(args.prompt)) + 1 + args.max_new_tokens
+        check_beam_memory(run.model, args.num_beams, 1, length, "--num-beams")
+    text = run.generate(
+        args.prompt,
+        args.max_new_tokens,
+        strategy=args.strategy,
+        num_beams=args.num_beams,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        seed=args.seed,
+        stop_at_eos=args.stop_at_eos,
+    )
+    print(text)
+    return 0
+
+
+def eval_parser() -> Parser:
+    """The options of ``odelm eval``."""
+    parser = Parser()
+    parser.add_argument("run", help="a run directory written by odelm train")
+    parser.add_argument("--split", default="test", help="the split to score")
+    parser.add_argument(
+        "--bleu-sentences",
+        type=int,
+        help="sentences scored for BLEU (default: the run's eval setting)",
+    )
+    parser.add_argument(
+        "--continuation-sentences",
+        type=int,
+        help="sentences continued for continuation BLEU (default: the run's eval setting)",
+    )
+    parser.add_argument(
+        "--prompt-len",
+        type=int,
+        help="prompt tokens of continuation BLEU (default: the run's eval setting)",
+    )
+    parser.add_argument(
+        "--decode",
+        choices=["greedy", "beam"],
+        help="decoding of continuation BLEU (default: the run's eval setting)",
+    )
+    parser.add_argument(
+        "--num-threads",
+        type=values.threads,
+        help="torch CPU threads, 1..this machine's CPUs (default: the cores other work leaves "
+        "free, printed)",
+    )
+    parser.add_argument(
+        "--allow-noncausal",
+        action="store_true",
+        help="score a model that sees the tokens it predicts (labelled as such)",
+    )
+    parser.add_argument(
+        "--data-dir", help="where the run's corpus is now (default: where it was trained)"
+    )
+    parser.add_argument(
+        "--allow-changed-data",
+        action="store_true",
+        help="score splits that differ from those the run recorded (data_sha256)",
+    )
+    parser.add_argument("--json", action="store_true", help="one JSON object instead of lines")
+    return parser
+
+
+def generate_parser() -> Parser:
+    """The options of ``odelm generate``; each sampling value has the range the library
+    checks (:mod:`experiments.cli.values`)."""
+    from odelm.decoding import MAX_NEW_TOKENS, MIN_TEMPERATURE, MIN_TOP_P, STRATEGIES
+
+    parser = Parser()
+    parser.add_argument("run", help="a run directory written by odelm train")
+    parser.add_argument("--prompt", required=True, help="the text to continue (its words)")
+    parser.add_argument(
+        "--max-new-tokens",
+        type=int,
+        default=20,
+        help=f"tokens to generate (at most {MAX_NEW_TOKENS})",
+    )
+    parser.add_argument(
+        "--strategy",
+        default="greedy",
+        choices=STRATEGIES,
+        help="argmax, sampling (--temperature, --top-k, --top-p, --seed) or beam search",
+    )
+    parser.add_argument(
+        "--num-beams",
+        type=values.beams,
+        default=4,
+        help="beams of --strategy beam (at most what this machine's memory holds)",
+    )
+    parser.add_argument(
+        "--temperature",
+        type=values.temperature,
+        default=1.0,
+        help=f"sampling: divide the logits by it (at least {MIN_TEMPERATURE})",
+    )
+    parser.add_argument(
+        "--top-k", type=int, help="sampling: keep the K likeliest tokens (default: all)"
+    )
+    parser.add_argument(
+        "--top-p",
+        type=values.top_p,
+        help=f"sampling: keep the smallest set of tokens with probability >= P, P in "
+        f"[{MIN_TOP_P}, 1] (default: all)",
+    )
+    parser.add_argument(
+        "--seed",
+        type=values.sampling_seed,
+        default=0,
+        help="seed of the sampling generator, 0..2**64-1",
+    )
+    parser.add_argument(
+        "--stop-at-eos", action="store_true", help="stop at the first end of line (<eos>)"
+    )
+    parser.add_argument(
+        "--num-threads",
+        type=values.threads,
+        help="torch CPU threads, 1..this machine's CPUs (default: torch's choice)",
+    )
+    return parser

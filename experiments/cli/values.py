@@ -1,0 +1,81 @@
+"""Command-line value types with a range: each refuses an odd value while the command line
+is parsed, before anything loads, with one line naming the option, its valid range and the
+value given (``odelm: error: --temperature = 1e-320 is out of range; it must be ...``).
+
+The ranges are the library's own (:mod:`odelm.decoding`'s floors and seed range, the
+thread check of :mod:`experiments.training.config_checks`), so a Python call and its
+command refuse the same values. Each type raises ``ArgumentTypeError``, whose message
+argparse keeps; :func:`experiments.cli.main.usage_error` drops its ``argument X:`` prefix.
+"""
+
+from __future__ import annotations
+
+from argparse import ArgumentTypeError
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from experiments.training.config_checks import SEED_MAX as DATA_SEED_MAX
+from experiments.training.config_checks import ConfigError, check_threads
+from odelm import decoding
+from odelm.errors import OdelmError
+
+
+def _typed(
+    name: str, flag: str, convert: Callable[[Any], Any], check: Callable[[Any, str], None]
+) -> Callable[[Any], Any]:
+    """A parser type named ``name`` (shown in ``--help``): ``convert``, then ``check``, each
+    failure one line naming ``flag``."""
+
+    def parse(text: Any) -> Any:
+        try:
+            value = convert(text)
+        except (TypeError, ValueError):
+            kind = "an integer" if convert is _integer else "a number"
+            raise ArgumentTypeError(f"{flag} must be {kind}, got {text!r}") from None
+        try:
+            check(value, flag)
+        except OdelmError as error:
+            raise ArgumentTypeError(str(error)) from None
+        return value
+
+    parse.__name__ = parse.__qualname__ = name
+    return parse
+
+
+def _integer(text: Any) -> int:
+    if isinstance(text, bool) or (isinstance(text, float) and not text.is_integer()):
+        raise ValueError(text)
+    return int(text)
+
+
+def _check_data_seed(value: int, flag: str) -> None:
+    if not 0 <= value <= DATA_SEED_MAX:
+        raise ConfigError(f"{flag} = {value} is out of range; it must be in [0, {DATA_SEED_MAX}]")
+
+
+def _check_positive(value: int, flag: str) -> None:
+    if value < 1:
+        raise ConfigError(f"{flag} = {value} is out of range; it must be >= 1")
+
+
+def _check_folder(value: str, flag: str) -> None:
+    path = Path(value)
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"{flag} {value} is a file; it must be a folder (made when missing)")
+
+
+threads = _typed("threads", "--num-threads", _integer, check_threads)
+"""``--num-threads``: torch CPU threads, 1..this machine's CPU count."""
+temperature = _typed("temperature", "--temperature", float, decoding.check_temperature)
+"""``--temperature``: finite, at least :data:`odelm.decoding.MIN_TEMPERATURE`."""
+top_p = _typed("top_p", "--top-p", float, decoding.check_top_p)
+"""``--top-p``: in ``[MIN_TOP_P, 1]``."""
+sampling_seed = _typed("seed", "--seed", _integer, decoding.check_seed)
+"""``generate --seed``: a ``torch.Generator`` seed, 0..2**64-1."""
+data_seed = _typed("seed", "--seed", _integer, _check_data_seed)
+"""``data info --seed``: the grammar corpus's seed, the config's ``data.seed`` range."""
+beams = _typed("beams", "--num-beams", _integer, _check_positive)
+"""``--num-beams``: at least 1 (its memory bound needs the model: checked once it loads)."""
+folder = _typed("folder", "--out", str, _check_folder)
+"""``--out``: a folder, made when missing; an existing file is refused."""
