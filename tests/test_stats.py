@@ -109,6 +109,6 @@ def test_seed_noise_row_pairs_with_the_baseline_and_stays_out_of_holm(tmp_path):
     assert [r["cap_bound"] for r in rows[:4]] == ["True", "True", "True", "False"]
     rk2 = [r for r in rows if r["name"] == "rk2"]
     assert float(rk2[0]["p_holm"]) == pytest.approx(float(rk2[0]["p_value"]))  # m = 1
-    assert [r for r in rows if r["name"] == "seed-noise"][0]["p_holm"] == ""
+    assert next(r for r in rows if r["name"] == "seed-noise")["p_holm"] == ""
     table = (tmp_path / "results.md").read_text()
     assert "+0.13 [" in table and "(A/A control)" in table and "3 cap-bound" in table

@@ -48,9 +48,7 @@ def test_edge_extends_every_arm_and_trials_stay_equal(tmp_path, capsys):
     spec = TuneSpec("optim.lr", (0.5, 1.0, 2.0), seed=1, extend=1)
     arms = {"a": {"optim": {}}, "b": {"optim": {}}}
     calls: list[list[str]] = []
-    spec, choices, results = run_tuning(
-        spec, arms, tmp_path, _fake_train({"a": 1.0, "b": 4.0}, calls)
-    )
+    spec, choices, _ = run_tuning(spec, arms, tmp_path, _fake_train({"a": 1.0, "b": 4.0}, calls))
     assert spec.values == (0.5, 1.0, 2.0, 4.0)  # b's best was at the top edge
     assert choices == {"a": (1.0, None), "b": (4.0, None)}
     assert len(calls[0]) == 6 and sorted(calls[1]) == ["tune-a-lr4", "tune-b-lr4"]
