@@ -20,6 +20,7 @@ import traceback
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -97,7 +98,8 @@ def _one_step(spec: dict[str, Any], ctx: Context, bf16: bool, batch: torch.Tenso
     started = time.perf_counter()
     loss = float(Stepper(model, bf16)(batch))
     sync(ctx.device)
-    entry = {"loss": loss, "finite": math.isfinite(loss), "seconds": time.perf_counter() - started}
+    entry: dict[str, Any] = {"loss": loss, "finite": math.isfinite(loss)}
+    entry["seconds"] = time.perf_counter() - started
     entry["parameters_on"] = str(next(model.parameters()).device)
     return entry, model
 
@@ -132,14 +134,14 @@ def families(ctx: Context, record: dict[str, Any]) -> None:
                 entry[precision] = {"error": last_line(error)}
                 continue
             if precision == "fp32":
-                entry["generate"] = attempt(lambda model=model: _generate(model, ctx.device))
+                entry["generate"] = attempt(partial(_generate, model, ctx.device))
     ctx.check()
     lacking = ctx.lacks("pytorch_lightning", "yaml", "jsonargparse")
     if lacking:
         record["load_run"] = {"skipped": f"needs {', '.join(lacking)} to train a run"}
     else:
         record["load_run"] = attempt(lambda: _load_run(ctx))
-    steps = [v.get(p, {}) for v in table.values() for p in ("fp32", "bf16")]
+    steps = [v[p] for v in table.values() for p in ("fp32", "bf16") if p in v]
     ok = sum(bool(s.get("finite")) for s in steps)
     record["summary"] = f"{ok}/{len(steps)} steps finite; load_run {_status(record['load_run'])}"
 
@@ -268,7 +270,7 @@ def throughput(ctx: Context, record: dict[str, Any]) -> None:
     for name, bf16 in THROUGHPUT:
         ctx.check()
         key = f"{name} {'bf16' if bf16 else 'fp32'}"
-        runs[key] = attempt(lambda name=name, bf16=bf16: _throughput(ctx, name, bf16))
+        runs[key] = attempt(partial(_throughput, ctx, name, bf16))
         record["ratios"] = throughput_ratios(runs)
     free(ctx.device)
     residual = record["ratios"].get("residual/plain bf16", {})

@@ -103,7 +103,10 @@ def adaptive_solve(ctx: Context, record: dict[str, Any]) -> None:
     with torch.no_grad():
         _, stats = solve(field_, y0, t, method="dopri5")
     nfe = stats.nfe_forward
-    options = {"dopri5": {"method": "dopri5"}, "grid": {"method": "euler", "step_size": 1 / nfe}}
+    options: dict[str, dict[str, Any]] = {
+        "dopri5": {"method": "dopri5"},
+        "grid": {"method": "euler", "step_size": 1 / nfe},
+    }
     record["field"] = f"MLPField({sizes.d_model}, {sizes.d_ff}) on {sizes.solver_rows} states"
     record["nfe"] = {"dopri5": nfe, "steps": stats.accepted_steps}
     for mode in ("forward", "forward_backward"):
