@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import torch
 
-from benchmarks.gpu_check import PHASES, Phase, run_check, run_phase
+from benchmarks.gpu_check import PHASES, Phase, run_check, run_phase, target_records
 from benchmarks.gpu_models import SHORT
 from benchmarks.gpu_phases import Context
 from experiments.cli import bench
@@ -114,6 +114,12 @@ def test_the_summary_lists_the_phases_and_the_targets(short_run: Path) -> None:
     assert list(summary["phases"]) == FAST
     records = [bench.judge(record) for record in summary["targets"]]
     assert len(records) == 7 and all(r["value"] is None or r["value"] > 0 for r in records)
+    assert all(r["target"] is None and r["met"] is None for r in records)  # the short mode
+    results = {name: _record(short_run, name) for name in FAST}
+    full = {r["metric"]: r for r in target_records(results)}
+    assert all(r["target"] > 0 for r in full.values())
+    unmeasured = [m for m, r in full.items() if r["value"] is None]
+    assert unmeasured == ["residual/plain peak_memory bf16"]  # CUDA memory only
 
 
 def _context(tmp_path: Path, **missing: str) -> Context:
