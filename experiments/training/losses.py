@@ -24,9 +24,10 @@ never computed.
 
 Both are tuned for a CPU, where a Python loop over blocks costs little next to the
 arithmetic; on a GPU the same loops launch small kernels by the thousand (about 1,700 aten
-ops forward and backward for 4,096 rows, against 16 for ``F.cross_entropy``). :func:`loss_path` chooses by
-device type and dtype: the blocked paths on the CPU, PyTorch's own ``F.cross_entropy`` on
-the logits (:func:`cross_entropy_nll`) on CUDA and every other device.
+ops forward and backward for 4,096 rows, against 16 for ``F.cross_entropy``).
+:func:`loss_path` chooses by device type and dtype: the blocked paths on the CPU, PyTorch's
+own ``F.cross_entropy`` on the logits (:func:`cross_entropy_nll`) on CUDA and every other
+device.
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ def loss_path(device_type: str, dtype: torch.dtype | None) -> LossPath:
     """The training loss's path for logits (or an autocast region) of ``dtype`` on a
     ``device_type`` device: ``blocked`` for bf16/fp16 on the CPU, else ``cross_entropy``
     (fp32 on the CPU; any dtype on CUDA and other devices, where the blocked paths' Python
-    loops launch hundreds of small kernels)."""
+    loops launch small kernels by the thousand)."""
     if device_type == "cpu" and dtype in LOW_PRECISION:
         return "blocked"
     return "cross_entropy"
