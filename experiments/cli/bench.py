@@ -4,13 +4,15 @@ A benchmark is a function ``() -> list[dict]`` (the library's own live in the to
 ``benchmarks`` package); each dict is one measurement with at least ``bench``, ``metric``,
 ``value``, ``target``, ``unit`` and ``better`` ("lower" or "higher"; how ``value`` compares
 with ``target``). The registry maps names to ``"module:function"`` strings, imported only
-when run, so ``benchmarks`` (which imports the harness) stays above it.
+when run, so ``benchmarks`` (which imports the harness) stays above it. A benchmark
+function with an ``out`` or ``short`` parameter gets ``--out`` and ``--short``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import importlib
+import inspect
 import math
 import sys
 from collections.abc import Callable
@@ -39,7 +41,13 @@ BENCHMARKS: dict[str, str] = {
     "peak": "benchmarks.training_speed:peak",
     "compile-speedup": "benchmarks.training_speed:compile_speedup",
     "harness-throughput": "benchmarks.harness:harness_throughput",
+    "gpu": "benchmarks.gpu_check:gpu",
 }
+NOT_IN_ALL = frozenset({"gpu"})
+"""Benchmarks ``odelm bench all`` leaves out: the GPU check writes a folder of records and
+runs for minutes (``odelm bench gpu --out DIR``)."""
+OPTIONS = ("out", "short")
+"""``odelm bench`` options handed to the benchmarks whose functions take them."""
 
 
 class UnknownBenchmarkError(OdelmError, KeyError):
@@ -73,14 +81,18 @@ def judge(record: dict[str, Any]) -> dict[str, Any]:
     return {**record, "met": met}
 
 
-def run(name: str) -> list[dict[str, Any]]:
-    """Run one benchmark and return its judged records.
+def run(name: str, options: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """Run one benchmark and return its judged records; ``options`` (of :data:`OPTIONS`)
+    go to a benchmark function that takes them.
 
     Whatever the benchmark prints for people (side-by-side tables) goes to stderr, so
     stdout carries only the records.
     """
+    function = resolve(name)
+    accepted = inspect.signature(function).parameters
+    given = {k: v for k, v in (options or {}).items() if k in accepted and v not in (None, False)}
     with contextlib.redirect_stdout(sys.stderr):
-        records = resolve(name)()
+        records = function(**given)
     return [judge(record) for record in records]
 
 
@@ -90,6 +102,8 @@ def bench_parser() -> Parser:
     parser.add_argument("name", help=f"the benchmark: all, {', '.join(sorted(BENCHMARKS))}")
     parser.add_argument("--json", action="store_true", help="one JSON object per line")
     parser.add_argument("--strict", action="store_true", help="exit 1 when a target is missed")
+    parser.add_argument("--out", help="folder of the records (gpu; default gpu-check)")
+    parser.add_argument("--short", action="store_true", help="gpu: every phase on the CPU, tiny")
     parser.add_argument(
         "--num-threads",
         type=values.threads,
@@ -102,10 +116,11 @@ def cmd_bench(args: Namespace) -> int:
     from experiments.training.threads import set_threads
 
     set_threads(args.num_threads)
-    names = sorted(BENCHMARKS) if args.name == "all" else [args.name]
+    names = sorted(set(BENCHMARKS) - NOT_IN_ALL) if args.name == "all" else [args.name]
+    options = {key: args.get(key) for key in OPTIONS}
     failed = False
     for name in names:
-        records = run(name)
+        records = run(name, options)
         failed |= any(record["met"] is False for record in records)
         print_rows(records, args.json)
     return 1 if failed and args.strict else 0

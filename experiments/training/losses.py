@@ -21,11 +21,18 @@ logits in the low precision; the output layer's bias gradient is summed there to
 matrix products in the low precision. Nothing of size ``N x V`` is kept but the one
 low-precision buffer, and the last position of each window, which predicts nothing, is
 never computed.
+
+Both are tuned for a CPU, where a Python loop over blocks costs little next to the
+arithmetic; on a GPU the same loops launch small kernels by the thousand (about 1,700 aten
+ops forward and backward for 4,096 rows, against 16 for ``F.cross_entropy``).
+:func:`loss_path` chooses by device type and dtype: the blocked paths on the CPU, PyTorch's
+own ``F.cross_entropy`` on the logits (:func:`cross_entropy_nll`) on CUDA and every other
+device.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -36,6 +43,22 @@ IGNORE_INDEX = -100  # cross-entropy's default: a target that is not scored
 ROWS_PER_BLOCK = 64
 """Rows per block: 64 x a 10k vocabulary in fp32 is 2.5 MB, within a core's L2."""
 LOG2E, LN2 = 1.4426950408889634, 0.6931471805599453
+LOW_PRECISION = (torch.bfloat16, torch.float16)
+
+LossPath = Literal["blocked", "cross_entropy"]
+"""``blocked``: the CPU's paths in blocks of rows (:func:`linear_cross_entropy` where the
+model exposes its output layer and the batch allows, else :func:`chunked_cross_entropy`);
+``cross_entropy``: ``F.cross_entropy`` on fp32 logits (:func:`cross_entropy_nll`)."""
+
+
+def loss_path(device_type: str, dtype: torch.dtype | None) -> LossPath:
+    """The training loss's path for logits (or an autocast region) of ``dtype`` on a
+    ``device_type`` device: ``blocked`` for bf16/fp16 on the CPU, else ``cross_entropy``
+    (fp32 on the CPU; any dtype on CUDA and other devices, where the blocked paths' Python
+    loops launch small kernels by the thousand)."""
+    if device_type == "cpu" and dtype in LOW_PRECISION:
+        return "blocked"
+    return "cross_entropy"
 
 
 class _ChunkedCrossEntropy(torch.autograd.Function):
@@ -174,12 +197,13 @@ def fused_loss_dtype(
     """The low precision of autocast when a training loss of ``model`` on ``tokens`` can
     fuse the output layer (:func:`features_training_nll`): a mixed-precision region, a model
     exposing ``features`` and ``output_layer`` (:mod:`odelm.contract`), an unmasked batch,
-    no label smoothing. None otherwise: full-precision training is not touched."""
+    no label smoothing, on a device whose :func:`loss_path` is ``blocked`` (the CPU). None
+    otherwise: full-precision training and GPUs are not touched."""
     device = tokens.device.type
     if mask is not None or label_smoothing or not torch.is_autocast_enabled(device):
         return None
     dtype = torch.get_autocast_dtype(device)
-    if dtype not in (torch.bfloat16, torch.float16):
+    if loss_path(device, dtype) != "blocked":
         return None
     layer = getattr(model, "output_layer", None)
     if not (callable(getattr(model, "features", None)) and isinstance(layer, torch.nn.Linear)):
@@ -219,8 +243,9 @@ def training_nll(
     of an unmasked batch, the last position (which predicts nothing) is ignored instead of
     sliced off: no copy of the logits forward or backward, the same gradients bit for bit
     (the loss value may differ in its last bit, a different summation). Low-precision
-    logits (mixed precision) are scored in fp32 blocks of rows
-    (:func:`experiments.training.losses.chunked_cross_entropy`)."""
+    logits (mixed precision) on the CPU are scored in fp32 blocks of rows
+    (:func:`chunked_cross_entropy`); elsewhere by :func:`cross_entropy_nll`
+    (:func:`loss_path`)."""
     length = tokens.shape[1]
     if mask is not None or logits.shape[1] not in (length, length - 1):
         loss, _ = lm_nll(logits, tokens, mask, reduction="mean", label_smoothing=label_smoothing)
@@ -229,8 +254,17 @@ def training_nll(
     if logits.shape[1] == length:
         targets = torch.cat([targets, targets.new_full((targets.shape[0], 1), IGNORE_INDEX)], 1)
     predictions, targets = logits.reshape(-1, logits.shape[-1]), targets.reshape(-1)
-    if predictions.dtype in (torch.bfloat16, torch.float16) and not label_smoothing:
+    path = loss_path(predictions.device.type, predictions.dtype)
+    if path == "blocked" and not label_smoothing:
         return chunked_cross_entropy(predictions, targets, IGNORE_INDEX)
+    return cross_entropy_nll(predictions, targets, label_smoothing)
+
+
+def cross_entropy_nll(
+    predictions: torch.Tensor, targets: torch.Tensor, label_smoothing: float = 0.0
+) -> torch.Tensor:
+    """PyTorch's ``F.cross_entropy`` of ``predictions [N, V]`` in fp32 (mean over the rows
+    whose target is not :data:`IGNORE_INDEX`): the ``cross_entropy`` :func:`loss_path`."""
     return F.cross_entropy(
         predictions.float(), targets, ignore_index=IGNORE_INDEX, label_smoothing=label_smoothing
     )
