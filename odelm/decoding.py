@@ -32,7 +32,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from odelm.contract import LanguageModel
+from odelm.contract import LanguageModel, model_device
 from odelm.errors import OdelmError
 
 STRATEGIES = ("greedy", "sample", "beam")
@@ -110,6 +110,13 @@ def generate(
     if not isinstance(prompt_ids, torch.Tensor) or prompt_ids.dim() != 2 or prompt_ids.shape[1] < 1:
         shape = tuple(prompt_ids.shape) if isinstance(prompt_ids, torch.Tensor) else prompt_ids
         raise DecodingError(f"prompt_ids must be a LongTensor [batch, P] with P >= 1, got {shape}")
+    device = model_device(model)
+    prompt_ids = prompt_ids.to(device)  # the new tokens are made on the prompt's device
+    if strategy == "sample" and generator is not None and generator.device.type != device.type:
+        raise DecodingError(
+            f"the generator is on {generator.device} but the model on {device}; make it "
+            f"there: torch.Generator(device={str(device)!r}).manual_seed(seed)"
+        )
     was_training = getattr(model, "training", False)  # an nn.Module in training mode
     if was_training:
         model.eval()  # type: ignore[attr-defined]

@@ -7,6 +7,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
 import torch
 
 from experiments.reference import BigramLM
@@ -46,3 +47,51 @@ def test_a_resumed_stream_state_follows_the_module_to_its_device() -> None:
     task.on_train_start()
     assert [s.device.type for s in task.train_state] == ["meta", "meta"]
     assert isinstance(task.train_state, tuple)
+
+
+def test_load_run_puts_the_model_on_the_device_asked(trained) -> None:
+    import experiments
+
+    for run in (
+        experiments.load_run(trained, device="meta"),
+        experiments.load_run(trained, map_location="meta"),
+    ):
+        assert all(p.is_meta for p in run.model.parameters())
+    on_cpu = experiments.load_run(trained)  # the default is unchanged
+    assert all(p.device.type == "cpu" for p in on_cpu.model.parameters())
+
+
+def test_generate_makes_its_prompt_and_generator_on_the_model_device(trained, monkeypatch) -> None:
+    import experiments
+    import odelm.decoding
+
+    run = experiments.load_run(trained, device="meta")
+    made: list[torch.device] = []
+    calls: list[dict[str, Any]] = []
+
+    class Generator:  # torch.Generator cannot be made on meta: record where it is asked for
+        def __init__(self, device: Any = "cpu") -> None:
+            made.append(torch.device(device))
+
+        def manual_seed(self, seed: int) -> Generator:
+            return self
+
+    def decode(model: Any, prompt: torch.Tensor, *args: Any, **options: Any) -> list[int]:
+        calls.append({"prompt": prompt.device, **options})
+        return []
+
+    monkeypatch.setattr(torch, "Generator", Generator)
+    monkeypatch.setattr(odelm.decoding, "decode_continuation", decode)
+    run.generate(run.decode([1, 2]), strategy="sample", seed=1)
+    assert made == [torch.device("meta")] and calls[0]["prompt"] == torch.device("meta")
+
+
+def test_decoding_moves_the_prompt_to_the_model_and_refuses_a_foreign_generator() -> None:
+    from odelm.decoding import DecodingError, generate
+
+    model = BigramLM(7).to(torch.device("meta"))
+    out = generate(model, torch.tensor([[1, 2]]), 3)  # a CPU prompt for a meta model
+    assert out.is_meta and out.shape == (1, 5)
+    generator = torch.Generator().manual_seed(0)
+    with pytest.raises(DecodingError, match="generator is on cpu but the model on meta"):
+        generate(model, torch.tensor([[1]]), 2, strategy="sample", generator=generator)
