@@ -90,7 +90,10 @@ def prepare_data(config: RunConfig) -> LMData:
 
 
 def check_writable(folder: Path) -> None:
-    """Fail before training when the run directory cannot be written."""
+    """Fail before training when the run directory cannot be written (global rank 0 only:
+    the other processes of a distributed run would race on the probe)."""
+    if runfolder.is_worker_process():
+        return
     try:
         folder.mkdir(parents=True, exist_ok=True)
         probe = folder / ".write-test"
@@ -129,17 +132,21 @@ def _train_locked(
     config: RunConfig, callbacks: list[Callback] | None, data: LMData | None
 ) -> dict[str, Any]:
     run_dir = config.run_dir
-    check_same_config(run_dir, config)
+    main = not runfolder.is_worker_process()  # global rank 0 writes the run folder's files
+    if main:
+        check_same_config(run_dir, config)
     result_path = run_dir / RESULT_FILE
     if result_path.is_file():
         return json.loads(result_path.read_text())
     devices = config.trainer.devices  # the threads policy shares the cores among the processes
     processes = devices if isinstance(devices, int) else 1
     config.trainer.num_threads = set_threads(config.trainer.num_threads, processes)
-    (run_dir / CONFIG_FILE).write_text(yaml.safe_dump(config.to_dict(), sort_keys=False))
+    if main:
+        (run_dir / CONFIG_FILE).write_text(yaml.safe_dump(config.to_dict(), sort_keys=False))
     pl.seed_everything(config.seed, workers=True, verbose=False)
     data = data or prepare_data(config)
-    data.tokenizer.save(run_dir / "tokenizer")
+    if main:
+        data.tokenizer.save(run_dir / "tokenizer")
     model = build_model(config.model, data.tokenizer.vocab_size)
     task = LMTask(
         model, config.optim, stateful=config.data.stateful, compile=config.trainer.compile
@@ -246,11 +253,11 @@ def build_trainer(
 def resume_point(run_dir: Path) -> tuple[Path | None, int | None]:
     """``last.ckpt`` and its step when the run has one (checked readable), else (None, None).
 
-    Partial files left by a process killed mid-write are removed.
+    Partial files left by a process killed mid-write are removed (by global rank 0).
     """
     folder = run_dir / "checkpoints"
-    for partial in folder.glob("*.partial"):
-        partial.unlink()
+    for partial in [] if runfolder.is_worker_process() else folder.glob("*.partial"):
+        partial.unlink(missing_ok=True)
     last = folder / LAST_FILE
     if not last.is_file():
         return None, None
