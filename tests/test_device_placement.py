@@ -95,3 +95,22 @@ def test_decoding_moves_the_prompt_to_the_model_and_refuses_a_foreign_generator(
     generator = torch.Generator().manual_seed(0)
     with pytest.raises(DecodingError, match="generator is on cpu but the model on meta"):
         generate(model, torch.tensor([[1]]), 2, strategy="sample", generator=generator)
+
+
+def test_block_truncation_errors_make_positions_on_the_tokens_device() -> None:
+    from experiments.evaluation.discretize import block_truncation_errors
+
+    seen: list[torch.device] = []
+
+    def positions_seen(positions: torch.Tensor) -> float:
+        seen.append(positions.device)
+        return 0.0
+
+    lm = SimpleNamespace(
+        token_embedding=torch.nn.Embedding(5, 2, device="meta"),
+        position_embedding=positions_seen,
+        stack=SimpleNamespace(layers=[]),
+    )
+    tokens = torch.zeros(1, 3, dtype=torch.long, device="meta")
+    assert block_truncation_errors(lm, SimpleNamespace(fields=[]), tokens) == []
+    assert seen == [torch.device("meta")]
