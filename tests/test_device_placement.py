@@ -114,3 +114,59 @@ def test_block_truncation_errors_make_positions_on_the_tokens_device() -> None:
     tokens = torch.zeros(1, 3, dtype=torch.long, device="meta")
     assert block_truncation_errors(lm, SimpleNamespace(fields=[]), tokens) == []
     assert seen == [torch.device("meta")]
+
+
+class _Stop(Exception):
+    """Ends a run once what the test checks has been seen."""
+
+
+@pytest.mark.filterwarnings("ignore:for .*copying from a non-meta parameter")
+def test_after_fit_the_test_evaluation_and_peak_memory_use_the_training_device(
+    tmp_path, tiny_config, monkeypatch
+) -> None:
+    # Lightning moves the module to the CPU after fitting on a GPU; here training "ran" on
+    # meta (the strategy's root device after fit) so a CPU model would show the fault.
+    from experiments.training import train as train_module
+    from experiments.training.config import parse_config
+
+    real_fit, seen = train_module.fit, {}
+
+    def fit(trainer: Any, *args: Any) -> None:
+        real_fit(trainer, *args)
+        meta = property(lambda self: torch.device("meta"))
+        monkeypatch.setattr(type(trainer.strategy), "root_device", meta)
+
+    def evaluate(model: torch.nn.Module, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        seen["evaluate"] = next(model.parameters()).device
+        return {"ppl": 1.0, "is_causal": True, "protocol": "p", "split": "test"}
+
+    def peak_memory_mb(device: torch.device) -> float:
+        seen["peak_memory"] = device
+        raise _Stop
+
+    monkeypatch.setattr(train_module, "fit", fit)
+    monkeypatch.setattr(train_module, "evaluate", evaluate)
+    monkeypatch.setattr(train_module, "peak_memory_mb", peak_memory_mb)
+    config = parse_config(tiny_config(tmp_path, "run", trainer={"max_steps": 2, "val_every": 2}))
+    with pytest.raises(_Stop):
+        train_module.train(config)
+    assert seen == {"evaluate": torch.device("meta"), "peak_memory": torch.device("meta")}
+
+
+def test_peak_memory_on_cuda_is_the_allocator_peak_of_this_fit(monkeypatch) -> None:
+    from experiments.training.throughput import peak_memory_mb
+
+    calls: list[tuple[str, torch.device]] = []
+
+    def allocated(device: torch.device) -> int:
+        calls.append(("peak", device))
+        return 3 * 2**20
+
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", allocated)
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda d: calls.append(("reset", d)))
+    cuda = torch.device("cuda", 0)
+    assert peak_memory_mb(cuda) == 3.0
+    task = LMTask(BigramLM(7), OptimConfig())
+    task._device = cuda  # what Lightning's .to(cuda) records
+    task.on_fit_start()
+    assert calls == [("peak", cuda), ("reset", cuda)]

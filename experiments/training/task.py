@@ -97,6 +97,8 @@ class LMTask(FollowsTrainer, *lightning_bases("LightningModule")):  # type: igno
         self._fit_started = time.perf_counter()
         if self.device.type == "cpu":
             keep_freed_memory()  # no page faults on each step's fresh logit-sized buffers
+        elif self.device.type == "cuda":  # the run's peak, not an earlier run's in this process
+            torch.cuda.reset_peak_memory_stats(self.device)
 
     def elapsed(self) -> float:
         """Wall-clock seconds of training so far, across resumptions."""

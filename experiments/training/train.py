@@ -158,6 +158,8 @@ def _train_locked(
     fit(parts.trainer, task, datamodule, resume_from)
     if parts.trainer.global_rank != 0:
         return {}
+    device = parts.trainer.strategy.root_device  # Lightning moves the model to the CPU after fit
+    model.to(device)  # the test evaluation runs where training ran
     if parts.checkpoint.best_score is None:
         parts.checkpoint.reload_state()
     selected = select_weights(model, parts.checkpoint, parts.averager)
@@ -182,7 +184,7 @@ def _train_locked(
         "train_tokens_per_s": parts.meter.tokens_per_second,
         "train_mfu": parts.meter.utilisation(),
         **task.adjoint_record(),
-        "peak_memory_mb": peak_memory_mb(next(model.parameters()).device),
+        "peak_memory_mb": peak_memory_mb(device),
         "seed": config.seed,
         "config_sha256": config_sha256(config),
         "data_sha256": split_checksums(data),
