@@ -5,7 +5,7 @@ test runs on a CPU machine, with ``meta`` tensors or monkeypatched CUDA queries.
 from __future__ import annotations
 
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 import torch
@@ -170,3 +170,45 @@ def test_peak_memory_on_cuda_is_the_allocator_peak_of_this_fit(monkeypatch) -> N
     task._device = cuda  # what Lightning's .to(cuda) records
     task.on_fit_start()
     assert calls == [("peak", cuda), ("reset", cuda)]
+
+
+class _CudaRngState(torch.Tensor):
+    """A generator state as torch.cuda returns it; ``.to(cuda)`` (for NCCL) is recorded."""
+
+    moved_to: ClassVar[list[Any]] = []
+
+    def to(self, *args: Any, **kwargs: Any) -> torch.Tensor:  # type: ignore[override]
+        _CudaRngState.moved_to.append(args[0])
+        return self.as_subclass(torch.Tensor)
+
+
+def test_exact_resume_saves_and_restores_each_ranks_cuda_generator(monkeypatch) -> None:
+    states = [torch.tensor([1, 2], dtype=torch.uint8), torch.tensor([3, 4], dtype=torch.uint8)]
+    restored: list[tuple[list[int], torch.device]] = []
+    own = states[0].as_subclass(_CudaRngState)
+    monkeypatch.setattr(torch.cuda, "get_rng_state", lambda device: own)
+    monkeypatch.setattr(torch.cuda, "set_rng_state", lambda s, d: restored.append((s.tolist(), d)))
+    cuda = torch.device("cuda", 0)
+
+    def on_rank(rank: int, world_size: int) -> LMTask:
+        task = LMTask(BigramLM(7), OptimConfig())
+        task._device = cuda  # what Lightning's .to(cuda) records
+        strategy = SimpleNamespace(all_gather=lambda tensor: torch.stack(states))
+        trainer = SimpleNamespace(world_size=world_size, global_rank=rank, strategy=strategy)
+        task.trainer = trainer  # type: ignore[assignment]
+        return task
+
+    checkpoint: dict[str, Any] = {}
+    on_rank(0, 1).on_save_checkpoint(checkpoint)
+    assert [s.tolist() for s in checkpoint["cuda_rng_states"]] == [[1, 2]]
+    on_rank(0, 2).on_save_checkpoint(checkpoint)  # two ranks: each rank's state, in order
+    assert [s.tolist() for s in checkpoint["cuda_rng_states"]] == [[1, 2], [3, 4]]
+    assert _CudaRngState.moved_to == [cuda]  # gathered from the device (NCCL)
+    resumed = on_rank(1, 2)
+    resumed.on_load_checkpoint(checkpoint)
+    resumed.on_train_start()
+    assert restored == [([3, 4], cuda)]
+
+    on_cpu: dict[str, Any] = {}  # a CPU run's checkpoint is what it always was
+    LMTask(BigramLM(7), OptimConfig()).on_save_checkpoint(on_cpu)
+    assert sorted(on_cpu) == ["adjoint_nfe", "elapsed_s", "rng_state", "stream_state"]

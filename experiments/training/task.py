@@ -83,6 +83,7 @@ class LMTask(FollowsTrainer, *lightning_bases("LightningModule")):  # type: igno
         self.elapsed_before = 0.0  # training wall time of earlier processes of a resumed run
         self._fit_started = time.perf_counter()
         self._restored_rng: torch.Tensor | None = None
+        self._restored_cuda_rng: list[torch.Tensor] | None = None
         self.train_state: Any = None  # the state carried to the next training window
         self._val_state: Any = None
         self.annealer: PlateauAnnealer | None = None
@@ -255,14 +256,26 @@ class LMTask(FollowsTrainer, *lightning_bases("LightningModule")):  # type: igno
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["rng_state"] = torch.get_rng_state()
+        if self.device.type == "cuda":  # dropout on CUDA draws from each rank's own generator
+            checkpoint["cuda_rng_states"] = self._cuda_rng_states()
         checkpoint["elapsed_s"] = self.elapsed()
         checkpoint["stream_state"] = self.train_state
         checkpoint["adjoint_nfe"] = self.adjoint_nfe
         if self.annealer is not None:
             checkpoint["annealer"] = self.annealer.state_dict()
 
+    def _cuda_rng_states(self) -> list[torch.Tensor]:
+        """The CUDA generator state of each rank's device, in rank order (every rank saves
+        the checkpoint's contents; rank 0 writes them)."""
+        state = torch.cuda.get_rng_state(self.device)
+        if self.trainer.world_size == 1:
+            return [state]
+        gathered = self.trainer.strategy.all_gather(state.to(self.device))  # [ranks, size]
+        return [row.cpu() for row in gathered]
+
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         self._restored_rng = checkpoint.get("rng_state")
+        self._restored_cuda_rng = checkpoint.get("cuda_rng_states")
         self.elapsed_before = checkpoint.get("elapsed_s", 0.0)
         self.train_state = checkpoint.get("stream_state")
         self.adjoint_nfe = checkpoint.get("adjoint_nfe", [0, 0])
@@ -273,6 +286,9 @@ class LMTask(FollowsTrainer, *lightning_bases("LightningModule")):  # type: igno
         self.train_state = state_to(self.train_state, self.device)
         if self._restored_rng is not None:
             torch.set_rng_state(self._restored_rng)
+        states = self._restored_cuda_rng
+        if self.device.type == "cuda" and states is not None and self.global_rank < len(states):
+            torch.cuda.set_rng_state(states[self.global_rank], self.device)
         if self.annealer is not None and self._restored_annealer is not None:
             self.annealer.load_state_dict(self._restored_annealer)
 
