@@ -48,7 +48,11 @@ IDENTITY_EXCLUDED = frozenset(
 )
 
 
-IDENTITY_ADDED = {"trainer.compile": False, "data.shuffle": True}
+IDENTITY_ADDED = {
+    "trainer.compile": False,
+    "data.shuffle": True,
+    "trainer.matmul_precision": "highest",
+}
 """Keys added after runs were made, left out of the identity at these values (the old
 behaviour), so a run made before them keeps its hash and resumes."""
 

@@ -50,6 +50,7 @@ from experiments.training.checkpoints import (
 )
 from experiments.training.config import RunConfig
 from experiments.training.datamodule import LMDataModule
+from experiments.training.kernels import matmul_precision
 from experiments.training.loggers import build_loggers
 from experiments.training.progress import PROGRESS_FILE, ProgressFile
 from experiments.training.recipes import with_budget
@@ -124,7 +125,11 @@ def train(
     runfolder.check_run_name(config.name)
     runfolder.check_not_foreign(run_dir)
     check_writable(run_dir)
-    with runfolder.claimed_run(run_dir, overwrite=overwrite), disk_full_is_one_line(run_dir):
+    with (
+        runfolder.claimed_run(run_dir, overwrite=overwrite),
+        disk_full_is_one_line(run_dir),
+        matmul_precision(config.trainer.matmul_precision),
+    ):
         return _train_locked(config, callbacks, data)
 
 
@@ -186,6 +191,7 @@ def _train_locked(
         **task.adjoint_record(),
         "peak_memory_mb": peak_memory_mb(device),
         "seed": config.seed,
+        "matmul_precision": config.trainer.matmul_precision,
         "config_sha256": config_sha256(config),
         "data_sha256": split_checksums(data),
     }
