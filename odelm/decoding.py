@@ -104,7 +104,8 @@ def generate(
     or ``"beam"`` (the ranking rule in the module docstring). With ``eos_id`` a finished row
     is padded with it, and decoding stops once every row has finished. ``use_cache=False``
     recomputes the context every step (the reference the cache is checked against). The
-    model runs in eval mode and gets its training mode back afterwards.
+    model runs in eval mode and gets its training mode back afterwards. The prompt is moved
+    to the model's device; a sampling ``generator`` must be on a device of the same type.
     """
     _check_options(strategy, max_new_tokens, num_beams, temperature, top_k, top_p)
     if not isinstance(prompt_ids, torch.Tensor) or prompt_ids.dim() != 2 or prompt_ids.shape[1] < 1:
