@@ -124,6 +124,13 @@ def check_stateful(model: Any) -> None:
         )
 
 
+def model_device(model: Any) -> torch.device:
+    """The device of ``model``'s first parameter (the CPU for a model without any): where
+    the tensors fed to it are made."""
+    parameters = model.parameters() if callable(getattr(model, "parameters", None)) else ()
+    return next((p.device for p in parameters), torch.device("cpu"))
+
+
 def detach_state(state: Any) -> Any:
     """A carried state cut from the graph of the window that produced it."""
     if isinstance(state, torch.Tensor):

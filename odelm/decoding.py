@@ -33,7 +33,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from odelm.contract import LanguageModel
+from odelm.contract import LanguageModel, model_device
 from odelm.errors import OdelmError
 
 STRATEGIES = ("greedy", "sample", "beam")
@@ -207,12 +207,20 @@ def generate(
     or ``"beam"`` (the ranking rule in the module docstring). With ``eos_id`` a finished row
     is padded with it, and decoding stops once every row has finished. ``use_cache=False``
     recomputes the context every step (the reference the cache is checked against). The
-    model runs in eval mode and gets its training mode back afterwards.
+    model runs in eval mode and gets its training mode back afterwards. The prompt is moved
+    to the model's device; a sampling ``generator`` must be on a device of the same type.
     """
     _check_options(strategy, max_new_tokens, num_beams, temperature, top_k, top_p)
     if not isinstance(prompt_ids, torch.Tensor) or prompt_ids.dim() != 2 or prompt_ids.shape[1] < 1:
         shape = tuple(prompt_ids.shape) if isinstance(prompt_ids, torch.Tensor) else prompt_ids
         raise DecodingError(f"prompt_ids must be a LongTensor [batch, P] with P >= 1, got {shape}")
+    device = model_device(model)
+    prompt_ids = prompt_ids.to(device)  # the new tokens are made on the prompt's device
+    if strategy == "sample" and generator is not None and generator.device.type != device.type:
+        raise DecodingError(
+            f"the generator is on {generator.device} but the model on {device}; make it "
+            f"there: torch.Generator(device={str(device)!r}).manual_seed(seed)"
+        )
     was_training = getattr(model, "training", False)  # an nn.Module in training mode
     if was_training:
         model.eval()  # type: ignore[attr-defined]

@@ -367,4 +367,5 @@ def load_pretrained(
             f"{weights} holds non-finite weights ({bad[0]} has NaN or inf); the model "
             "diverged or the file is damaged: retrain or restore it"
         )
-    return model.eval()  # type: ignore[attr-defined]
+    # load_model copies the weights into the model's own (CPU) parameters: move it too.
+    return model.to(map_location).eval()  # type: ignore[attr-defined]

@@ -455,11 +455,16 @@ def test_a_key_added_later_keeps_old_runs_hashes() -> None:
         "data.shuffle": True,
         "trainer.max_time": None,
         "data.order": 1,
+        "trainer.matmul_precision": "highest",
     }
     assert "trainer.compile" not in identity(plain)
+    assert "trainer.matmul_precision" not in identity(plain)
     old_style = {k: v for k, v in plain.to_dict().items()}
     old_style["trainer"] = {k: v for k, v in old_style["trainer"].items() if k != "compile"}
     assert config_sha256(parse_config(old_style)) == config_sha256(plain)
+    tf32 = parse_config({**values, "trainer": {"max_steps": 4, "matmul_precision": "high"}})
+    assert identity(tf32)["trainer.matmul_precision"] == "high"
+    assert config_sha256(tf32) != config_sha256(plain)
     compiled = parse_config({**values, "trainer": {"max_steps": 4, "compile": True}})
     assert identity(compiled)["trainer.compile"] is True
     assert config_sha256(compiled) != config_sha256(plain)

@@ -111,7 +111,7 @@ def evaluate_setting(
 def block_truncation_errors(lm: torch.nn.Module, model: NODETransformerLM, tokens: torch.Tensor):
     """Per block of a discrete ``lm`` (``model`` shares its fields): its trained RK step
     against the exact flow of its ``F`` over one unit of depth, from the trained states."""
-    positions = torch.arange(tokens.shape[1])
+    positions = torch.arange(tokens.shape[1], device=tokens.device)
     y = lm.token_embedding(tokens) + lm.position_embedding(positions)
     rows = []
     for index, (layer, field) in enumerate(zip(lm.stack.layers, model.fields)):

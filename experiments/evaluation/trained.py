@@ -49,6 +49,7 @@ from experiments.data.tokenization import (
 )
 from experiments.training.config import RunConfig, load_run_config
 from experiments.training.runfolder import COMPARISON_MARKER, verify_run_files
+from odelm.contract import model_device
 from odelm.errors import OdelmError
 from odelm.pretrained import load_pretrained, read_config
 
@@ -242,13 +243,14 @@ class TrainedRun:
         from odelm.decoding import check_seed, decode_continuation
 
         check_seed(seed)
-        options.setdefault("generator", torch.Generator().manual_seed(seed))
+        device = model_device(self.model)  # the prompt and the generator live beside it
+        options.setdefault("generator", torch.Generator(device=device).manual_seed(seed))
         if stop_at_eos:
             options.setdefault("eos_id", self.tokenizer.eos_id)
         ids = [self.tokenizer.eos_id, *self.encode(prompt)]
         new = decode_continuation(
             self.model,
-            torch.tensor([ids]),
+            torch.tensor([ids], device=device),
             max_new_tokens,
             strategy=strategy,
             num_beams=num_beams,
@@ -295,8 +297,16 @@ class TrainedRun:
             )
 
 
-def load_run(run_dir: str | os.PathLike[str], map_location: str = "cpu") -> TrainedRun:
-    """The model, tokenizer and config of a finished run, refusing a mismatched tokenizer."""
+def load_run(
+    run_dir: str | os.PathLike[str],
+    map_location: str | torch.device = "cpu",
+    *,
+    device: str | torch.device | None = None,
+) -> TrainedRun:
+    """The model, tokenizer and config of a finished run, refusing a mismatched tokenizer.
+
+    The model is put on ``device`` (``map_location`` is its older name; ``device`` wins);
+    ``generate`` and ``evaluate`` then run there."""
     run_dir = Path(run_dir)
     missing = [
         name for name in (MODEL_DIR, TOKENIZER_FILE, CONFIG_FILE) if not (run_dir / name).exists()
@@ -324,7 +334,7 @@ def load_run(run_dir: str | os.PathLike[str], map_location: str = "cpu") -> Trai
             f"{run_dir / TOKENIZER_FILE} has {tokenizer.vocab_size} tokens but the model's "
             f"vocabulary has {vocab}; restore the run's own tokenizer"
         )
-    model = load_pretrained(run_dir / MODEL_DIR, map_location)
+    model = load_pretrained(run_dir / MODEL_DIR).to(device or map_location)  # checked on CPU
     return TrainedRun(model, tokenizer, load_run_config(run_dir / CONFIG_FILE), run_dir)
 
 

@@ -153,6 +153,7 @@ A {result["family"]} language model trained with odelm: {result["model"]}.
 | Steps | {_number(result["steps"])} (budget: {budget}) |
 | Weights | {result["selected"]} |
 | Seed | {result["seed"]} |
+| Precision | {trainer.precision}, float32 matmuls {trainer.matmul_precision} |
 | Training time | {_number(result.get("train_seconds"), 1)} s |
 
 ## Results

@@ -140,6 +140,8 @@ class TrainerConfig:
         num_threads: torch CPU threads (null: the cores other work leaves free, printed)
         compile: train through torch.compile (ode_transformer, reference, lstm, gpt2 and
             fixed-grid node-transformer models); evaluation stays eager
+        matmul_precision: float32 matrix products and cuDNN: highest (true fp32), high or
+            medium (TF32 on CUDA; torch.set_float32_matmul_precision)
     """
 
     max_steps: int | None = 1000
@@ -162,6 +164,7 @@ class TrainerConfig:
     logger: list[str] = field(default_factory=lambda: ["csv", "tensorboard"])
     num_threads: int | None = None
     compile: bool = False
+    matmul_precision: Literal["highest", "high", "medium"] = "highest"
 
 
 @dataclass(frozen=True)

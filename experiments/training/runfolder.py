@@ -48,6 +48,9 @@ RUN_FILES = frozenset(
     }
 )
 """The names odelm makes inside a run folder: all that ``--overwrite`` ever deletes."""
+RANK_VARIABLES = ("RANK", "SLURM_PROCID", "LOCAL_RANK", "NODE_RANK")
+"""Where launchers put a process's rank: the global rank (torchrun, ``srun``), then the local
+and node ranks (Lightning's ``ddp`` launcher re-runs the command with them)."""
 _SAFE_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}")
 
 
@@ -65,6 +68,10 @@ class FolderWriteError(OdelmError, OSError):
 
 class RunInUseError(OdelmError, BlockingIOError):
     """Another process is training in the run folder."""
+
+
+class RankVariableError(OdelmError, ValueError):
+    """A launcher's rank variable (``RANK``, ``LOCAL_RANK``, ...) is not an integer."""
 
 
 class RunFilesChangedError(OdelmError, ValueError):
@@ -133,10 +140,28 @@ def clear_run(run_dir: Path) -> None:
     _write_marker(run_dir, RUN_MARKER, {"kind": "run", "files": {}})
 
 
+def process_rank() -> int:
+    """This process's rank in a distributed run, read from :data:`RANK_VARIABLES` (the largest
+    one set; 0 in the main process and outside a distributed run)."""
+    ranks = [0]
+    for key in RANK_VARIABLES:
+        value = os.environ.get(key, "").strip()
+        if value:
+            try:
+                ranks.append(int(value))
+            except ValueError:
+                raise RankVariableError(
+                    f"environment variable {key}={value!r} is not an integer rank; unset it, "
+                    "or let the launcher (torchrun, srun, Lightning) set it"
+                ) from None
+    return max(ranks)
+
+
 def is_worker_process() -> bool:
-    """True in a distributed run's other processes (Lightning's ``ddp`` launcher re-runs the
-    command there): they neither lock nor clear the run folder, the main process does."""
-    return any(int(os.environ.get(key, "0") or 0) > 0 for key in ("LOCAL_RANK", "NODE_RANK"))
+    """True in a distributed run's other processes (global rank under torchrun or ``srun``,
+    local or node rank under Lightning's ``ddp`` launcher above 0): they neither lock, clear
+    nor write the run folder's files; global rank 0 does."""
+    return process_rank() > 0
 
 
 @contextmanager
@@ -145,7 +170,14 @@ def run_lock(run_dir: Path) -> Iterator[None]:
     if is_worker_process():
         yield
         return
-    descriptor = os.open(run_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    path = run_dir / LOCK_FILE
+    try:
+        descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as error:
+        why = "is a directory, not odelm's lock file" if path.is_dir() else error.strerror
+        raise FolderWriteError(
+            f"cannot take the run lock {path} ({why}); remove it, or give this run another name"
+        ) from None
     try:
         try:
             fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -165,8 +197,9 @@ def run_lock(run_dir: Path) -> Iterator[None]:
 @contextmanager
 def claimed_run(run_dir: Path, *, overwrite: bool = False) -> Iterator[None]:
     """Mark ``run_dir`` as a run folder and hold its lock; ``overwrite`` first clears what
-    odelm made there (:func:`clear_run`)."""
-    claim_folder(run_dir, RUN_MARKER, "run")
+    odelm made there (:func:`clear_run`). In a distributed run only global rank 0 does."""
+    if not is_worker_process():
+        claim_folder(run_dir, RUN_MARKER, "run")
     with run_lock(run_dir):
         if overwrite and not is_worker_process():
             clear_run(run_dir)

@@ -53,6 +53,7 @@ IDENTITY_ADDED = {
     "data.shuffle": True,
     "trainer.max_time": None,
     "data.order": 1,
+    "trainer.matmul_precision": "highest",
 }
 """Keys added after runs were made, left out of the identity at these values (the old
 behaviour), so a run made before them keeps its hash and resumes. A run folder's

@@ -83,6 +83,7 @@ class LMTask(FollowsTrainer, *lightning_bases("LightningModule")):  # type: igno
         self.elapsed_before = 0.0  # training wall time of earlier processes of a resumed run
         self._fit_started = time.perf_counter()
         self._restored_rng: torch.Tensor | None = None
+        self._restored_cuda_rng: list[torch.Tensor] | None = None
         self.train_state: Any = None  # the state carried to the next training window
         self._val_state: Any = None
         self.annealer: PlateauAnnealer | None = None
@@ -97,6 +98,8 @@ class LMTask(FollowsTrainer, *lightning_bases("LightningModule")):  # type: igno
         self._fit_started = time.perf_counter()
         if self.device.type == "cpu":
             keep_freed_memory()  # no page faults on each step's fresh logit-sized buffers
+        elif self.device.type == "cuda":  # the run's peak, not an earlier run's in this process
+            torch.cuda.reset_peak_memory_stats(self.device)
 
     def elapsed(self) -> float:
         """Wall-clock seconds of training so far, across resumptions."""
@@ -207,8 +210,11 @@ class LMTask(FollowsTrainer, *lightning_bases("LightningModule")):  # type: igno
         self.log("test/ppl", self._pooled_ppl())
 
     def _pooled_ppl(self) -> float:
-        totals = torch.tensor([self.val_nll, float(self.val_tokens)], dtype=torch.float64)
-        totals = self.trainer.strategy.reduce(totals, reduce_op="sum")
+        # On the module's device: NCCL all-reduces CUDA tensors only (no CPU backend).
+        totals = torch.tensor(
+            [self.val_nll, float(self.val_tokens)], dtype=torch.float64, device=self.device
+        )
+        totals = self.trainer.strategy.reduce(totals, reduce_op="sum").cpu()
         mean_nll = float(totals[0] / max(totals[1], 1.0))
         if not mean_nll < math.log(torch.finfo(torch.float64).max):  # NaN, or exp overflows
             raise NonFiniteLossError(
@@ -250,21 +256,47 @@ class LMTask(FollowsTrainer, *lightning_bases("LightningModule")):  # type: igno
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["rng_state"] = torch.get_rng_state()
+        if self.device.type == "cuda":  # dropout on CUDA draws from each rank's own generator
+            checkpoint["cuda_rng_states"] = self._cuda_rng_states()
         checkpoint["elapsed_s"] = self.elapsed()
         checkpoint["stream_state"] = self.train_state
         checkpoint["adjoint_nfe"] = self.adjoint_nfe
         if self.annealer is not None:
             checkpoint["annealer"] = self.annealer.state_dict()
 
+    def _cuda_rng_states(self) -> list[torch.Tensor]:
+        """The CUDA generator state of each rank's device, in rank order (every rank saves
+        the checkpoint's contents; rank 0 writes them)."""
+        state = torch.cuda.get_rng_state(self.device)
+        if self.trainer.world_size == 1:
+            return [state]
+        gathered = self.trainer.strategy.all_gather(state.to(self.device))  # [ranks, size]
+        return [row.cpu() for row in gathered]
+
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         self._restored_rng = checkpoint.get("rng_state")
+        self._restored_cuda_rng = checkpoint.get("cuda_rng_states")
         self.elapsed_before = checkpoint.get("elapsed_s", 0.0)
         self.train_state = checkpoint.get("stream_state")
         self.adjoint_nfe = checkpoint.get("adjoint_nfe", [0, 0])
         self._restored_annealer = checkpoint.get("annealer")
 
     def on_train_start(self) -> None:
+        # A resumed stream state was read on the CPU; the module is on its device only now.
+        self.train_state = state_to(self.train_state, self.device)
         if self._restored_rng is not None:
             torch.set_rng_state(self._restored_rng)
+        states = self._restored_cuda_rng
+        if self.device.type == "cuda" and states is not None and self.global_rank < len(states):
+            torch.cuda.set_rng_state(states[self.global_rank], self.device)
         if self.annealer is not None and self._restored_annealer is not None:
             self.annealer.load_state_dict(self._restored_annealer)
+
+
+def state_to(state: Any, device: torch.device) -> Any:
+    """A carried state (a tensor, or nested tuples/lists of tensors) moved to ``device``."""
+    if state is None:
+        return None
+    if isinstance(state, torch.Tensor):
+        return state.to(device)
+    return type(state)(state_to(s, device) for s in state)

@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import json
 import math
-import resource
-import time
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -29,7 +27,6 @@ from pathlib import Path
 from typing import Any
 
 import pytorch_lightning as pl
-import torch
 import yaml
 from lightning_fabric.utilities.exceptions import MisconfigurationException
 from pytorch_lightning.callbacks import Callback, EarlyStopping, LearningRateMonitor
@@ -38,7 +35,6 @@ from torch import nn
 from experiments.data.loading import load_data
 from experiments.data.tokenization import LMData
 from experiments.evaluation.evaluate import EvalSettings, evaluate
-from experiments.evaluation.flops import forward_flops_per_token
 from experiments.evaluation.trained import save_run_model, split_checksums
 from experiments.models.build import build_model, count_parameters, depth_kind
 from experiments.training import runfolder
@@ -54,14 +50,15 @@ from experiments.training.checkpoints import (
 )
 from experiments.training.config import RunConfig
 from experiments.training.config_checks import check_threads
-from experiments.training.datamodule import LMDataModule, StreamWindow
+from experiments.training.datamodule import LMDataModule
+from experiments.training.kernels import matmul_precision
 from experiments.training.loggers import build_loggers
 from experiments.training.progress import PROGRESS_FILE, ProgressFile
 from experiments.training.recipes import with_budget
 from experiments.training.runs import CONFIG_FILE, check_same_config, config_sha256, write_json
-from experiments.training.speed import peak_gflops_per_cpu_second
 from experiments.training.task import LMTask
 from experiments.training.threads import set_threads
+from experiments.training.throughput import ThroughputMeter, peak_memory_mb
 from neuralode_lm.solvers import SolverError
 from odelm.errors import OdelmError
 
@@ -84,76 +81,16 @@ class DivergedError(OdelmError, FloatingPointError):
     """The run ended with a non-finite perplexity."""
 
 
-class ThroughputMeter(Callback):
-    """Training tokens per second, logged per step and summed over the run (a resumed
-    run's sums travel in the checkpoints); on CPU also the model FLOPs utilisation
-    (``train/mfu``): 3 x the forward FLOPs per token of the first training batch
-    (:func:`experiments.evaluation.flops.forward_flops_per_token`) per second of the
-    training's CPU time, over the matrix-product peak per CPU-second at the run's precision
-    (:func:`experiments.training.speed.peak_gflops_per_cpu_second`). Both count CPU time, so
-    other processes change neither; on an idle machine it is the wall-clock utilisation.
-    """
-
-    def __init__(self) -> None:
-        self.tokens, self.seconds, self.cpu_seconds = 0, 0.0, 0.0
-        self._started = self._cpu_started = 0.0
-        self.peak: float | None = None  # GFLOP per CPU-second
-        self.flops_per_token: float | None = None
-
-    def on_train_start(self, trainer, task) -> None:
-        if task.device.type == "cpu":
-            self.peak = peak_gflops_per_cpu_second(str(trainer.precision))
-
-    def on_train_batch_start(self, trainer, task, batch, batch_idx) -> None:
-        self._started, self._cpu_started = time.perf_counter(), time.process_time()
-
-    def on_train_batch_end(self, trainer, task, outputs, batch, batch_idx) -> None:
-        tokens = batch[0] if isinstance(batch, (tuple, list)) else batch
-        seconds = time.perf_counter() - self._started
-        cpu_seconds = time.process_time() - self._cpu_started
-        count = tokens[:, 1:].numel() * trainer.world_size
-        self.seconds += seconds
-        self.cpu_seconds += cpu_seconds
-        self.tokens += count
-        if self.peak is not None and self.flops_per_token is None:
-            plain = isinstance(batch, StreamWindow) or not isinstance(batch, (tuple, list))
-            self.flops_per_token = forward_flops_per_token(task.model, [tokens if plain else batch])
-        if trainer.global_step % trainer.log_every_n_steps == 0:  # a step whose logs are written
-            task.log("train/tokens_per_s", count / max(seconds, 1e-9))
-            mfu = self.utilisation(count, cpu_seconds)
-            if mfu is not None:  # None: off CPU, or a model without matrix products
-                task.log("train/mfu", mfu)
-
-    def utilisation(
-        self, tokens: int | None = None, cpu_seconds: float | None = None
-    ) -> float | None:
-        """Forward + backward FLOPs of ``tokens`` per CPU-second over the peak (default:
-        the run so far); None off CPU or where CPU time was not recorded."""
-        tokens = self.tokens if tokens is None else tokens
-        cpu_seconds = self.cpu_seconds if cpu_seconds is None else cpu_seconds
-        if not (self.peak and self.flops_per_token and tokens and cpu_seconds > 0):
-            return None
-        return 3 * self.flops_per_token * tokens / cpu_seconds / (self.peak * 1e9)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"tokens": self.tokens, "seconds": self.seconds, "cpu_seconds": self.cpu_seconds}
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.tokens, self.seconds = state_dict["tokens"], state_dict["seconds"]
-        self.cpu_seconds = state_dict.get("cpu_seconds", math.nan)  # an older checkpoint
-
-    @property
-    def tokens_per_second(self) -> float | None:
-        return self.tokens / self.seconds if self.seconds else None
-
-
 def prepare_data(config: RunConfig) -> LMData:
     """Load, tokenize and encode the run's corpus."""
     return load_data(config.data)
 
 
 def check_writable(folder: Path) -> None:
-    """Fail before training when the run directory cannot be written."""
+    """Fail before training when the run directory cannot be written (global rank 0 only:
+    the other processes of a distributed run would race on the probe)."""
+    if runfolder.is_worker_process():
+        return
     try:
         folder.mkdir(parents=True, exist_ok=True)
         probe = folder / ".write-test"
@@ -163,13 +100,6 @@ def check_writable(folder: Path) -> None:
         raise OutputDirError(
             f"cannot write to run directory {folder} ({error.strerror}); pick another out_dir"
         ) from None
-
-
-def peak_memory_mb(device: torch.device) -> float:
-    """Peak accelerator memory, or this process's peak resident set size on CPU."""
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**20
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def train(
@@ -192,7 +122,11 @@ def train(
     check_threads(config.trainer.num_threads)  # the machine's, before the folder is made
     runfolder.check_not_foreign(run_dir)
     check_writable(run_dir)
-    with runfolder.claimed_run(run_dir, overwrite=overwrite), disk_full_is_one_line(run_dir):
+    with (
+        runfolder.claimed_run(run_dir, overwrite=overwrite),
+        disk_full_is_one_line(run_dir),
+        matmul_precision(config.trainer.matmul_precision),
+    ):
         return _train_locked(config, callbacks, data)
 
 
@@ -200,17 +134,21 @@ def _train_locked(
     config: RunConfig, callbacks: list[Callback] | None, data: LMData | None
 ) -> dict[str, Any]:
     run_dir = config.run_dir
-    check_same_config(run_dir, config)
+    main = not runfolder.is_worker_process()  # global rank 0 writes the run folder's files
+    if main:
+        check_same_config(run_dir, config)
     result_path = run_dir / RESULT_FILE
     if result_path.is_file():
         return json.loads(result_path.read_text())
     devices = config.trainer.devices  # the threads policy shares the cores among the processes
     processes = devices if isinstance(devices, int) else 1
     config.trainer.num_threads = set_threads(config.trainer.num_threads, processes)
-    (run_dir / CONFIG_FILE).write_text(yaml.safe_dump(config.to_dict(), sort_keys=False))
+    if main:
+        (run_dir / CONFIG_FILE).write_text(yaml.safe_dump(config.to_dict(), sort_keys=False))
     pl.seed_everything(config.seed, workers=True, verbose=False)
     data = data or prepare_data(config)
-    data.tokenizer.save(run_dir / "tokenizer")
+    if main:
+        data.tokenizer.save(run_dir / "tokenizer")
     model = build_model(config.model, data.tokenizer.vocab_size)
     task = LMTask(
         model, config.optim, stateful=config.data.stateful, compile=config.trainer.compile
@@ -222,6 +160,8 @@ def _train_locked(
     fit(parts.trainer, task, datamodule, resume_from)
     if parts.trainer.global_rank != 0:
         return {}
+    device = parts.trainer.strategy.root_device  # Lightning moves the model to the CPU after fit
+    model.to(device)  # the test evaluation runs where training ran
     if parts.checkpoint.best_score is None:
         parts.checkpoint.reload_state()
     selected = select_weights(model, parts.checkpoint, parts.averager)
@@ -248,8 +188,9 @@ def _train_locked(
         "train_tokens_per_s": parts.meter.tokens_per_second,
         "train_mfu": parts.meter.utilisation(),
         **task.adjoint_record(),
-        "peak_memory_mb": peak_memory_mb(next(model.parameters()).device),
+        "peak_memory_mb": peak_memory_mb(device),
         "seed": config.seed,
+        "matmul_precision": config.trainer.matmul_precision,
         "config_sha256": config_sha256(config),
         "data_sha256": split_checksums(data),
     }
@@ -319,11 +260,11 @@ def build_trainer(
 def resume_point(run_dir: Path) -> tuple[Path | None, int | None]:
     """``last.ckpt`` and its step when the run has one (checked readable), else (None, None).
 
-    Partial files left by a process killed mid-write are removed.
+    Partial files left by a process killed mid-write are removed (by global rank 0).
     """
     folder = run_dir / "checkpoints"
-    for partial in folder.glob("*.partial"):
-        partial.unlink()
+    for partial in [] if runfolder.is_worker_process() else folder.glob("*.partial"):
+        partial.unlink(missing_ok=True)
     last = folder / LAST_FILE
     if not last.is_file():
         return None, None
