@@ -94,7 +94,7 @@ def test_compare_writes_seed_rows_statistics_plots_and_resumes_without_redoing(
     assert "grammar (embedded, seed 0)" in table and "| rk2 | " in table
     rk2 = next(line for line in table.splitlines() if line.startswith("| rk2 |"))
     ppl = [results[0]["test_ppl"], results[2]["test_ppl"]]
-    assert f"| {sum(ppl) / 2:.2f} ± {abs(ppl[0] - ppl[1]) / 2**0.5:.2f} (2) |" in rk2
+    assert f"| {sum(ppl) / 2:.2f} ± {abs(ppl[0] - ppl[1]) / 2**0.5:.2f} (2) (2 cap-bound) |" in rk2
     assert "Δ vs bigram [95% CI]" in table and re.search(r"\[[-+]\d+\.\d+, [-+]\d", rk2)
     finished = out / "runs" / "rk2-seed0" / "result.json"
     stamp = finished.stat().st_mtime_ns
