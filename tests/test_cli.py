@@ -147,7 +147,7 @@ def test_one_parser_holds_every_subcommand_data_one_level_down():
         "odelm",
         *("odelm data", "odelm data info", "odelm data download"),
         *(f"odelm {name}" for name in ("bench", "models", "train", "eval", "generate")),
-        *("odelm compare", "odelm discretize"),
+        *("odelm compare", "odelm verdicts", "odelm discretize"),
     ]
 
 
