@@ -4,7 +4,7 @@ Each module holds the benchmarks of one subject; each benchmark is a function
 ``() -> list[dict]`` (one record per measurement: ``bench``, ``metric``, ``value``,
 ``target``, ``unit``, ``better``, plus raw numbers), registered by name in
 ``experiments.cli.bench.BENCHMARKS``, which ``odelm bench NAME`` reads. Every comparison is
-timed with :mod:`odelm.timing` (variants interleaved in alternating order inside one
+timed with [`odelm.timing`][odelm.timing] (variants interleaved in alternating order inside one
 process, medians), so machine load and warm caches hit all variants alike.
 
 This package sits on top of the layering: it may import every other package of the

@@ -144,7 +144,7 @@ def failed_imports() -> dict[str, str]:
 
 @contextlib.contextmanager
 def alarm(seconds: float) -> Iterator[None]:
-    """Raise :class:`PhaseTimeout` in the main thread after ``seconds`` (a no-op off it)."""
+    """Raise ``PhaseTimeout`` in the main thread after ``seconds`` (a no-op off it)."""
     if not hasattr(signal, "SIGALRM") or threading.current_thread() is not threading.main_thread():
         yield
         return

@@ -1,9 +1,9 @@
-"""What the GPU check's phases share (:mod:`benchmarks.gpu_check`): the sizes of its two
+"""What the GPU check's phases share (``benchmarks.gpu_check``): the sizes of its two
 modes, the model families, a plain PyTorch GPT, a training step, synthetic data, timing.
 
 The library's side of every step is the harness's loss (``LMTask._loss``: the loss path
-:func:`experiments.training.losses.loss_path` picks for the device) when Lightning imports,
-else :func:`experiments.training.losses.training_nll` on the model's logits; the optimizer
+``experiments.training.losses.loss_path`` picks for the device) when Lightning imports,
+else ``experiments.training.losses.training_nll`` on the model's logits; the optimizer
 is AdamW. Times on CUDA come from CUDA events around a synchronised loop; on the CPU from
 ``time.perf_counter``.
 """
@@ -95,7 +95,8 @@ solve, dopri5 with the adjoint, goes through torchdiffeq)."""
 
 
 def build(spec: dict[str, Any], vocab: int) -> nn.Module:
-    """The library's model of a ``model`` section (:func:`experiments.models.build.build_model`)."""
+    """The library's model of a ``model`` section
+    ([`experiments.models.build.build_model`][experiments.models.build.build_model])."""
     from experiments.models.build import build_model
 
     return build_model(dict(spec), vocab)
@@ -170,7 +171,7 @@ def harness_loss(
     """The library's training loss of ``model``: ``LMTask._loss`` where Lightning imports,
     else ``training_nll`` of the model's logits (plus its regulariser). With
     ``compile_backend`` the forward goes through ``trainer.compile``'s
-    :class:`~experiments.training.compiled.CompiledModel` (its ``torch.compile`` given that
+    ``CompiledModel`` (its ``torch.compile`` given that
     backend)."""
     if isinstance(model, PlainGPT):
         return model.loss

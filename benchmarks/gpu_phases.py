@@ -1,9 +1,9 @@
-"""The GPU check's model phases (:mod:`benchmarks.gpu_check`): every family one step and
+"""The GPU check's model phases (``benchmarks.gpu_check``): every family one step and
 generation, and throughput against a plain PyTorch GPT; the phases' shared pieces.
 
 Each phase is ``phase(ctx, record)``: it fills ``record`` as it goes (so a phase cut short
 by its time guard keeps what it measured) and calls ``ctx.check()`` between its items.
-One item failing is recorded (:func:`attempt`) and the phase goes on.
+One item failing is recorded (``attempt``) and the phase goes on.
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ class Context:
     """Environment variables the check set for itself (a subprocess gets them unset)."""
 
     def check(self) -> None:
-        """Raise :class:`PhaseTimeout` once the running phase's budget is spent."""
+        """Raise ``PhaseTimeout`` once the running phase's budget is spent."""
         if time.monotonic() > self.deadline:
             raise PhaseTimeout
 

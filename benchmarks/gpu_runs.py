@@ -1,7 +1,7 @@
-"""The GPU check's later phases (:mod:`benchmarks.gpu_check`): the loss paths, the
+"""The GPU check's later phases (``benchmarks.gpu_check``): the loss paths, the
 adaptive solve against a fixed grid, bf16 against fp32 over 30 steps, determinism,
 ``odelm train`` with ``strategy: ddp`` in a subprocess, and ``torch.compile`` (last: the
-phase most likely to run long). Phases are written as in :mod:`benchmarks.gpu_phases`.
+phase most likely to run long). Phases are written as in ``benchmarks.gpu_phases``.
 """
 
 from __future__ import annotations
@@ -150,7 +150,7 @@ def small_spec(ctx: Context) -> dict[str, Any]:
 
 
 def train_losses(ctx: Context, steps: int, bf16: bool = False, seed: int = 0) -> list[float]:
-    """The training losses of ``steps`` AdamW steps of :func:`small_spec` from ``seed`` on
+    """The training losses of ``steps`` AdamW steps of ``small_spec`` from ``seed`` on
     learnable synthetic windows (one host sync, at the end)."""
     sizes = ctx.sizes
     torch.manual_seed(seed)

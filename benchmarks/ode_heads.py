@@ -7,8 +7,8 @@
 * ``solver-overhead``: the facade against calling each backend directly.
 
 Each is sized to run in about a minute on a small CPU; the callers compared are timed by
-:func:`odelm.timing.alternating` and medians reported, so neither side gains from warm
-caches or from a busy machine. Iteration counts are in the records.
+[`odelm.timing.alternating`][odelm.timing.alternating] and medians reported, so neither side gains
+from warm caches or from a busy machine. Iteration counts are in the records.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Each function returns a list of records (``bench``, ``metric``, ``value``, ``target``,
 ``unit``, ``better`` plus raw timings); the variants are timed by
-:func:`odelm.timing.alternating` and their medians compared.
+[`odelm.timing.alternating`][odelm.timing.alternating] and their medians compared.
 """
 
 from __future__ import annotations

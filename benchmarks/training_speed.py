@@ -1,5 +1,5 @@
 """Training-speed benchmarks (``odelm bench precision-speedup``, ``compile-speedup``,
-``peak``, ``harness-throughput``), on the models and step of :mod:`experiments.training.speed`.
+``peak``, ``harness-throughput``), on the models and step of ``experiments.training.speed``.
 
 * ``precision-speedup``: training tokens/s under ``bf16-mixed`` over ``32-true`` for the
   LSTM, the reference Transformer, an RK4 ``ode_transformer`` and a fixed-grid

@@ -1,8 +1,8 @@
 """The shared harness: corpora, tokenization, training, evaluation, comparison, plots.
 
 ``experiments.load_run(run_dir)`` loads a trained run for use from Python (see
-:mod:`experiments.evaluation.trained`); it is imported on first use so that ``import experiments``
-stays light for the command line.
+[`experiments.evaluation.trained`][experiments.evaluation.trained]); it is imported on first use so
+that ``import experiments`` stays light for the command line.
 """
 
 from __future__ import annotations

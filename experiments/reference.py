@@ -1,10 +1,10 @@
 """Reference models for the harness: a bigram LM and the field's reference Transformer.
 
-:class:`BigramLM`: ``logits[:, t]`` depends on ``tokens[:, t]`` alone, so it is causal by
+``BigramLM``: ``logits[:, t]`` depends on ``tokens[:, t]`` alone, so it is causal by
 construction, and its maximum-likelihood table has a closed form (smoothed bigram counts),
 which lets tests check the harness's perplexity against a number computed by hand.
 
-:class:`WordLMTransformer`: the Transformer of pytorch/examples ``word_language_model``
+``WordLMTransformer``: the Transformer of pytorch/examples ``word_language_model``
 (post-norm ``nn.TransformerEncoder`` layers with a final LayerNorm, sinusoidal positions,
 embeddings scaled by ``sqrt(d_model)``), so a comparison can hold the field's baseline.
 """
@@ -101,9 +101,9 @@ class BigramLM(PretrainedMixin, nn.Module):
 
 class _EncoderLayer(nn.TransformerEncoderLayer):
     """``nn.TransformerEncoderLayer`` (post-norm, batch first) whose dropouts draw cheap masks
-    and whose causal self-attention runs as :func:`odelm.mixed_precision.attention` under
-    CPU mixed precision (bf16 products, fp32 softmax); ``nn.TransformerEncoderLayer``
-    otherwise, bit for bit."""
+    and whose causal self-attention runs as
+    [`odelm.mixed_precision.attention`][odelm.mixed_precision.attention] under CPU mixed precision
+    (bf16 products, fp32 softmax); ``nn.TransformerEncoderLayer`` otherwise, bit for bit."""
 
     def __init__(self, d_model: int, n_heads: int, d_ff: int, dropout: float) -> None:
         super().__init__(d_model, n_heads, d_ff, dropout=dropout, batch_first=True)
@@ -178,7 +178,7 @@ class WordLMTransformer(PretrainedMixin, nn.Module):
         nn.init.zeros_(self.decoder.bias)
 
     def features(self, tokens: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:
-        """The final LayerNorm's states ``[B, T, d_model]``, which :attr:`output_layer`
+        """The final LayerNorm's states ``[B, T, d_model]``, which ``output_layer``
         maps to the logits, and ``aux``."""
         length = tokens.shape[1]
         if length > self.max_positions:
@@ -190,7 +190,7 @@ class WordLMTransformer(PretrainedMixin, nn.Module):
     @property
     def output_layer(self) -> nn.Linear:
         """The decoder: ``forward(tokens)`` is ``(output_layer(hidden), aux)`` of
-        :meth:`features`."""
+        ``features``."""
         return self.decoder
 
     def forward(self, tokens: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:

@@ -1,10 +1,10 @@
 """Continuous-depth language models: ODE decoders over LSTM and GPT-2 encoders.
 
-The solver facade :func:`solve` (torchdiffeq, TorchDyn, torchode) and its
-``torchdiffeq.odeint``-compatible twin :func:`odeint`, vector fields, the causal
+The solver facade [`solve`][neuralode_lm.solve] (torchdiffeq, TorchDyn, torchode) and its
+``torchdiffeq.odeint``-compatible twin [`odeint`][neuralode_lm.odeint], vector fields, the causal
 ODE head and the NODE-LM report's reconstruction decoder, encoders, and the models
 (``build_model("ode-lstm", vocab_size)`` etc.) and the continuous-depth Transformer
-:class:`NODETransformerLM`, all trained in minibatches.
+[`NODETransformerLM`][neuralode_lm.NODETransformerLM], all trained in minibatches.
 """
 
 from .configs import (

@@ -3,13 +3,13 @@
 Every choice is a ``Literal`` (its valid values are the type), every field is documented
 (``Attributes:``, which is also the help of the run config's ``model:`` keys). The ODE
 models' configs hold their encoder's fields and the head's fields side by side, and hand
-each part its own config (:meth:`ODELSTMConfig.lstm`, :meth:`ODEHeadConfig.head`), so no
-options dict is split by name.
+each part its own config ([`ODELSTMConfig.lstm`][neuralode_lm.ODELSTMConfig.lstm],
+[`ODEHeadConfig.head`][neuralode_lm.ODEHeadConfig.head]), so no options dict is split by name.
 
 One name per concept: the layer count is ``n_layers`` everywhere. The spellings of odelm
-0.3 and before (:data:`RENAMED`) are refused with a hint naming the new key
-(:func:`check_renamed`); a model saved by those versions loads (its class's
-``renamed_keys``, :class:`odelm.pretrained.PretrainedMixin`).
+0.3 and before (``RENAMED``) are refused with a hint naming the new key
+(``check_renamed``); a model saved by those versions loads (its class's
+``renamed_keys``, [`odelm.pretrained.PretrainedMixin`][odelm.pretrained.PretrainedMixin]).
 """
 
 from __future__ import annotations

@@ -1,13 +1,13 @@
 """The depth vector field of the continuous-depth Transformer and its fixed-grid integrator.
 
 ``DepthField`` is ``F_theta(s, y)``: the ODE Transformer's pre-norm attention + FFN function
-(:class:`ode_transformer.layers.PreNormAttentionFFN`, never including the residual),
-optionally conditioned on the depth ``s``. ``FixedGrid`` integrates it by an explicit
-Runge-Kutta tableau with equal steps, giving each (step, stage) its own key/value cache.
-Tableaux and the stage loop are the library's one RK core (:mod:`ode_transformer.tableau`):
+([`ode_transformer.layers.PreNormAttentionFFN`][ode_transformer.PreNormAttentionFFN], never
+including the residual), optionally conditioned on the depth ``s``. ``FixedGrid`` integrates it by
+an explicit Runge-Kutta tableau with equal steps, giving each (step, stage) its own key/value cache.
+Tableaux and the stage loop are the library's one RK core (``ode_transformer.tableau``):
 ``rk4`` is the classic RK4 (``rk4_38`` the 3/8 rule), so one step over one unit of depth is an
 ODE Transformer RK4 block. Depth-dependent weights (``weights``, ``hypernetwork``) live in
-:mod:`neuralode_lm.depth_weights`.
+``neuralode_lm.depth_weights``.
 """
 
 from __future__ import annotations

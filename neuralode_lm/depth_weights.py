@@ -3,12 +3,12 @@
 Two parameterisations of the field's four linear maps (attention ``qkv`` and ``out``, FFN
 ``fc1`` and ``fc2``), as in DiffEqFormer (Tong et al., ICLR 2025):
 
-* ``weights`` (:class:`BasisLinear`): ``W(s) = sum_k phi_k(s) W_k`` (and the bias alike)
+* ``weights`` (``BasisLinear``): ``W(s) = sum_k phi_k(s) W_k`` (and the bias alike)
   over ``K`` shifted Legendre polynomials ``phi_k(s) = P_k(2 s / S - 1)`` on ``[0, S]``.
   ``phi_0 = 1``, so ``W_0`` is the ``nn.Linear``'s own weight (initialised as today's) and
   ``W_1 .. W_{K-1}`` start at zero: ``K = 1`` *is* the shared field (the maps are not even
   replaced), and an untrained ``K > 1`` field equals it;
-* ``hypernetwork`` (:class:`LowRankLinear`): ``W(s) = W + A diag(g(s)) B`` with rank-``r``
+* ``hypernetwork`` (``LowRankLinear``): ``W(s) = W + A diag(g(s)) B`` with rank-``r``
   factors ``A``, ``B`` per map and ``g = L2 tanh(L1 (s / S))`` one small network of the
   field (``HIDDEN`` units, every map's ``r`` gates at once); ``L2`` starts at zero, so the
   update starts at exactly zero and the field equals the shared one.
@@ -99,7 +99,7 @@ class LowRankLinear(nn.Linear):
 
 class DepthWeights(nn.Module):
     """The depth dependence of one field's linear maps (``weights`` or ``hypernetwork``):
-    :meth:`set_time` gives every map its coefficients or gates for the depth ``s``.
+    ``set_time`` gives every map its coefficients or gates for the depth ``s``.
 
     The maps are replaced in place in their parents (same parameter names as the shared
     field's, plus ``basis_*`` or ``lora_*``); this module holds only the hypernetwork.

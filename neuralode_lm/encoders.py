@@ -1,10 +1,11 @@
 """Causal encoders ``tokens [B, T] -> hidden [B, T, D]`` for the ODE heads and baselines.
 
-* :class:`LSTMEncoder`: embedding + LSTM + dropout, configured by one
-  :class:`~neuralode_lm.configs.LSTMConfig`;
-  the NODE-LM report's baseline (300-d, dropout 0.1) is :meth:`LSTMEncoder.report_preset`.
-* :class:`GPT2Encoder`: a ``transformers`` ``GPT2Model`` whose hidden layer ``layer``
-  (0 = embeddings, ``n_layer`` = the final, layer-normed output; the report uses the 12th)
+* [`LSTMEncoder`][neuralode_lm.LSTMEncoder]: embedding + LSTM + dropout, configured by one
+  [`LSTMConfig`][neuralode_lm.LSTMConfig];
+  the NODE-LM report's baseline (300-d, dropout 0.1) is
+  [`LSTMEncoder.report_preset`][neuralode_lm.LSTMEncoder.report_preset].
+* [`GPT2Encoder`][neuralode_lm.GPT2Encoder]: a ``transformers`` ``GPT2Model`` whose hidden layer
+  ``layer`` (0 = embeddings, ``n_layer`` = the final, layer-normed output; the report uses the 12th)
   feeds the head; from a local directory, a hub name when the hub is reachable, or a
   ``GPT2Config`` for training from scratch; frozen or fine-tuned.
 """
@@ -266,7 +267,8 @@ class GPT2Encoder(nn.Module):
         return self
 
     def save_pretrained(self, directory: str | os.PathLike[str]) -> None:
-        """Save the GPT-2 weights and config where :meth:`from_pretrained` can read them."""
+        """Save the GPT-2 weights and config where
+        [`from_pretrained`][neuralode_lm.GPT2Encoder.from_pretrained] can read them."""
         self.model.save_pretrained(os.fspath(directory))
 
     def forward(

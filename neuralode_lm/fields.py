@@ -2,8 +2,8 @@
 
 Every field is an ``nn.Module`` called as ``field(s, z)`` with ``z`` of shape ``[..., D]``
 and ``s`` a scalar tensor (torchdiffeq, TorchDyn) or a tensor of shape ``z.shape[:-1]``
-(torchode, one time per row). :func:`as_field` turns any user module into such a field.
-The built-in fields are registered by name in :data:`FIELDS` (a new field: a class here and
+(torchode, one time per row). [`as_field`][neuralode_lm.as_field] turns any user module into such a
+field. The built-in fields are registered by name in ``FIELDS`` (a new field: a class here and
 its entry there).
 """
 

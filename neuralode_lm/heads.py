@@ -1,14 +1,14 @@
 """Continuous-depth heads: encoder states ``[B, T, D]`` -> logits ``[B, T, V]``.
 
-* :class:`CausalODEHead` (the default, a valid language model): every position's encoder
-  state is an initial value ``z(0) = h_t``, ``dz/ds = f(s, z)`` on ``s in [0, S]`` and
-  ``logits_t = W z(S)``. All ``B * T`` positions are one batch in one solve; with a shared
+* [`CausalODEHead`][neuralode_lm.CausalODEHead] (the default, a valid language model): every
+  position's encoder state is an initial value ``z(0) = h_t``, ``dz/ds = f(s, z)`` on ``s in [0,
+  S]`` and ``logits_t = W z(S)``. All ``B * T`` positions are one batch in one solve; with a shared
   adaptive step size it is causal within the solver tolerance (exactly causal settings
   in its docstring).
-* :class:`ReconstructionODEDecoder` (the NODE-LM report's protocol, kept for reproduction):
-  ``z(0)`` is the encoder state of the *last* token, the ODE is read out at ``T`` time points
-  ``linspace(0, S, T)``, one per token. The encoder has read the whole sentence, so the
-  head is not causal and its perplexity is not a language-model perplexity.
+* [`ReconstructionODEDecoder`][neuralode_lm.ReconstructionODEDecoder] (the NODE-LM report's
+  protocol, kept for reproduction): ``z(0)`` is the encoder state of the *last* token, the ODE is
+  read out at ``T`` time points ``linspace(0, S, T)``, one per token. The encoder has read the whole
+  sentence, so the head is not causal and its perplexity is not a language-model perplexity.
 
 Both heads accept augmentation (Dupont et al. 2019; report section 3.8): the state is
 ``[z, a]`` with ``a(0)`` zeros or the encoder state at the first real token, and the optional

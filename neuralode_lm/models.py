@@ -7,13 +7,14 @@ models put ``aux["nfe"]`` (forward function evaluations of this call), the step 
 with regularisation in training, ``aux["reg"]`` (add it to the loss); after ``backward()``
 ``model.solver_stats.nfe_backward`` holds the backward NFE.
 
-* baselines: :class:`LSTMLM` (report section 3.4), :class:`GPT2LM` (3.5);
-* :class:`ODELSTM` (3.6), :class:`ODEGPT2` (3.7), :class:`AugmentedODEGPT2` (3.8): an
-  encoder and a causal ODE head by default, or with ``reconstruction=True`` the report's
-  non-causal reconstruction decoder.
+* baselines: [`LSTMLM`][neuralode_lm.LSTMLM] (report section 3.4), [`GPT2LM`][neuralode_lm.GPT2LM]
+  (3.5);
+* [`ODELSTM`][neuralode_lm.ODELSTM] (3.6), [`ODEGPT2`][neuralode_lm.ODEGPT2] (3.7),
+  [`AugmentedODEGPT2`][neuralode_lm.AugmentedODEGPT2] (3.8): an encoder and a causal ODE head by
+  default, or with ``reconstruction=True`` the report's non-causal reconstruction decoder.
 
 Every model saves and loads with ``save_pretrained(dir)`` / ``from_pretrained(dir)``
-(:class:`odelm.pretrained.PretrainedMixin`).
+([`odelm.pretrained.PretrainedMixin`][odelm.pretrained.PretrainedMixin]).
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ __all__ = [
 class LSTMLM(PretrainedMixin, nn.Module):
     """The report's LSTM baseline: 300-d embedding, 300-unit LSTM, dropout 0.1, linear.
 
-    Options are :class:`~neuralode_lm.configs.LSTMConfig` fields (or ``config=``), e.g.
+    Options are [`LSTMConfig`][neuralode_lm.LSTMConfig] fields (or ``config=``), e.g.
     ``tie_weights=True`` to share the embedding with the output layer. Stateful: pass
     ``state`` (``None`` for a fresh stream) and read the next one from ``aux["state"]``.
     """
@@ -85,8 +86,9 @@ class LSTMLM(PretrainedMixin, nn.Module):
     def features(
         self, tokens: torch.Tensor, state: tuple[torch.Tensor, torch.Tensor] | None = None
     ) -> tuple[torch.Tensor, dict[str, Any]]:
-        """The LSTM's (dropped-out) states ``[B, T, hidden_dim]``, which :attr:`output_layer`
-        maps to the logits, and ``aux`` (``{"state": (h, c)}``)."""
+        """The LSTM's (dropped-out) states ``[B, T, hidden_dim]``, which
+        [`output_layer`][neuralode_lm.LSTMLM.output_layer] maps to the logits, and ``aux``
+        (``{"state": (h, c)}``)."""
         hidden, state = self.encoder.forward_with_state(tokens, state)
         return hidden, {"state": state}
 
@@ -127,7 +129,7 @@ def _gpt2_encoder(vocab_size: int, options: GPT2LMConfig, layer: int) -> GPT2Enc
 class GPT2LM(PretrainedMixin, nn.Module):
     """GPT-2 with its tied output embedding, as ``GPT2LMHeadModel``; pretrained or from config.
 
-    Options are :class:`~neuralode_lm.configs.GPT2LMConfig` fields (``config`` is GPT-2's
+    Options are [`GPT2LMConfig`][neuralode_lm.GPT2LMConfig] fields (``config`` is GPT-2's
     own ``GPT2Config`` or a dict of its fields).
     """
 
@@ -187,7 +189,8 @@ class _ODELanguageModel(PretrainedMixin, nn.Module):
     @property
     def solver_stats(self) -> ForwardStats:
         """Statistics of the latest forward pass (``nfe_backward`` filled by its backward
-        pass); the same type as :attr:`NODETransformerLM.solver_stats`."""
+        pass); the same type as
+        [`NODETransformerLM.solver_stats`][neuralode_lm.NODETransformerLM.solver_stats]."""
         return self.head.last_stats
 
     @property
@@ -209,9 +212,9 @@ class _ODELanguageModel(PretrainedMixin, nn.Module):
 class ODELSTM(_ODELanguageModel):
     """The report's ODE-LSTM: the LSTM baseline's states decoded by an ODE (MLP field, 100).
 
-    Options are :class:`~neuralode_lm.configs.ODELSTMConfig` fields: the LSTM's
-    (:class:`~neuralode_lm.configs.LSTMConfig`, also accepted as ``config=``) and the head's
-    (:class:`~neuralode_lm.configs.ODEHeadConfig`: ``field``, ``integration_time``,
+    Options are [`ODELSTMConfig`][neuralode_lm.ODELSTMConfig] fields: the LSTM's
+    ([`LSTMConfig`][neuralode_lm.LSTMConfig], also accepted as ``config=``) and the head's
+    ([`ODEHeadConfig`][neuralode_lm.ODEHeadConfig]: ``field``, ``integration_time``,
     ``solver``, ``augment_dim``, ``augment_init``, ``kinetic_weight``, ``jacobian_weight``,
     ``reconstruction`` and, for the causal head, ``exact_causal_eval``).
     ``tie_weights=True`` shares the embedding with the head's readout, which needs the ODE
@@ -247,7 +250,7 @@ class ODELSTM(_ODELanguageModel):
 class ODEGPT2(_ODELanguageModel):
     """The report's ODE-GPT2: GPT-2 hidden layer ``layer`` (12 there) decoded by an ODE.
 
-    Options are :class:`~neuralode_lm.configs.ODEGPT2Config` fields; the field's hidden
+    Options are [`ODEGPT2Config`][neuralode_lm.ODEGPT2Config] fields; the field's hidden
     width defaults to ``n_embd`` (768 in the report).
     """
 

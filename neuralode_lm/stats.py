@@ -2,7 +2,7 @@
 
 An ODE head makes one solve per forward pass, the continuous-depth Transformer one per
 block (and one per block and prefix in exact prefix evaluation); both keep them as a
-:class:`ForwardStats` in ``last_stats`` and show it as ``model.solver_stats``.
+[`ForwardStats`][neuralode_lm.ForwardStats] in ``last_stats`` and show it as ``model.solver_stats``.
 """
 
 from __future__ import annotations

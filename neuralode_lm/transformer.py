@@ -2,7 +2,7 @@
 
 The depth field ``F_theta(s, y)`` (the ODE Transformer's pre-norm attention + FFN function,
 optionally conditioned on ``s``) and the fixed-grid integrator driven by Butcher tableaux
-live in :mod:`neuralode_lm.depth_field`. This module is the model: token + position
+live in ``neuralode_lm.depth_field``. This module is the model: token + position
 embeddings, ``n_layers`` depth ODEs ``dy/ds = F_k(s, y)`` on ``s in [0, S]``, final
 LayerNorm, tied softmax.
 
@@ -65,7 +65,7 @@ def _or(value: int | None, default: int) -> int:
 def _integration(
     solver: SolverConfig | dict[str, Any] | None, steps: int | None, length: float
 ) -> SolverConfig | FixedGrid:
-    """A :class:`FixedGrid` for the grid methods (``GRID_TABLEAUX``), else the facade's config
+    """A ``FixedGrid`` for the grid methods (``GRID_TABLEAUX``), else the facade's config
     (whose default step cap makes a runaway solve raise). A grid takes ``steps`` per block or,
     as an ODE head does, ``solver.step_size``: the fewest equal steps no longer than it."""
     if isinstance(solver, FixedGrid):
@@ -125,7 +125,7 @@ class NODETransformerLM(PretrainedMixin, nn.Module):
     def __init__(
         self, vocab_size: int, config: NODETransformerConfig | None = None, **options: Any
     ) -> None:
-        """Options are :class:`~neuralode_lm.configs.NODETransformerConfig` fields (or
+        """Options are [`NODETransformerConfig`][neuralode_lm.NODETransformerConfig] fields (or
         ``config=``, with options replacing its fields)."""
         super().__init__()
         config = from_options(NODETransformerConfig, options, config)
@@ -279,13 +279,14 @@ class NODETransformerLM(PretrainedMixin, nn.Module):
     @property
     def output_layer(self) -> nn.Linear:
         """The tied softmax layer: ``forward(tokens)`` is ``(output_layer(hidden), aux)`` of
-        :meth:`features`."""
+        [`features`][neuralode_lm.NODETransformerLM.features]."""
         return self.head
 
     def features(
         self, tokens: torch.Tensor, cache: KVCache | None = None
     ) -> tuple[torch.Tensor, dict[str, Any]]:
-        """The final LayerNorm's states ``[B, T, d_model]`` and :meth:`forward`'s ``aux``."""
+        """The final LayerNorm's states ``[B, T, d_model]`` and
+        [`forward`][neuralode_lm.NODETransformerLM.forward]'s ``aux``."""
         prefix = self.causal_mode == "prefix" and not self.training and cache is None
         if prefix and not isinstance(self.integration, FixedGrid):
             y, reg = self._prefix_states(tokens), None
@@ -310,14 +311,14 @@ class NODETransformerLM(PretrainedMixin, nn.Module):
     @property
     def init_cache(self) -> type[KVCache] | None:
         """On a fixed grid, the factory of an empty cache (one key/value leaf per block,
-        step and stage), which the shared decoding in :mod:`odelm.decoding`
+        step and stage), which the shared decoding in [`odelm.decoding`][odelm.decoding]
         feeds incrementally; None for adaptive solves, whose steps depend on the whole
         prefix, so decoding recomputes it at every token."""
         return KVCache if isinstance(self.integration, FixedGrid) else None
 
     @torch.no_grad()
     def generate(self, tokens: torch.Tensor, max_new_tokens: int, **options: Any) -> torch.Tensor:
-        """Continue ``tokens`` with :func:`odelm.decoding.generate`."""
+        """Continue ``tokens`` with [`odelm.decoding.generate`][odelm.decoding.generate]."""
         return decoding.generate(self, tokens, max_new_tokens, **options)
 
     # -------------------------------------------------------------------------------------
@@ -328,7 +329,7 @@ class NODETransformerLM(PretrainedMixin, nn.Module):
         ``sublayer="both"``): block ``k`` becomes the field ``F_k`` over ``[0, 1]``, solved
         with the block's own tableau and one step (so it computes what ``lm`` computes when
         the block's coefficients are fixed), or any other way through
-        :meth:`set_integration`."""
+        [`set_integration`][neuralode_lm.NODETransformerLM.set_integration]."""
         config = lm.config
         if config.stack != "plain" or config.sublayer != "both":
             raise ModelConfigError(

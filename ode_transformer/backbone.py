@@ -2,8 +2,8 @@
 LayerNorm, GPT-style initialisation and the input checks.
 
 ``Backbone(config, causal)`` maps token ids ``[B, T]`` to final-LayerNorm states
-``[B, T, d_model]``; :class:`~ode_transformer.lm.ODETransformerLM` adds a softmax head and
-:class:`~ode_transformer.encoder.ODETransformerEncoder` a padding mask.
+``[B, T, d_model]``; [`ODETransformerLM`][ode_transformer.ODETransformerLM] adds a softmax head and
+[`ODETransformerEncoder`][ode_transformer.ODETransformerEncoder] a padding mask.
 """
 
 from __future__ import annotations
@@ -95,9 +95,10 @@ class Backbone(PretrainedMixin, nn.Module):
     """Token + position embeddings, an ODE Transformer stack, final LayerNorm.
 
     Subclasses add their own modules after calling ``__init__`` and then apply
-    :func:`init_weights` (so parameters are created, and initialised, in one fixed order).
+    ``init_weights`` (so parameters are created, and initialised, in one fixed order).
     A subclass whose constructor takes only the config saves and loads with
-    ``save_pretrained`` / ``from_pretrained`` (:class:`odelm.pretrained.PretrainedMixin`).
+    ``save_pretrained`` / ``from_pretrained``
+    ([`odelm.pretrained.PretrainedMixin`][odelm.pretrained.PretrainedMixin]).
     """
 
     def __init__(self, config: ODETransformerConfig, causal: bool) -> None:

@@ -7,8 +7,8 @@ the tableau's ``b`` ("fixed"), learnable scalars initialised to ``b`` ("learnabl
 two stages the sigmoid gate ``g = sigmoid([F_1, F_2] W + c)``, ``w = (g, 1 - g)`` ("gate").
 
 ``F`` is any callable ``F(y) -> increment``; for Transformer sub-layers it is one of
-:mod:`ode_transformer.layers`, called as ``F(y, context.child(i))`` when a cache or mask is
-in play (:class:`~ode_transformer.layers.AttentionContext`), so stage ``i`` attends with
+``ode_transformer.layers``, called as ``F(y, context.child(i))`` when a cache or mask is
+in play ([`AttentionContext`][ode_transformer.AttentionContext]), so stage ``i`` attends with
 its own key/value cache.
 """
 
@@ -122,7 +122,8 @@ class RKBlock(nn.Module):
 def make_block(
     block: str | Tableau | tuple, f: Callable[..., torch.Tensor], d_model: int | None = None
 ) -> RKBlock:
-    """An :class:`RKBlock` from a name in :data:`BLOCKS` or a user tableau (fixed weights)."""
+    """An [`RKBlock`][ode_transformer.RKBlock] from a name in [`BLOCKS`][ode_transformer.BLOCKS] or
+    a user tableau (fixed weights)."""
     if isinstance(block, str):
         if block not in BLOCKS:
             raise ODETransformerConfigError(

@@ -22,15 +22,16 @@ POSITIONS = ("learned", "sinusoidal")
 """How position enters the input: a learned table or the fixed sinusoids of Vaswani et al."""
 
 BlockName = Literal[(*BLOCKS, "custom")]  # type: ignore[valid-type]
-"""A block of :data:`~ode_transformer.blocks.BLOCKS` (``custom``: a user tableau)."""
+"""A block of [`BLOCKS`][ode_transformer.BLOCKS] (``custom``: a user tableau)."""
 SublayerName = Literal[tuple(SUBLAYERS)]  # type: ignore[valid-type]
 StackName = Literal[tuple(STACKS)]  # type: ignore[valid-type]
 
 
 @functools.cache
 def _choices() -> dict[str, tuple[str, ...]]:
-    """The ``Literal`` fields of :class:`ODETransformerConfig` and their values: the one
-    list of every name choice (jsonargparse reads the same types from a run config)."""
+    """The ``Literal`` fields of [`ODETransformerConfig`][ode_transformer.ODETransformerConfig] and
+    their values: the one list of every name choice (jsonargparse reads the same types from a run
+    config)."""
     hints = typing.get_type_hints(ODETransformerConfig)
     return {
         name: typing.get_args(hint)
@@ -43,10 +44,10 @@ def _choices() -> dict[str, tuple[str, ...]]:
 class ODETransformerConfig:
     """Sizes and architecture of an ODE Transformer LM or encoder (``ode_transformer``).
 
-    ``block`` names a block of :data:`ode_transformer.blocks.BLOCKS`; alternatively pass
-    ``tableau=(A, b)`` (explicit, fixed weights), which sets ``block="custom"``.
+    ``block`` names a block of [`ode_transformer.blocks.BLOCKS`][ode_transformer.BLOCKS];
+    alternatively pass ``tableau=(A, b)`` (explicit, fixed weights), which sets ``block="custom"``.
     ``sublayer`` picks ``F`` (attention, FFN, or both as one function) and ``stack`` how
-    layers combine (:data:`ode_transformer.stacks.STACKS`). ``positions`` (``learned`` or
+    layers combine (``ode_transformer.stacks.STACKS``). ``positions`` (``learned`` or
     ``sinusoidal``) and ``scale_embeddings`` (token embeddings times ``sqrt(d_model)``, as
     in Vaswani et al.) shape the input to the first block only, so every block compares on
     the same input.
@@ -155,7 +156,8 @@ class ODETransformerConfig:
 
     @classmethod
     def from_dict(cls, data: dict) -> ODETransformerConfig:
-        """Inverse of :meth:`to_dict`; unknown keys are an error that names the valid ones."""
+        """Inverse of [`to_dict`][ode_transformer.ODETransformerConfig.to_dict]; unknown keys are an
+        error that names the valid ones."""
         fields = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - fields)
         if unknown:

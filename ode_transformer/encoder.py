@@ -2,8 +2,8 @@
 
 ``hidden = encoder(tokens, attention_mask)`` maps ``[B, T]`` ids to ``[B, T, d_model]``
 states; ``attention_mask`` is True on real tokens (the library's one mask convention, as in
-:mod:`odelm.contract`; pass ``~key_padding_mask`` for torch's). No position attends to a
-padding key, so the states at real tokens do not depend on the padding (its length or its
+[`odelm.contract`][odelm.contract]; pass ``~key_padding_mask`` for torch's). No position attends to
+a padding key, so the states at real tokens do not depend on the padding (its length or its
 ids) when sequences are right-padded.
 """
 

@@ -2,7 +2,7 @@
 and the attention context that carries both through blocks and stacks.
 
 Every ``F`` here returns the *increment* only (never ``y + ...``): the blocks in
-:mod:`ode_transformer.blocks` add it to the residual stream with their tableau's weights.
+``ode_transformer.blocks`` add it to the residual stream with their tableau's weights.
 All ``F`` share one signature, ``F(y, context=NO_CONTEXT)``, so a block can pass the cache
 and the attention mask through without knowing which sub-layer it drives.
 """
@@ -73,9 +73,9 @@ class KVCache:
 class AttentionContext:
     """What attention needs besides the states: a key/value cache node and an attention mask.
 
-    ``cache`` (None: no incremental decoding) is the node of :class:`KVCache` this call
-    site owns; ``attention_mask`` ``[B, T]`` is True at real keys (the library's one mask
-    convention, :mod:`odelm.contract`), False at padding. Layers, blocks and RK
+    ``cache`` (None: no incremental decoding) is the node of [`KVCache`][ode_transformer.KVCache]
+    this call site owns; ``attention_mask`` ``[B, T]`` is True at real keys (the library's one mask
+    convention, [`odelm.contract`][odelm.contract]), False at padding. Layers, blocks and RK
     stages hand ``context.child(name)`` down, so every attention call site gets its own
     cache leaf while the mask travels unchanged.
     """

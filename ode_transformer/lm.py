@@ -1,12 +1,12 @@
 """A decoder-only language model built from ODE Transformer blocks.
 
 Reading order: the model (embeddings -> stack -> final LayerNorm -> tied softmax, from
-:class:`~ode_transformer.backbone.Backbone`), its incremental step with a key/value cache
+``Backbone``), its incremental step with a key/value cache
 in which every RK stage of every block keeps its own keys and values, generation (through
-:mod:`odelm.decoding`). Saving and loading come from
-:class:`odelm.pretrained.PretrainedMixin` (``config.json`` + ``model.safetensors``); the
-configuration lives in :mod:`ode_transformer.config`. Meets the library's model contract:
-``logits, aux = model(tokens)``, ``model.is_causal``.
+[`odelm.decoding`][odelm.decoding]). Saving and loading come from
+[`odelm.pretrained.PretrainedMixin`][odelm.pretrained.PretrainedMixin] (``config.json`` +
+``model.safetensors``); the configuration lives in ``ode_transformer.config``. Meets the library's
+model contract: ``logits, aux = model(tokens)``, ``model.is_causal``.
 """
 
 from __future__ import annotations
@@ -45,25 +45,29 @@ class ODETransformerLM(Backbone):
         return hidden
 
     def features(self, tokens: torch.Tensor) -> tuple[torch.Tensor, dict]:
-        """Final-LayerNorm states ``[B, T, d_model]``, which :attr:`output_layer` maps to
-        the logits, and ``aux`` (as :meth:`forward`'s)."""
+        """Final-LayerNorm states ``[B, T, d_model]``, which
+        [`output_layer`][ode_transformer.ODETransformerLM.output_layer] maps to the logits, and
+        ``aux`` (as [`forward`][ode_transformer.ODETransformerLM.forward]'s)."""
         return self.hidden_states(tokens), {"nfe": self.stack.nfe}
 
     @property
     def output_layer(self) -> nn.Linear:
         """The softmax layer: ``forward(tokens)`` is ``(output_layer(hidden), aux)`` of
-        :meth:`features`."""
+        [`features`][ode_transformer.ODETransformerLM.features]."""
         return self.head
 
     def forward(
         self, tokens: torch.Tensor, cache: KVCache | None = None
     ) -> tuple[torch.Tensor, dict]:
         """Logits ``[B, T, V]`` where ``logits[:, t]`` predicts ``tokens[:, t + 1]`` (``cache``:
-        see :meth:`hidden_states`); ``aux["nfe"]`` counts evaluations of ``F`` (DESIGN.md's definition)."""
+        see [`hidden_states`][ode_transformer.ODETransformerLM.hidden_states]); ``aux["nfe"]``
+        counts evaluations of ``F`` (DESIGN.md's definition)."""
         return self.head(self.hidden_states(tokens, cache)), {"nfe": self.stack.nfe}
 
     def init_cache(self) -> KVCache:
-        """An empty key/value cache for :meth:`next_token_logits` (incremental decoding)."""
+        """An empty key/value cache for
+        [`next_token_logits`][ode_transformer.ODETransformerLM.next_token_logits] (incremental
+        decoding)."""
         return KVCache()
 
     def next_token_logits(self, tokens: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
@@ -72,7 +76,7 @@ class ODETransformerLM(Backbone):
 
     @torch.no_grad()
     def generate(self, tokens: torch.Tensor, max_new_tokens: int, **options: Any) -> torch.Tensor:
-        """Continue ``tokens`` [B, T]: :func:`odelm.decoding.generate` on this model
-        (options: ``strategy``, ``num_beams``, ``temperature``, ``top_k``, ``top_p``,
+        """Continue ``tokens`` [B, T]: [`odelm.decoding.generate`][odelm.decoding.generate] on this
+        model (options: ``strategy``, ``num_beams``, ``temperature``, ``top_k``, ``top_p``,
         ``generator``, ``eos_id``, ``use_cache``, ``length_penalty``)."""
         return decoding.generate(self, tokens, max_new_tokens, **options)

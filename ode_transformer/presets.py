@@ -1,4 +1,5 @@
-"""Model sizes from the papers, as named presets for :class:`ODETransformerConfig`.
+"""Model sizes from the papers, as named presets for
+[`ODETransformerConfig`][ode_transformer.ODETransformerConfig].
 
 - ``ptb-lm-1layer`` / ``ptb-lm-2layer``: the ODE Transformer paper's PTB truncation-error
   LM (Table 5): hidden 512, FFN 2048, 8 heads, all dropouts 0.1, 1 or 2 layers.

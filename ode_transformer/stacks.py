@@ -16,8 +16,9 @@ With ``W`` and ``k`` at their initial value 1, multistep and DLCL equal the plai
 layer's ``F`` is itself an RK block, so every schema composes with every block. All updates
 are position-wise combinations of causal functions, so every stack stays causal and can be
 decoded incrementally: layer ``l`` uses ``context.child(l)`` (PolyNet's two calls use its
-children 0 and 1). Names are validated once, by :class:`ode_transformer.config.ODETransformerConfig`;
-:func:`ode_transformer.backbone.build_stack` turns a config into a stack.
+children 0 and 1). Names are validated once, by
+[`ode_transformer.config.ODETransformerConfig`][ode_transformer.ODETransformerConfig];
+[`ode_transformer.backbone.build_stack`][ode_transformer.build_stack] turns a config into a stack.
 """
 
 from __future__ import annotations

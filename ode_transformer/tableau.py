@@ -1,13 +1,14 @@
 """The library's one Runge-Kutta core: Butcher tableaux as validated data, one registry of
-named methods (:data:`TABLEAUX`) and one explicit stage loop (:func:`rk_stage_values`).
+named methods ([`TABLEAUX`][ode_transformer.TABLEAUX]) and one explicit stage loop
+([`rk_stage_values`][ode_transformer.rk_stage_values]).
 
 An explicit s-stage method is a strictly lower-triangular ``A`` (s x s) and weights ``b``
 (length s): ``F_i = F(y + h sum_j A[i][j] F_j)``, ``y_next = y + h sum_i b_i F_i``. The RK
-blocks of :mod:`ode_transformer.blocks`, the fixed grids of ``node-transformer``
-(:mod:`neuralode_lm.depth_field`) and the facade's torchdiffeq ``rk4`` all step through
-:func:`rk_stage_values`, so a new method is a new tableau, not a new code path, and one name
-means one method everywhere: ``rk4`` is the classic RK4, ``rk4_38`` Kutta's 3/8 rule
-(torchdiffeq's ``rk4``).
+blocks of ``ode_transformer.blocks``, the fixed grids of ``node-transformer``
+(``neuralode_lm.depth_field``) and the facade's torchdiffeq ``rk4`` all step through
+[`rk_stage_values`][ode_transformer.rk_stage_values], so a new method is a new tableau, not a new
+code path, and one name means one method everywhere: ``rk4`` is the classic RK4, ``rk4_38`` Kutta's
+3/8 rule (torchdiffeq's ``rk4``).
 """
 
 from __future__ import annotations
@@ -162,7 +163,8 @@ TABLEAUX["euler"] = TABLEAUX["residual"]
 
 
 def get_tableau(spec: str | Tableau | tuple) -> Tableau:
-    """A :class:`Tableau` from a name in :data:`TABLEAUX`, a ``Tableau`` or a pair ``(A, b)``."""
+    """A [`Tableau`][ode_transformer.Tableau] from a name in [`TABLEAUX`][ode_transformer.TABLEAUX],
+    a ``Tableau`` or a pair ``(A, b)``."""
     if isinstance(spec, Tableau):
         return spec
     if isinstance(spec, str):

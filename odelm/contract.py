@@ -5,38 +5,39 @@ float tensor ``[B, T, V]`` where ``logits[:, t]`` predicts ``tokens[:, t + 1]``.
 dict of extras (for example ``{"nfe": 38}``). ``model.is_causal`` is True when
 ``logits[:, t]`` depends only on ``tokens[:, : t + 1]``; the harness refuses to call the
 perplexity of a non-causal model a language-model perplexity unless asked
-(:class:`LanguageModel`).
+([`LanguageModel`][odelm.contract.LanguageModel]).
 
 Optional attributes the harness uses when present: ``vocab_size`` (int),
 ``max_positions`` (the longest sequence the model accepts) and ``accepts_attention_mask``
-(:class:`MaskedLanguageModel`): True when ``model(tokens, attention_mask=mask)`` gives every
-real token the logits it would have unpadded. The library's one mask convention is
-``attention_mask [B, T]`` bool, **True on real tokens** (what ``torch``'s
+([`MaskedLanguageModel`][odelm.contract.MaskedLanguageModel]): True when ``model(tokens,
+attention_mask=mask)`` gives every real token the logits it would have unpadded. The library's one
+mask convention is ``attention_mask [B, T]`` bool, **True on real tokens** (what ``torch``'s
 ``scaled_dot_product_attention`` and Hugging Face take; torch's ``key_padding_mask`` is its
 negation). Padded sentence batches reach such a model with their mask; any other model
 gets no mask, so it may see padding only after a sentence (right padding), where a causal
 model cannot read it.
 
 Optional stateful extension (truncated backpropagation through time,
-:class:`StatefulLanguageModel`): a model with ``supports_state = True`` also accepts
-``model(tokens, state=s)``, where ``s`` is the state returned by the previous window of the
-same streams (``None`` starts fresh), and returns the state after its last token in
+[`StatefulLanguageModel`][odelm.contract.StatefulLanguageModel]): a model with ``supports_state =
+True`` also accepts ``model(tokens, state=s)``, where ``s`` is the state returned by the previous
+window of the same streams (``None`` starts fresh), and returns the state after its last token in
 ``aux["state"]`` (a tensor or a tuple of tensors). The harness uses it when the data config
 asks for ``stateful`` batching, detaching the state between windows; a model without the
 attribute is refused there.
 
-Optional incremental decoding (:class:`CachedLanguageModel`): ``init_cache()`` and
-``next_token_logits(new_tokens, cache)``, which :mod:`odelm.decoding` uses when present.
+Optional incremental decoding ([`CachedLanguageModel`][odelm.contract.CachedLanguageModel]):
+``init_cache()`` and ``next_token_logits(new_tokens, cache)``, which
+[`odelm.decoding`][odelm.decoding] uses when present.
 
-Optional output-layer split (:class:`FeaturesLanguageModel`): ``output_layer`` (an
-``nn.Linear``) and ``features(tokens) -> (hidden [B, T, D], aux)`` such that
+Optional output-layer split ([`FeaturesLanguageModel`][odelm.contract.FeaturesLanguageModel]):
+``output_layer`` (an ``nn.Linear``) and ``features(tokens) -> (hidden [B, T, D], aux)`` such that
 ``model(tokens)`` is ``(output_layer(hidden), aux)``. Mixed-precision training then fuses
 the output layer with the loss, a block of rows at a time, instead of forming the logits
-(:func:`experiments.training.losses.linear_cross_entropy`); full-precision training and
+(``experiments.training.losses.linear_cross_entropy``); full-precision training and
 evaluation call the model.
 
 The protocols are structural: a model meets them by having the attributes, not by
-inheriting from them; :func:`call_model` checks the contract at run time.
+inheriting from them; [`call_model`][odelm.contract.call_model] checks the contract at run time.
 """
 
 from __future__ import annotations
@@ -77,7 +78,8 @@ class StatefulLanguageModel(LanguageModel, Protocol):
 
 
 class DecodingCache(Protocol):
-    """The incremental-decoding cache of a :class:`CachedLanguageModel`."""
+    """The incremental-decoding cache of a
+    [`CachedLanguageModel`][odelm.contract.CachedLanguageModel]."""
 
     def reorder(self, index: torch.Tensor) -> None:
         """Keep batch rows ``index`` (beam search reorders its hypotheses)."""

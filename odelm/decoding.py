@@ -5,11 +5,12 @@ A model meets the contract ``logits, aux = model(tokens)``. It may also offer in
 decoding with two methods: ``init_cache()`` returns an empty cache with ``reorder(index)``
 (select batch rows), and ``next_token_logits(new_tokens, cache)`` returns the logits
 ``[B, V]`` after the cached sequence extended by ``new_tokens``, extending the cache in place
-(the ODE Transformer LM does, with one key/value cache per RK stage). :class:`StepFunction`
-uses that when present and otherwise recomputes the whole context every step. The context
-is the last ``model.max_positions`` tokens when the model declares a limit: a cached model
-decodes incrementally while the sequence fits and recomputes the cropped window once it
-does not, so cached and recomputed decoding see the same tokens and pick the same ones.
+(the ODE Transformer LM does, with one key/value cache per RK stage).
+[`StepFunction`][odelm.decoding.StepFunction] uses that when present and otherwise recomputes the
+whole context every step. The context is the last ``model.max_positions`` tokens when the model
+declares a limit: a cached model decodes incrementally while the sequence fits and recomputes the
+cropped window once it does not, so cached and recomputed decoding see the same tokens and pick the
+same ones.
 
 The one ranking rule of beam search: every step extends each live hypothesis by every
 token and keeps the ``num_beams`` best extensions by total log-probability (ties to the
@@ -19,9 +20,10 @@ hypotheses are ranked by ``sum log p / n ** length_penalty`` with ``n`` the numb
 tokens (eos included): ``length_penalty=1`` (the default) ranks by mean log-probability per
 token, ``0`` by total log-probability. ``num_beams=1`` is exactly greedy decoding.
 
-This module is family-agnostic: it needs only the model contract (:mod:`odelm.contract`),
-so both model packages and the harness use it. :func:`decode_continuation` is the form
-continuation BLEU and ``odelm generate`` use.
+This module is family-agnostic: it needs only the model contract
+([`odelm.contract`][odelm.contract]), so both model packages and the harness use it.
+[`decode_continuation`][odelm.decoding.decode_continuation] is the form continuation BLEU and
+``odelm generate`` use.
 """
 
 from __future__ import annotations
@@ -63,7 +65,8 @@ class DecodingError(OdelmError, ValueError):
 
 
 def check_temperature(value: float, label: str = "temperature") -> None:
-    """Refuse a temperature that is not finite or is below :data:`MIN_TEMPERATURE`."""
+    """Refuse a temperature that is not finite or is below
+    [`MIN_TEMPERATURE`][odelm.decoding.MIN_TEMPERATURE]."""
     if not isinstance(value, (int, float)) or not math.isfinite(value) or value < MIN_TEMPERATURE:
         raise DecodingError(
             f"{label} = {value!r} is out of range; it must be a finite number >= "
@@ -125,9 +128,9 @@ def check_beam_memory(
     """Refuse ``num_beams`` when beam search would need more memory than this process has.
 
     The estimate is a lower bound (a model's own cache and activations come on top), per
-    beam and row: the vocabulary times :data:`BEAM_SCORE_BYTES`, the token ids (int64,
-    copied as they grow), and, for a model that recomputes its context every step, its
-    float32 logits over the whole sequence (vocabulary x ``length`` x 4 bytes). A model
+    beam and row: the vocabulary times [`BEAM_SCORE_BYTES`][odelm.decoding.BEAM_SCORE_BYTES], the
+    token ids (int64, copied as they grow), and, for a model that recomputes its context every step,
+    its float32 logits over the whole sequence (vocabulary x ``length`` x 4 bytes). A model
     without ``vocab_size`` is not estimated.
     """
     vocab, memory = getattr(model, "vocab_size", None), memory_bytes()
@@ -367,8 +370,8 @@ def decode_continuation(
     """New tokens after ``prompt`` [1, P] (at most ``max_new_tokens``, cut before the first eos).
 
     The prompt is cropped to the model's context (``max_positions``) like every other path;
-    ``options`` go to :func:`generate` (``temperature``, ``top_k``, ``top_p``, ``generator``,
-    ``length_penalty``, ``use_cache``).
+    ``options`` go to [`generate`][odelm.decoding.generate] (``temperature``, ``top_k``, ``top_p``,
+    ``generator``, ``length_penalty``, ``use_cache``).
     """
     if prompt.dim() != 2 or prompt.shape[0] != 1 or prompt.shape[1] < 1:
         raise DecodingError(

@@ -1,6 +1,6 @@
 """One base class for every error a user can cause or fix.
 
-The command line catches :class:`OdelmError` and prints one line
+The command line catches [`OdelmError`][odelm.errors.OdelmError] and prints one line
 (``odelm: error: ...``); anything else is a programming bug and keeps its traceback.
 Each library error also derives from the built-in class that describes it
 (``ValueError``, ``RuntimeError``, ``OSError``, ...), so ``except ValueError`` in user

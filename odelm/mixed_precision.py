@@ -4,30 +4,30 @@ masks that are cheap to draw, and attention with low-precision products.
 **Dropout.** ``torch.nn.Dropout`` on a CPU draws its mask with ``bernoulli_``, one call of
 the random generator per element: about 1 ms for a 20 x 36 x 200 activation on one core,
 14% of a bf16 training step of the RK4 Transformer (25 such masks a step), where the matrix
-products have become cheap. Inside a CPU autocast region, :class:`Dropout` instead takes 16
-random bits per element from 64-bit draws of the same generator (four elements per call),
-keeps an element when its bits fall below ``round(keep * 2**16)``, and scales the kept ones
+products have become cheap. Inside a CPU autocast region, [`Dropout`][odelm.mixed_precision.Dropout]
+instead takes 16 random bits per element from 64-bit draws of the same generator (four elements per
+call), keeps an element when its bits fall below ``round(keep * 2**16)``, and scales the kept ones
 by the inverse of that quantised keep probability, so the output is unbiased as before;
 the keep probability moves by at most ``2**-17`` (0.8 becomes 0.8000031). The mask is
 built directly in the activation's dtype and applied as ``x * mask * scale`` (the products
 ``native_dropout`` computes), in backward ``grad * mask * scale``.
 
-**Attention** (:func:`attention`): the scores ``q k^T`` in fp32 (bf16-rounded scores made
-the gradient's error against fp32 a quarter larger), the mask, softmax and dropout in
-fp32, the weights' product with ``v`` and the backward products in the low precision, as
+**Attention** ([`attention`][odelm.mixed_precision.attention]): the scores ``q k^T`` in fp32
+(bf16-rounded scores made the gradient's error against fp32 a quarter larger), the mask, softmax and
+dropout in fp32, the weights' product with ``v`` and the backward products in the low precision, as
 FlashAttention does; forward and backward 1.5x faster on a CPU than
 ``scaled_dot_product_attention`` in fp32 at d_head 100, T 35 (which draws its dropout mask
 with ``bernoulli_`` and gathers strided q, k, v), and several times faster than its bf16
 kernels.
 
-**Recurrent layers** (:func:`recurrent_in_fp32`): an LSTM under autocast runs in fp32 on
-CUDA (autocast would cast cuDNN's LSTM to float16 whatever the autocast dtype, with no
-loss scaler under ``bf16-mixed``) and on CPUs without native bf16 products (oneDNN has no
-bf16 LSTM there and refuses the call); on CPUs with them it runs in bf16 as before.
+**Recurrent layers** ([`recurrent_in_fp32`][odelm.mixed_precision.recurrent_in_fp32]): an LSTM under
+autocast runs in fp32 on CUDA (autocast would cast cuDNN's LSTM to float16 whatever the autocast
+dtype, with no loss scaler under ``bf16-mixed``) and on CPUs without native bf16 products (oneDNN
+has no bf16 LSTM there and refuses the call); on CPUs with them it runs in bf16 as before.
 
-Outside autocast (full-precision training, evaluation) and off the CPU, :class:`Dropout`
-is ``torch.nn.Dropout`` bit for bit, and the models call ``scaled_dot_product_attention``
-as before: fp32 runs draw the same masks from the same generator.
+Outside autocast (full-precision training, evaluation) and off the CPU,
+[`Dropout`][odelm.mixed_precision.Dropout] is ``torch.nn.Dropout`` bit for bit, and the models call
+``scaled_dot_product_attention`` as before: fp32 runs draw the same masks from the same generator.
 """
 
 from __future__ import annotations
@@ -62,7 +62,8 @@ def keep_mask(shape: torch.Size, keep: float, dtype: torch.dtype) -> tuple[torch
 
 
 def masked_dropout(x: torch.Tensor, p: float) -> torch.Tensor:
-    """Training-mode dropout of a CPU tensor with a mask of :func:`keep_mask`."""
+    """Training-mode dropout of a CPU tensor with a mask of
+    [`keep_mask`][odelm.mixed_precision.keep_mask]."""
     if p == 0.0:
         return x
     if p == 1.0:
@@ -83,7 +84,8 @@ def dropout(
 
 class Dropout(nn.Dropout):
     """``nn.Dropout`` whose masks are cheap to draw under CPU mixed precision
-    (:func:`dropout`); the same module otherwise, with the same ``state_dict``."""
+    ([`dropout`][odelm.mixed_precision.dropout]); the same module otherwise, with the same
+    ``state_dict``."""
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         return dropout(input, self.p, self.training, self.inplace)
@@ -112,8 +114,8 @@ def attention(
     """Scaled dot-product attention of ``q, k, v [B, H, T, d]`` (low precision) under CPU
     mixed precision: the scores ``q k^T`` (as ``scaled_dot_product_attention`` in fp32 had
     them), the causal mask, the softmax and dropout ``p`` on the weights
-    (:func:`masked_dropout`) in fp32; the weights times ``v``, and the backward products,
-    in ``v``'s dtype."""
+    ([`masked_dropout`][odelm.mixed_precision.masked_dropout]) in fp32; the weights times ``v``, and
+    the backward products, in ``v``'s dtype."""
     with torch.autocast("cpu", enabled=False):
         scores = _Scores.apply(q, k).mul_(q.shape[-1] ** -0.5)
         if causal:

@@ -4,19 +4,21 @@ A saved model is a directory with ``config.json`` (the model's class, its family
 config) and ``model.safetensors`` (the weights). The library's models each hold one typed,
 frozen config (``model.config``, an instance of the class's ``config_class``): the saved
 config is ``{"vocab_size": ..., **config.to_dict()}`` and the model rebuilds from it. Any
-other ``nn.Module`` that inherits :class:`PretrainedMixin` (a user's own class) gets both
-methods too: for it, like Lightning's ``save_hyperparameters``, the mixin records the
-arguments of the outermost constructor call. A class whose constructor takes objects rather
-than plain values overrides :meth:`PretrainedMixin.pretrained_config` (what to write) and
-:meth:`PretrainedMixin.from_config` (how to rebuild).
+other ``nn.Module`` that inherits [`PretrainedMixin`][odelm.pretrained.PretrainedMixin] (a user's
+own class) gets both methods too: for it, like Lightning's ``save_hyperparameters``, the mixin
+records the arguments of the outermost constructor call. A class whose constructor takes objects
+rather than plain values overrides
+[`PretrainedMixin.pretrained_config`][odelm.pretrained.PretrainedMixin.pretrained_config] (what to
+write) and [`PretrainedMixin.from_config`][odelm.pretrained.PretrainedMixin.from_config] (how to
+rebuild).
 
 Tensors (e.g. initial embeddings) are not written to the config: the weights file holds
 their trained values. Weights go through ``safetensors.torch.save_model`` / ``load_model``,
 which keep tied weights tied.
 
 Loading runs no code named by the files: ``architecture`` must be one of
-:data:`ARCHITECTURES` (the library's own model classes) or the class ``from_pretrained`` is
-called on, the weights are safetensors (no pickle), their SHA-256 recorded in
+[`ARCHITECTURES`][odelm.pretrained.ARCHITECTURES] (the library's own model classes) or the class
+``from_pretrained`` is called on, the weights are safetensors (no pickle), their SHA-256 recorded in
 ``config.json`` must match, and every weight must be finite. A config saved by odelm 0.3
 and before (the recorded constructor arguments, old key spellings) still loads.
 """
@@ -142,14 +144,16 @@ class PretrainedMixin:
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> Self:
-        """A freshly initialised model from :meth:`pretrained_config`'s output (a dict given
-        for a dataclass-typed constructor argument becomes that dataclass)."""
+        """A freshly initialised model from
+        [`pretrained_config`][odelm.pretrained.PretrainedMixin.pretrained_config]'s output (a dict
+        given for a dataclass-typed constructor argument becomes that dataclass)."""
         return cls(**_with_dataclasses(cls.__init__, _renamed(config, cls.renamed_keys)))
 
     def model_spec(self) -> dict[str, Any]:
-        """``{"architecture", "family", "config"}``: what :func:`build_from_config` needs to
-        rebuild this model's architecture (Lightning keeps it as a hyperparameter). ``family``
-        is the run config's ``model.family`` (the reference models': ``reference``)."""
+        """``{"architecture", "family", "config"}``: what
+        [`build_from_config`][odelm.pretrained.build_from_config] needs to rebuild this model's
+        architecture (Lightning keeps it as a hyperparameter). ``family`` is the run config's
+        ``model.family`` (the reference models': ``reference``)."""
         cls = type(self)
         package = cls.__module__.split(".")[0]
         return {
@@ -170,7 +174,7 @@ class PretrainedMixin:
         """Write ``config.json`` and ``model.safetensors`` into ``directory``.
 
         ``metadata`` (JSON data, e.g. the tokenizer's fingerprint) is stored beside the
-        config and returned by :func:`read_config`.
+        config and returned by [`read_config`][odelm.pretrained.read_config].
         """
         from safetensors.torch import save_model
 
@@ -202,7 +206,7 @@ class PretrainedMixin:
 @contextlib.contextmanager
 def _no_space_named(partial: Path, directory: Path, name: str) -> Iterator[None]:
     """A full disk while writing ``name`` (safetensors reports it as its own error) becomes
-    :class:`ModelDiskFullError`; the partial file is removed."""
+    [`ModelDiskFullError`][odelm.pretrained.ModelDiskFullError]; the partial file is removed."""
     try:
         yield
     except Exception as error:
@@ -304,8 +308,8 @@ def read_config(directory: str | os.PathLike[str]) -> dict[str, Any]:
 
 def model_class(architecture: str, trusted: type | None = None) -> type[PretrainedMixin]:
     """The class named ``module:QualName`` in a ``config.json``: one of
-    :data:`ARCHITECTURES`, or ``trusted`` (the class the caller loads with) when it names it.
-    Nothing is imported for a name outside both."""
+    [`ARCHITECTURES`][odelm.pretrained.ARCHITECTURES], or ``trusted`` (the class the caller loads
+    with) when it names it. Nothing is imported for a name outside both."""
     if trusted is not None and architecture == f"{trusted.__module__}:{trusted.__qualname__}":
         return trusted
     if architecture not in ARCHITECTURES:

@@ -52,5 +52,5 @@ def alternating(
 
 
 def medians(times: dict[Key, list[float]]) -> dict[Key, float]:
-    """The median seconds of each call of :func:`alternating`."""
+    """The median seconds of each call of [`alternating`][odelm.timing.alternating]."""
     return {key: statistics.median(values) for key, values in times.items()}

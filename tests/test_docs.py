@@ -93,3 +93,29 @@ def test_a_dead_link_is_found(tmp_path: Path):
     assert _paths("see `experiments/foo.py` and neuralode_lm/solvers/NAME_adapter.py") == {
         "experiments/foo.py"
     }
+
+
+SPHINX_ROLE_RE = re.compile(r":(?:py:)?(?:class|func|meth|data|attr|mod|obj|exc|const):`")
+"""A Sphinx role (``:class:`X```), which the mkdocs site shows as literal text (issue 34)."""
+CROSSREF_RE = re.compile(r"\[`[^`\]]+`\]\[([A-Za-z_][\w.]*)\]")
+"""A mkdocstrings cross-reference, ``[`X`][package.module.X]``: the link's target."""
+
+
+def _package_sources() -> list[Path]:
+    return sorted(p for package in PACKAGES for p in (ROOT / package).rglob("*.py"))
+
+
+def test_no_docstring_holds_a_sphinx_role():
+    found = [
+        f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
+        for path in _package_sources()
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if SPHINX_ROLE_RE.search(line)
+    ]
+    assert not found, "write [`X`][package.module.X] or ``X``:\n" + "\n".join(found)
+
+
+def test_docstring_cross_references_name_objects_that_exist():
+    targets = {t for p in _package_sources() for t in CROSSREF_RE.findall(p.read_text())}
+    assert len(targets) > 50  # the converted roles (mkdocs build --strict checks each link)
+    assert not sorted(t for t in targets if not _resolves(t))

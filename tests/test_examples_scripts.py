@@ -1,9 +1,13 @@
 """Every script in examples/ runs as a user runs it (``python examples/NAME.py``, a
-subprocess in another folder) at tiny size, exits 0 and prints a finite test perplexity."""
+subprocess in another folder) at tiny size, exits 0 and prints a finite test perplexity;
+and every package they import is one the README's install (``pip install -e .``) installs:
+a dependency in setup.cfg's ``install_requires`` (issue 34), checked without a new venv."""
 
 from __future__ import annotations
 
-import json
+import ast
+import configparser
+import importlib.metadata
 import math
 import os
 import re
@@ -18,6 +22,8 @@ ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
 TINY = ["--max-steps", "5", "--batch-size", "4", "--bptt", "8", "--val-batches", "2"]
 GRAMMAR_VOCAB = 110
+PROJECT = {"odelm", "neuralode_lm", "ode_transformer", "experiments", "benchmarks", "_common"}
+"""Imports the checkout itself provides (``_common`` is examples/_common.py)."""
 
 
 def run_example(script: str, *args: str, cwd: Path) -> str:
@@ -62,34 +68,16 @@ def test_ode_lstm_with_the_adjoint(tmp_path):
     assert evaluations >= 6  # dopri5: at least one step of six new evaluations
 
 
-def tiny_gpt2_folder(path: Path) -> int:
-    """A one-layer GPT-2 and a byte-level BPE tokenizer saved Hugging Face style in
-    ``path``; the tokenizer's vocabulary size."""
-    from tokenizers import pre_tokenizers
-    from transformers import GPT2Config, GPT2Model
-
-    merges = [("Ġ", "t"), ("h", "e"), ("Ġt", "he"), ("Ġ", "a")]
-    tokens = sorted(pre_tokenizers.ByteLevel.alphabet()) + ["".join(m) for m in merges]
-    tokens.append("<|endoftext|>")
-    path.mkdir()
-    (path / "vocab.json").write_text(json.dumps({t: i for i, t in enumerate(tokens)}))
-    (path / "merges.txt").write_text("#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in merges))
-    last = len(tokens) - 1
-    config = GPT2Config(n_layer=1, n_embd=32, n_head=2, n_positions=64, vocab_size=len(tokens))
-    config.bos_token_id = config.eos_token_id = last
-    GPT2Model(config).save_pretrained(path)
-    return len(tokens)
+TINY_GPT2_VOCAB = 256 + 4 + 1
+"""The example's own tiny GPT-2 tokenizer: the byte alphabet, four merges, <|endoftext|>."""
 
 
 @pytest.mark.slow
-def test_ode_head_on_a_local_gpt2(tmp_path):
-    vocab = tiny_gpt2_folder(tmp_path / "gpt2")
-    work = tmp_path / "work"
-    work.mkdir()
-    output = run_example(
-        "ode_head_on_gpt2.py", *TINY, "--gpt2-dir", str(tmp_path / "gpt2"), cwd=work
-    )
-    printed_perplexity(output, vocab + 1)  # the corpus tokenizer adds <unk>
+def test_ode_head_on_a_gpt2_it_builds_itself(tmp_path):
+    output = run_example("ode_head_on_gpt2.py", *TINY, cwd=tmp_path)  # no --gpt2-dir
+    assert "built a tiny untrained GPT-2" in output
+    printed_perplexity(output, TINY_GPT2_VOCAB + 1)  # the corpus tokenizer adds <unk>
+    assert list(tmp_path.iterdir()) == []  # the tiny GPT-2 lived in a temporary folder
 
 
 @pytest.mark.slow
@@ -103,3 +91,47 @@ def test_lightning_cli_script_fits_from_a_config(tmp_path):
     run_example("lightning_cli.py", *args, cwd=tmp_path)
     saved = yaml.safe_load((tmp_path / "lightning_logs" / "version_0" / "config.yaml").read_text())
     assert saved["trainer"]["max_steps"] == 3 and saved["data"]["config"]["bptt"] == 8
+
+
+def canonical(name: str) -> str:
+    """A distribution name as pip compares it (PEP 503)."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def install_requires() -> set[str]:
+    """The distributions ``pip install -e .`` installs by name: setup.cfg's install_requires."""
+    config = configparser.ConfigParser(interpolation=None)
+    config.read(ROOT / "setup.cfg")
+    lines = [line.strip() for line in config["options"]["install_requires"].splitlines()]
+    return {canonical(re.split(r"[\[<>=!~; ]", line)[0]) for line in lines if line}
+
+
+def top_level_imports(path: Path) -> set[str]:
+    """The top-level names ``path`` imports (absolute imports only)."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def test_every_example_import_is_an_install_requirement():
+    distributions = importlib.metadata.packages_distributions()
+    required = install_requires()
+    assert {"torch", "lightning", "pytorch-lightning", "transformers"} <= required
+    local = PROJECT | set(sys.stdlib_module_names) | {"__future__"}
+    for script in sorted(EXAMPLES.glob("*.py")):
+        for name in sorted(top_level_imports(script) - local):
+            providers = {canonical(d) for d in distributions.get(name, [])}
+            assert providers & required, (
+                f"examples/{script.name} imports {name} (from {sorted(providers)}), "
+                "which setup.cfg's install_requires does not name"
+            )
+
+
+def test_every_example_script_is_run_here():
+    run = set(re.findall(r'run_example\(\s*"([^"]+)"', Path(__file__).read_text()))
+    scripts = {p.name for p in EXAMPLES.glob("*.py") if not p.name.startswith("_")}
+    assert scripts and scripts <= run, scripts - run

@@ -82,7 +82,7 @@ def judge(record: dict[str, Any]) -> dict[str, Any]:
 
 
 def run(name: str, options: dict[str, Any] | None = None) -> list[dict[str, Any]]:
-    """Run one benchmark and return its judged records; ``options`` (of :data:`OPTIONS`)
+    """Run one benchmark and return its judged records; ``options`` (of ``OPTIONS``)
     go to a benchmark function that takes them.
 
     Whatever the benchmark prints for people (side-by-side tables) goes to stderr, so

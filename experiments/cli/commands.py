@@ -61,7 +61,7 @@ MODEL_HELP = (
 
 
 class ModelOption(Action):
-    """``--model '{...}'`` replaces the config file's model section (a :class:`Replace`);
+    """``--model '{...}'`` replaces the config file's model section (a ``Replace``);
     ``--model.KEY VALUE`` sets one key of it, a dotted key one level down per dot
     (``--model.solver.rtol 1e-6``). Values are read as YAML (``1e-6`` is a float); the
     section's keys are checked against its model's typed config when the config is read.
@@ -114,7 +114,7 @@ def add_run_options(parser: Parser, skip: set[str] | None = None) -> None:
 
 def given_options(args: Namespace) -> dict[str, Any]:
     """The options of ``train`` or ``compare`` as a nested mapping (only those given: the
-    config file's values lie under them); ``--model '{...}'`` stays a :class:`Replace`."""
+    config file's values lie under them); ``--model '{...}'`` stays a ``Replace``."""
     given = args.as_dict()
     if "model" in given:
         given["model"] = args["model"]  # as_dict() copies it into a plain dict

@@ -123,7 +123,7 @@ def _add(commands: Any, name: str, parser: Parser, text: str) -> Parser:
 
 def parse(argv: list[str]) -> tuple[str, Namespace, bool]:
     """The subcommand (``"data info"``), its options and ``--debug``; a wrong command line
-    raises :class:`UsageError`."""
+    raises ``UsageError``."""
     parser = build_parser()
     try:
         given = parser.parse_args(argv, defaults=False)
@@ -202,8 +202,9 @@ def _is_config_key(key: str) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run one subcommand. A user error (:class:`OdelmError`) prints one line and returns 2;
-    ``--debug`` shows its traceback. Anything else is a bug and keeps its traceback."""
+    """Run one subcommand. A user error ([`OdelmError`][odelm.errors.OdelmError]) prints one line
+    and returns 2; ``--debug`` shows its traceback. Anything else is a bug and keeps its
+    traceback."""
     debug = False
     try:
         command, options, debug = parse(sys.argv[1:] if argv is None else list(argv))

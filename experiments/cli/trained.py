@@ -139,7 +139,7 @@ def eval_parser() -> Parser:
 
 def generate_parser() -> Parser:
     """The options of ``odelm generate``; each sampling value has the range the library
-    checks (:mod:`experiments.cli.values`)."""
+    checks (``experiments.cli.values``)."""
     from odelm.decoding import MAX_NEW_TOKENS, MIN_TEMPERATURE, MIN_TOP_P, STRATEGIES
 
     parser = Parser()

@@ -2,10 +2,10 @@
 is parsed, before anything loads, with one line naming the option, its valid range and the
 value given (``odelm: error: --temperature = 1e-320 is out of range; it must be ...``).
 
-The ranges are the library's own (:mod:`odelm.decoding`'s floors and seed range, the
-thread check of :mod:`experiments.training.config_checks`), so a Python call and its
+The ranges are the library's own ([`odelm.decoding`][odelm.decoding]'s floors and seed range, the
+thread check of ``experiments.training.config_checks``), so a Python call and its
 command refuse the same values. Each type raises ``ArgumentTypeError``, whose message
-argparse keeps; :func:`experiments.cli.main.usage_error` drops its ``argument X:`` prefix.
+argparse keeps; ``experiments.cli.main.usage_error`` drops its ``argument X:`` prefix.
 """
 
 from __future__ import annotations
@@ -68,7 +68,8 @@ def _check_folder(value: str, flag: str) -> None:
 threads = _typed("threads", "--num-threads", _integer, check_threads)
 """``--num-threads``: torch CPU threads, 1..this machine's CPU count."""
 temperature = _typed("temperature", "--temperature", float, decoding.check_temperature)
-"""``--temperature``: finite, at least :data:`odelm.decoding.MIN_TEMPERATURE`."""
+"""``--temperature``: finite, at least
+[`odelm.decoding.MIN_TEMPERATURE`][odelm.decoding.MIN_TEMPERATURE]."""
 top_p = _typed("top_p", "--top-p", float, decoding.check_top_p)
 """``--top-p``: in ``[MIN_TOP_P, 1]``."""
 sampling_seed = _typed("seed", "--seed", _integer, decoding.check_seed)

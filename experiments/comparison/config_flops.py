@@ -46,7 +46,7 @@ def run_flops(config: RunConfig, data: LMData, split: str = "test") -> dict[str,
 
 def grid_flops(grid_file: str | Path, shared_override: dict[str, Any] | None = None) -> list[dict]:
     """One row per run of the grid (model x seed): ``name``, ``seed``, ``run`` and
-    :func:`run_flops`'s keys; runs that share a model and data config are scored once."""
+    ``run_flops``'s keys; runs that share a model and data config are scored once."""
     grid = load_yaml(grid_file)
     plans = expand_grid(grid, Path("unused"), shared_override or {})
     datasets: dict[str, LMData] = {}

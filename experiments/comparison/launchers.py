@@ -1,6 +1,6 @@
 """Where a grid's runs train: a local process pool, SLURM through submitit, or Ray.
 
-Every launcher executes the same thing for a run, :func:`run_command`: ``odelm train`` on the
+Every launcher executes the same thing for a run, ``run_command``: ``odelm train`` on the
 run's config file in a fresh process, its output into ``OUT/logs/RUN.log``. So a run computes
 the same numbers whichever launcher starts it (at the same thread count, which its config
 records), resumes the same way (``odelm train`` skips a finished run and resumes a half
@@ -9,13 +9,13 @@ finished one), and how it was launched never enters its identity (``experiments.
 - ``local``: up to ``--jobs`` child processes at once on this machine (each dies with
   ``odelm compare``).
 - ``submitit``: one job per run through ``submitit.AutoExecutor`` (SLURM where ``sbatch``
-  exists, else submitit's local executor), with the options of :data:`SLURM_KEYS` from the
+  exists, else submitit's local executor), with the options of ``SLURM_KEYS`` from the
   grid's ``launcher: {slurm: {...}}`` section or ``--slurm.KEY`` (the command line wins).
 - ``ray``: one remote task per run with ``num_cpus`` its threads; ``ray.init()`` on this
   machine (with the CPUs of ``--jobs`` runs) unless ``--ray-address`` names a cluster.
 
 Remote launchers need the same Python environment and a shared filesystem for ``--out``.
-:func:`run_jobs` starts the jobs, at most ``jobs`` in flight, shows their progress
+``run_jobs`` starts the jobs, at most ``jobs`` in flight, shows their progress
 (``experiments.training.progress``) and hands each outcome to a callback as it comes.
 """
 
@@ -151,7 +151,7 @@ def default_jobs(launcher: str, threads: int | None, runs: int) -> int:
 def launch_settings(
     options: dict[str, Any], runs: int, threads: int | None, grid_slurm: dict[str, Any]
 ) -> Launch:
-    """The launch settings of ``odelm compare`` from its :data:`LAUNCH_KEYS` options and
+    """The launch settings of ``odelm compare`` from its ``LAUNCH_KEYS`` options and
     the grid's SLURM options (``--slurm.KEY`` wins)."""
     launcher = options.get("launcher") or "local"
     jobs, address = options.get("jobs"), options.get("ray_address")
@@ -185,7 +185,7 @@ def time_minutes(value: Any) -> int:
 
 def slurm_parameters(slurm: dict[str, Any], threads: int) -> dict[str, Any]:
     """``AutoExecutor.update_parameters`` keywords from the grid's and the command line's
-    SLURM options (:data:`SLURM_KEYS`)."""
+    SLURM options (``SLURM_KEYS``)."""
     unknown = sorted(set(slurm) - set(SLURM_KEYS))
     if unknown:
         raise LauncherError(

@@ -80,7 +80,7 @@ def sentence_batches(
     *,
     side: str = "right",
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Consecutive groups of ``batch_size`` sentences, each padded by :func:`sentence_batch`
+    """Consecutive groups of ``batch_size`` sentences, each padded by ``sentence_batch``
     with ``eos_id`` as both the leading context and the padding."""
     return [
         sentence_batch(sentences[i : i + batch_size], eos_id, eos_id, side=side)

@@ -172,7 +172,7 @@ def discretize(
     depth: bool = False,
 ) -> list[dict[str, Any]]:
     """The rows of the discretisation table for a finished run (with ``depth``, the rows
-    of the test-time depth curve too: :func:`depth_rows`)."""
+    of the test-time depth curve too: ``depth_rows``)."""
     from experiments.evaluation.trained import load_run
 
     counts = [("--max-batches", max_batches), ("--batch-size", batch_size)]

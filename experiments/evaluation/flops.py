@@ -23,7 +23,7 @@ counter alone would miss are covered:
   ``2 x gates x hidden x (input + hidden)`` per token, layer and direction.
 
 ``evaluate`` counts during its own perplexity pass, so FLOPs, perplexity and NFE come from
-the same forward passes over the whole split. :func:`grid_flops` recomputes a grid's
+the same forward passes over the whole split. ``grid_flops`` recomputes a grid's
 fixed-compute FLOPs from the configs alone (they do not depend on the weights).
 """
 

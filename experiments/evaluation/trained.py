@@ -22,7 +22,7 @@ refusing a split whose tokens differ from those the run recorded (``data_sha256`
 Loading checks the run before using it: the files odelm recorded must be unchanged
 (``experiments.training.runfolder``), the model must be one of the library's architectures with
 intact, finite weights (``odelm.pretrained``), and the tokenizer must be readable and
-match the model's vocabulary. Each failure is one :class:`~odelm.errors.OdelmError`.
+match the model's vocabulary. Each failure is one [`OdelmError`][odelm.errors.OdelmError].
 """
 
 from __future__ import annotations
@@ -162,7 +162,8 @@ class TrainedRun:
         return self._text_perplexity(texts, per, allow_noncausal)
 
     def _text_perplexity(self, texts: Any, per: str, allow_noncausal: bool) -> float:
-        """Perplexity of new lines of text (see :meth:`perplexity`)."""
+        """Perplexity of new lines of text (see
+        [`perplexity`][experiments.evaluation.trained.TrainedRun.perplexity])."""
         from experiments.evaluation.evaluate import EvalSettings, NonCausalModelError, perplexity
 
         if isinstance(texts, str) or not texts:
@@ -198,7 +199,8 @@ class TrainedRun:
         the tables use (``ppl``) comes first, the per-word one (``ppl_per_word``) next.
 
         BLEU settings left None keep the run's ``eval`` config; ``data`` is the corpus
-        already loaded by :meth:`data` (default: loaded here, from ``data_dir`` if given)."""
+        already loaded by [`data`][experiments.evaluation.trained.TrainedRun.data] (default: loaded
+        here, from ``data_dir`` if given)."""
         from experiments.evaluation.evaluate import EvalSettings, evaluate
 
         settings = EvalSettings.from_config(self.config).with_overrides(
@@ -235,10 +237,11 @@ class TrainedRun:
 
         ``strategy`` is greedy, sample or beam; sampling draws from a ``torch.Generator``
         seeded with ``seed`` (0..2**64-1). Odd values are refused with one
-        :class:`~odelm.decoding.DecodingError` line: a temperature below
+        [`DecodingError`][odelm.decoding.DecodingError] line: a temperature below
         ``MIN_TEMPERATURE``, a ``top_p`` below ``MIN_TOP_P``, more beams than memory holds. ``options`` go to
-        :func:`odelm.decoding.decode_continuation`: ``generator`` (a generator of your
-        own, used instead of ``seed``), ``eos_id``, ``length_penalty``, ``use_cache``.
+        [`odelm.decoding.decode_continuation`][odelm.decoding.decode_continuation]: ``generator`` (a
+        generator of your own, used instead of ``seed``), ``eos_id``, ``length_penalty``,
+        ``use_cache``.
         """
         from odelm.decoding import check_seed, decode_continuation
 

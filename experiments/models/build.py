@@ -83,7 +83,8 @@ def model_keys() -> dict[str, dict[str, Any]]:
 
 
 def model_keys_markdown() -> str:
-    """:func:`model_keys` as a Markdown table (one row per family or model name)."""
+    """[`model_keys`][experiments.models.build.model_keys] as a Markdown table (one row per family
+    or model name)."""
     rows = ["| `family: name` | keys (default) |", "|---|---|"]
     for model, keys in model_keys().items():
         cells = ", ".join(f"`{key}` ({_short(value)})" for key, value in keys.items())

@@ -44,7 +44,7 @@ def schemas() -> dict[str, type]:
 
 
 def model_label(spec: dict[str, Any]) -> str:
-    """The key of :func:`schemas` a ``model:`` section picks (family checked, name not)."""
+    """The key of ``schemas`` a ``model:`` section picks (family checked, name not)."""
     family = spec.get("family")
     if family not in FAMILIES:
         raise ConfigError(
@@ -147,7 +147,7 @@ def resolved_model(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def resolved_model_comment(spec: dict[str, Any]) -> str:
-    """:func:`resolved_model` as YAML comment lines (``--print_config`` appends them: the
+    """``resolved_model`` as YAML comment lines (``--print_config`` appends them: the
     run's identity is the section as written, so the defaults stay out of the YAML)."""
     text = yaml.safe_dump(resolved_model(spec), sort_keys=False, default_flow_style=False)
     lines = [f"#   {line}" for line in text.splitlines()]
@@ -165,7 +165,7 @@ HASHED_SPELLINGS = {
 
 
 def hashed_spelling(model: dict[str, Any]) -> dict[str, Any]:
-    """A ``model:`` section as its run identity spells it (:data:`HASHED_SPELLINGS`)."""
+    """A ``model:`` section as its run identity spells it (``HASHED_SPELLINGS``)."""
     renames = HASHED_SPELLINGS.get(_label(model), {})
     return {renames.get(key, key): value for key, value in model.items()}
 

@@ -1,7 +1,7 @@
 """``RUN/README.md``: a finished run's model card, in the Hugging Face layout.
 
 A run folder shared with someone else should say what it is without its reader parsing
-``config.yaml`` and ``result.json``: :func:`write_card` writes YAML front matter
+``config.yaml`` and ``result.json``: ``write_card`` writes YAML front matter
 (``library_name: odelm``, ``tags``, ``datasets``, ``metrics`` and a ``model-index`` with the
 test perplexity per token, then per word, as the Hub reads it) followed by sections on the
 model, the data protocol, the training recipe, the results (test and validation perplexity,

@@ -13,7 +13,7 @@ a stale best score. A process killed anywhere in the cycle leaves ``last.ckpt`` 
 earlier point of the same deterministic trajectory; resuming replays the lost steps,
 repeats the validation and rewrites ``best.ckpt`` with the same weights.
 
-Checkpoints are read weights-only (:func:`read_checkpoint`): everything in them is
+Checkpoints are read weights-only (``read_checkpoint``): everything in them is
 tensors, numbers, strings, lists and dicts, so no pickle of a class or function is ever
 loaded, and a checkpoint that would need one (a malicious file) is refused, not run.
 """
@@ -55,7 +55,7 @@ class UnsafeCheckpointError(CorruptCheckpointError):
 def atomic_save(obj: Any, path: str | Path) -> None:
     """``torch.save`` to ``PATH.partial``, then rename: a crash never truncates ``path``.
 
-    A full disk removes the partial file and raises :class:`DiskFullError` naming the folder.
+    A full disk removes the partial file and raises ``DiskFullError`` naming the folder.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -82,7 +82,7 @@ def atomic_save(obj: Any, path: str | Path) -> None:
 @contextmanager
 def disk_full_is_one_line(folder: Path) -> Iterator[None]:
     """Any other write of a run that fills the disk (logs, tokenizer, result) ends in
-    :class:`DiskFullError` naming the file, not in a traceback."""
+    ``DiskFullError`` naming the file, not in a traceback."""
     try:
         yield
     except OSError as error:
@@ -130,7 +130,7 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
-    """Lightning's checkpoint writer through :func:`atomic_save`."""
+    """Lightning's checkpoint writer through ``atomic_save``."""
 
     def save_checkpoint(
         self, checkpoint: dict[str, Any], path: Any, storage_options: Any = None
@@ -140,7 +140,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     def load_checkpoint(
         self, path: Any, map_location: Any = None, weights_only: bool | None = None
     ) -> dict[str, Any]:
-        """Resuming reads through :func:`read_checkpoint`: weights-only, whatever is asked."""
+        """Resuming reads through ``read_checkpoint``: weights-only, whatever is asked."""
         return read_checkpoint(path)
 
 
@@ -162,7 +162,7 @@ class RunCheckpoint(Checkpoint):
     @best_model_path.setter
     def best_model_path(self, value: Any) -> None:
         """Lightning's spawn launcher hands the workers' path back; the state is re-read
-        from ``last.ckpt`` instead (:meth:`reload_state`)."""
+        from ``last.ckpt`` instead (``reload_state``)."""
 
     def reload_state(self) -> None:
         """Take the best score and step from ``last.ckpt`` (after a spawned run, whose

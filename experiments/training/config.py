@@ -307,12 +307,12 @@ def parse_config(values: dict[str, Any], *, where: str = "config") -> RunConfig:
 
 
 class Replace(dict):
-    """A mapping that :func:`merge` puts in place of the one under its key instead of
+    """A mapping that ``merge`` puts in place of the one under its key instead of
     merging into it: ``--model '{...}'`` replaces the file's model section."""
 
 
 def merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
-    """Recursive dict merge: ``override`` wins, nested mappings merge (a :class:`Replace`
+    """Recursive dict merge: ``override`` wins, nested mappings merge (a ``Replace``
     mapping replaces)."""
     merged = dict(base)
     for key, value in override.items():

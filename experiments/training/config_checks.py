@@ -233,7 +233,7 @@ thread pool of the size asked; a hundred thousand threads fail far from the caus
 
 def check_threads(value: int | None, label: str = "trainer.num_threads") -> None:
     """Raise ``ConfigError`` naming ``label`` unless ``value`` is None (the thread policy's
-    choice) or a thread count within 1..:data:`MAX_THREADS`. Checked where threads are set,
+    choice) or a thread count within 1..``MAX_THREADS``. Checked where threads are set,
     not when a config is read: a run trained on a larger machine still loads."""
     if value is None:
         return

@@ -3,8 +3,9 @@ and test batches, and the seeded, resumable order it reads the training batches 
 
 ``LMDataModule.from_corpus(name, ...)`` builds everything from a corpus name (load,
 tokenize, encode: what ``odelm train`` does); ``LMDataModule(data, config)`` takes data
-already encoded. Stateful batching yields :class:`StreamWindow` batches whose model state
-carries across windows (:class:`experiments.training.task.LMTask` handles it).
+already encoded. Stateful batching yields ``StreamWindow`` batches whose model state
+carries across windows ([`experiments.training.task.LMTask`][experiments.training.task.LMTask]
+handles it).
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ class SeededResumableSampler(Sampler[int]):
     """Seeded epoch permutations read from a given step on, one epoch's worth per iteration.
 
     Batch ``k`` of the run is ``permutation(epoch = k // n)[k % n]``, a pure function of the
-    seed, the order version (:data:`DATA_ORDERS`) and ``k``, so resuming at step ``k`` needs
+    seed, the order version (``DATA_ORDERS``) and ``k``, so resuming at step ``k`` needs
     nothing but ``k``; with
     ``shuffle=False`` it is batch ``k % n`` (the stateful order). ``start`` is the step
     (or a function returning it, read when an iteration begins): each iteration yields the
@@ -100,8 +101,9 @@ class SeededResumableSampler(Sampler[int]):
 
 class LMDataModule(FollowsTrainer, *lightning_bases("LightningDataModule")):  # type: ignore[misc]
     """Training batches in a resumable seeded order; validation and test windows in a fixed
-    order. Build one from a corpus name with :meth:`from_corpus`; with ``data=None`` the
-    module loads ``config``'s corpus itself (what ``LightningCLI`` builds from a config)."""
+    order. Build one from a corpus name with
+    [`from_corpus`][experiments.training.datamodule.LMDataModule.from_corpus]; with ``data=None``
+    the module loads ``config``'s corpus itself (what ``LightningCLI`` builds from a config)."""
 
     def __init__(
         self,
@@ -132,10 +134,11 @@ class LMDataModule(FollowsTrainer, *lightning_bases("LightningDataModule")):  # 
     ) -> LMDataModule:
         """Load corpus ``name`` (grammar, ptb, wikitext2, ...), build its tokenizer, encode it.
 
-        ``options`` are further :class:`DataConfig` fields (``batching``, ``eval_window``,
-        ``eval_batch_size``, ``download``, ...); ``corpus_seed`` generates the grammar corpus,
-        ``seed`` orders the training batches, ``val_batches`` caps validation batches. The
-        model's vocabulary size is :attr:`vocab_size`.
+        ``options`` are further [`DataConfig`][experiments.training.config.DataConfig] fields
+        (``batching``, ``eval_window``, ``eval_batch_size``, ``download``, ...); ``corpus_seed``
+        generates the grammar corpus, ``seed`` orders the training batches, ``val_batches`` caps
+        validation batches. The model's vocabulary size is
+        [`vocab_size`][experiments.training.datamodule.LMDataModule.vocab_size].
         """
         valid = [f.name for f in dataclasses.fields(DataConfig) if f.name != "seed"]
         unknown = sorted(set(options) - set(valid))

@@ -19,7 +19,7 @@ MATMUL_PRECISIONS = ("highest", "high", "medium")
 
 @contextmanager
 def matmul_precision(precision: str) -> Iterator[None]:
-    """Run the body under ``precision`` (:data:`MATMUL_PRECISIONS`) for float32 matrix
+    """Run the body under ``precision`` (``MATMUL_PRECISIONS``) for float32 matrix
     products and cuDNN, restoring the process's settings afterwards."""
     before = torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32
     torch.set_float32_matmul_precision(precision)

@@ -21,7 +21,7 @@ LOGGERS = ("csv", "tensorboard", "wandb")
 def build_loggers(
     names: list[str], run_dir: Path, run_name: str, keep_csv_before: int | None = None
 ) -> list[Logger]:
-    """One Lightning logger per name in ``names`` (see :data:`LOGGERS`); a resumed run's CSV
+    """One Lightning logger per name in ``names`` (see ``LOGGERS``); a resumed run's CSV
     keeps its rows logged before step ``keep_csv_before``."""
     from experiments.training.runs import HistoryCSVLogger
 

@@ -7,11 +7,11 @@ score them in fp32 (``F.cross_entropy(logits.float(), ...)``) materialises an fp
 all ``N x V`` logits, then the log-softmax, then in backward the one-hot fill, the
 log-softmax gradient and a cast of it back to bf16: seven passes over ``N x V`` memory,
 about half of a bf16 training step of a 10k-word model on a CPU.
-:func:`chunked_cross_entropy` computes the same fp32 arithmetic (log-sum-exp per row;
+``chunked_cross_entropy`` computes the same fp32 arithmetic (log-sum-exp per row;
 gradient ``softmax - onehot``) on blocks of rows that stay in cache, keeping only the
 per-row log-sum-exp between forward and backward.
 
-:func:`linear_cross_entropy` goes one step further (the fused linear + cross-entropy of
+``linear_cross_entropy`` goes one step further (the fused linear + cross-entropy of
 Liger Kernel and of "cut cross-entropy", Wijmans et al. 2024): from the final hidden states
 and the output layer's weights it forms the low-precision logits in one matrix product,
 then for each block of rows, in fp32 while the block is in cache, the softmax (one
@@ -25,8 +25,8 @@ never computed.
 Both are tuned for a CPU, where a Python loop over blocks costs little next to the
 arithmetic; on a GPU the same loops launch small kernels by the thousand (about 1,700 aten
 ops forward and backward for 4,096 rows, against 16 for ``F.cross_entropy``).
-:func:`loss_path` chooses by device type and dtype: the blocked paths on the CPU, PyTorch's
-own ``F.cross_entropy`` on the logits (:func:`cross_entropy_nll`) on CUDA and every other
+``loss_path`` chooses by device type and dtype: the blocked paths on the CPU, PyTorch's
+own ``F.cross_entropy`` on the logits (``cross_entropy_nll``) on CUDA and every other
 device.
 """
 
@@ -46,9 +46,9 @@ LOG2E, LN2 = 1.4426950408889634, 0.6931471805599453
 LOW_PRECISION = (torch.bfloat16, torch.float16)
 
 LossPath = Literal["blocked", "cross_entropy"]
-"""``blocked``: the CPU's paths in blocks of rows (:func:`linear_cross_entropy` where the
-model exposes its output layer and the batch allows, else :func:`chunked_cross_entropy`);
-``cross_entropy``: ``F.cross_entropy`` on fp32 logits (:func:`cross_entropy_nll`)."""
+"""``blocked``: the CPU's paths in blocks of rows (``linear_cross_entropy`` where the
+model exposes its output layer and the batch allows, else ``chunked_cross_entropy``);
+``cross_entropy``: ``F.cross_entropy`` on fp32 logits (``cross_entropy_nll``)."""
 
 
 def loss_path(device_type: str, dtype: torch.dtype | None) -> LossPath:
@@ -195,9 +195,9 @@ def fused_loss_dtype(
     model: Any, tokens: torch.Tensor, mask: torch.Tensor | None, label_smoothing: float
 ) -> torch.dtype | None:
     """The low precision of autocast when a training loss of ``model`` on ``tokens`` can
-    fuse the output layer (:func:`features_training_nll`): a mixed-precision region, a model
-    exposing ``features`` and ``output_layer`` (:mod:`odelm.contract`), an unmasked batch,
-    no label smoothing, on a device whose :func:`loss_path` is ``blocked`` (the CPU). None
+    fuse the output layer (``features_training_nll``): a mixed-precision region, a model
+    exposing ``features`` and ``output_layer`` ([`odelm.contract`][odelm.contract]), an unmasked
+    batch, no label smoothing, on a device whose ``loss_path`` is ``blocked`` (the CPU). None
     otherwise: full-precision training and GPUs are not touched."""
     device = tokens.device.type
     if mask is not None or label_smoothing or not torch.is_autocast_enabled(device):
@@ -215,7 +215,7 @@ def fused_training_nll(
     model: Any, tokens: torch.Tensor, dtype: torch.dtype
 ) -> tuple[torch.Tensor, dict[str, Any]]:
     """The mean next-token NLL of ``model`` on an unmasked batch by
-    :func:`features_training_nll`, and ``aux``. An exactly causal model runs on
+    ``features_training_nll``, and ``aux``. An exactly causal model runs on
     ``tokens[:, :-1]``: the last position predicts nothing, and no earlier state depends
     on it (under mixed precision only; fp32 training keeps its dropout stream)."""
     exact = getattr(model, "exactly_causal", getattr(model, "is_causal", False))
@@ -226,8 +226,8 @@ def fused_training_nll(
 def features_training_nll(
     hidden: torch.Tensor, output_layer: torch.nn.Linear, tokens: torch.Tensor, dtype: torch.dtype
 ) -> torch.Tensor:
-    """:func:`training_nll` of ``output_layer(hidden)`` for an unmasked batch, by
-    :func:`linear_cross_entropy` (``hidden [B, T or T - 1, D]``; the last position of a
+    """``training_nll`` of ``output_layer(hidden)`` for an unmasked batch, by
+    ``linear_cross_entropy`` (``hidden [B, T or T - 1, D]``; the last position of a
     full-length ``hidden`` predicts nothing and is left out)."""
     if hidden.shape[1] == tokens.shape[1]:
         hidden = hidden[:, :-1]
@@ -239,13 +239,13 @@ def features_training_nll(
 def training_nll(
     logits: torch.Tensor, tokens: torch.Tensor, mask: torch.Tensor | None, label_smoothing: float
 ) -> torch.Tensor:
-    """The mean next-token NLL of :func:`lm_nll`. Where the logits cover every position
+    """The mean next-token NLL of ``lm_nll``. Where the logits cover every position
     of an unmasked batch, the last position (which predicts nothing) is ignored instead of
     sliced off: no copy of the logits forward or backward, the same gradients bit for bit
     (the loss value may differ in its last bit, a different summation). Low-precision
     logits (mixed precision) on the CPU are scored in fp32 blocks of rows
-    (:func:`chunked_cross_entropy`); elsewhere by :func:`cross_entropy_nll`
-    (:func:`loss_path`)."""
+    (``chunked_cross_entropy``); elsewhere by ``cross_entropy_nll``
+    (``loss_path``)."""
     length = tokens.shape[1]
     if mask is not None or logits.shape[1] not in (length, length - 1):
         loss, _ = lm_nll(logits, tokens, mask, reduction="mean", label_smoothing=label_smoothing)
@@ -264,7 +264,7 @@ def cross_entropy_nll(
     predictions: torch.Tensor, targets: torch.Tensor, label_smoothing: float = 0.0
 ) -> torch.Tensor:
     """PyTorch's ``F.cross_entropy`` of ``predictions [N, V]`` in fp32 (mean over the rows
-    whose target is not :data:`IGNORE_INDEX`): the ``cross_entropy`` :func:`loss_path`."""
+    whose target is not ``IGNORE_INDEX``): the ``cross_entropy`` ``loss_path``."""
     return F.cross_entropy(
         predictions.float(), targets, ignore_index=IGNORE_INDEX, label_smoothing=label_smoothing
     )

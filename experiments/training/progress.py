@@ -1,14 +1,14 @@
 """Progress of the runs a grid has in flight: what each training process reports, and the
 status lines ``odelm compare`` shows.
 
-Every training process keeps ``RUN/logs/progress.json`` up to date (:class:`ProgressFile`, a
-Lightning callback; at most one write per :data:`WRITE_EVERY_S` seconds, and at each
+Every training process keeps ``RUN/logs/progress.json`` up to date (``ProgressFile``, a
+Lightning callback; at most one write per ``WRITE_EVERY_S`` seconds, and at each
 validation and at the end of training): its step and step budget, tokens per second, steps
 per second, the last validation perplexity and its phase. The file is plain JSON written
 atomically, so the process that launched the run reads it wherever the run trains (a
 shared filesystem) and never needs the trainer's objects.
 
-:class:`ProgressBoard` shows one line per run in flight (:func:`status_line`): redrawn in
+``ProgressBoard`` shows one line per run in flight (``status_line``): redrawn in
 place on a terminal, printed as plain lines every ``every`` seconds otherwise (a log file
 grows by one line per run per interval, however long the runs take).
 """

@@ -1,15 +1,15 @@
 """What odelm may write and delete: run names, folder markers, the run lock, file checksums.
 
-A run's name is one folder name of safe characters (:func:`check_run_name`), so a run
+A run's name is one folder name of safe characters (``check_run_name``), so a run
 stays inside ``out_dir``. Every folder odelm makes for a run (or a comparison) carries a
-marker file (:data:`RUN_MARKER`, :data:`COMPARISON_MARKER`) saying odelm wrote it; a
+marker file (``RUN_MARKER``, ``COMPARISON_MARKER``) saying odelm wrote it; a
 non-empty folder without one is never written into, and ``--overwrite`` deletes only the
-names odelm makes in a marked run folder (:data:`RUN_FILES`), never other files.
+names odelm makes in a marked run folder (``RUN_FILES``), never other files.
 
 While a process trains in a run folder it holds an exclusive ``flock`` on
-:data:`LOCK_FILE` (released by the kernel when the process ends, however it ends); a second
-process gets :class:`RunInUseError` naming the holder's PID. The run marker also records
-the SHA-256 of the files a finished run is loaded from, which :func:`verify_run_files`
+``LOCK_FILE`` (released by the kernel when the process ends, however it ends); a second
+process gets ``RunInUseError`` naming the holder's PID. The run marker also records
+the SHA-256 of the files a finished run is loaded from, which ``verify_run_files``
 checks on load.
 """
 
@@ -127,7 +127,7 @@ def claim_folder(folder: Path, marker: str, kind: str) -> None:
 
 
 def clear_run(run_dir: Path) -> None:
-    """Delete what odelm made in a marked run folder (:data:`RUN_FILES`) and nothing else."""
+    """Delete what odelm made in a marked run folder (``RUN_FILES``) and nothing else."""
     check_not_foreign(run_dir)
     if not run_dir.is_dir():
         return
@@ -141,7 +141,7 @@ def clear_run(run_dir: Path) -> None:
 
 
 def process_rank() -> int:
-    """This process's rank in a distributed run, read from :data:`RANK_VARIABLES` (the largest
+    """This process's rank in a distributed run, read from ``RANK_VARIABLES`` (the largest
     one set; 0 in the main process and outside a distributed run)."""
     ranks = [0]
     for key in RANK_VARIABLES:
@@ -166,7 +166,7 @@ def is_worker_process() -> bool:
 
 @contextmanager
 def run_lock(run_dir: Path) -> Iterator[None]:
-    """Hold the run folder's lock, or raise :class:`RunInUseError` naming the holder."""
+    """Hold the run folder's lock, or raise ``RunInUseError`` naming the holder."""
     if is_worker_process():
         yield
         return
@@ -197,7 +197,7 @@ def run_lock(run_dir: Path) -> Iterator[None]:
 @contextmanager
 def claimed_run(run_dir: Path, *, overwrite: bool = False) -> Iterator[None]:
     """Mark ``run_dir`` as a run folder and hold its lock; ``overwrite`` first clears what
-    odelm made there (:func:`clear_run`). In a distributed run only global rank 0 does."""
+    odelm made there (``clear_run``). In a distributed run only global rank 0 does."""
     if not is_worker_process():
         claim_folder(run_dir, RUN_MARKER, "run")
     with run_lock(run_dir):

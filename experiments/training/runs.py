@@ -3,11 +3,11 @@
 A run directory is made by one config. ``config.yaml`` records it and ``result.json`` its
 SHA-256 (``config_sha256``). Training again under the same name resumes only when the
 config is the same; a different one is refused with the keys that differ
-(:class:`RunConfigChangedError`), unless the caller overwrites the run. A run that never
+(``RunConfigChangedError``), unless the caller overwrites the run. A run that never
 got to a checkpoint or a result (e.g. a first attempt that failed) holds nothing to keep:
 its config may change freely.
 
-Keys in :data:`IDENTITY_EXCLUDED` do not change what a run computes (where files live, how
+Keys in ``IDENTITY_EXCLUDED`` do not change what a run computes (where files live, how
 many CPU threads run it, whether a progress bar shows), so they are left out of the
 comparison and the hash: a run may be moved, or resumed with another thread count.
 
@@ -58,7 +58,7 @@ IDENTITY_ADDED = {
 """Keys added after runs were made, left out of the identity at these values (the old
 behaviour), so a run made before them keeps its hash and resumes. A run folder's
 ``config.yaml`` written before ``data.order`` existed reads as ``order: 1``
-(:func:`experiments.training.config.load_run_config`)."""
+(``experiments.training.config.load_run_config``)."""
 
 
 class RunConfigChangedError(OdelmError, ValueError):

@@ -1,8 +1,8 @@
 """What the speed benchmarks share: the models, the library's training step, alternating
 timing, and the machine's matrix-product peak (the denominator of model FLOPs utilisation).
 
-The benchmarks (:mod:`benchmarks.training_speed`) time the library's own training step
-(:class:`TrainingStep`: the task's loss under Lightning's precision plugin, backward,
+The benchmarks (``benchmarks.training_speed``) time the library's own training step
+(``TrainingStep``: the task's loss under Lightning's precision plugin, backward,
 gradient clipping, the optimizer) on fixed random 20 x 35 batches with a 10k vocabulary,
 one thread unless ``ODELM_BENCH_THREADS`` says otherwise. Configurations are timed in one
 process, alternating which goes first, and medians are reported, so a machine whose load
@@ -108,7 +108,7 @@ def batches(count: int, seed: int = 0) -> list[torch.Tensor]:
 def build_task(
     name: str, optim: OptimConfig = SGD, seed: int = 0, *, compile: bool = False
 ) -> LMTask:
-    """The training task of :data:`SPEED_MODELS` ``name`` (seeded initialisation)."""
+    """The training task of ``SPEED_MODELS`` ``name`` (seeded initialisation)."""
     torch.manual_seed(seed)
     return LMTask(build_model(SPEED_MODELS[name], VOCAB), optim, compile=compile).train()
 
@@ -140,7 +140,7 @@ def alternate(
     calls: dict[str, Callable[[], Any]], rounds: int, warmup: int = 1
 ) -> dict[str, float]:
     """Median seconds of each call over ``rounds`` rounds, alternating which goes first
-    (each call runs ``warmup`` times untimed before): :mod:`odelm.timing`'s medians."""
+    (each call runs ``warmup`` times untimed before): [`odelm.timing`][odelm.timing]'s medians."""
     return medians(alternating(calls, rounds, warmup=warmup))
 
 
@@ -174,7 +174,7 @@ def _peak_operands(dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def matmul_gflops(dtype: torch.dtype, repeats: int = 10) -> float:
-    """GFLOP/s of ``torch.matmul`` at :data:`PEAK_SHAPE` in ``dtype`` at the current thread
+    """GFLOP/s of ``torch.matmul`` at ``PEAK_SHAPE`` in ``dtype`` at the current thread
     count (median of ``repeats``)."""
     a, b = _peak_operands(dtype)
     seconds = alternate({"matmul": lambda: torch.matmul(a, b)}, repeats, warmup=2)["matmul"]
@@ -197,7 +197,7 @@ def peak_gflops(precision: str = "32-true", threads: int | None = None) -> float
 
 
 def peak_gflops_per_cpu_second(precision: str = "32-true", repeats: int = 10) -> float:
-    """The matrix-product peak per second of CPU time (one thread, :data:`PEAK_SHAPE`, the
+    """The matrix-product peak per second of CPU time (one thread, ``PEAK_SHAPE``, the
     fastest of ``repeats``), measured once per process.
 
     CPU time, unlike wall time, does not count the time other processes hold the core, so

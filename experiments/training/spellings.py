@@ -3,14 +3,14 @@
 Lightning ships the same code as two packages whose classes are distinct:
 ``lightning.Trainer`` refuses a ``pytorch_lightning.LightningModule`` (``TypeError: model
 must be a LightningModule``) and the other way round. ``LMTask`` and ``LMDataModule``
-derive from the class of every installed spelling (:func:`lightning_bases`), so either
+derive from the class of every installed spelling (``lightning_bases``), so either
 Trainer accepts them. Which hooks a module overrides, Lightning decides by comparing its
 methods with those of its own base class; so when a trainer attaches itself
-(``module.trainer = trainer``), :class:`FollowsTrainer` moves the object to a twin of its
+(``module.trainer = trainer``), ``FollowsTrainer`` moves the object to a twin of its
 class whose method order puts that trainer's spelling first. A twin is a subclass of the
 class (``isinstance``, ``super()`` and pickling by name keep working) and adds nothing.
 
-:func:`step_progress_bar` makes the trainer's progress bar count steps when the budget is
+``step_progress_bar`` makes the trainer's progress bar count steps when the budget is
 in steps (Lightning's Rich bar reads ``Epoch 0/-2`` there).
 """
 

@@ -2,9 +2,10 @@
 
 ``LMTask`` holds the model, the loss, the optimizer and schedule, and what is logged each
 step (loss, perplexity, NFE, gradient norm per block, tokens per second). Its data comes
-from :class:`experiments.training.datamodule.LMDataModule`, which serves BPTT windows or padded
-sentence batches in a seeded order that depends only on the seed and the step, so a run
-resumed from a checkpoint sees exactly the batches the uninterrupted run would have seen.
+from [`experiments.training.datamodule.LMDataModule`][experiments.training.datamodule.LMDataModule],
+which serves BPTT windows or padded sentence batches in a seeded order that depends only on the seed
+and the step, so a run resumed from a checkpoint sees exactly the batches the uninterrupted run
+would have seen.
 """
 
 from __future__ import annotations
@@ -41,10 +42,10 @@ class LMTask(FollowsTrainer, *lightning_bases("LightningModule")):  # type: igno
     """Trains a contract model with next-token cross-entropy.
 
     ``model`` is a model, or the ``{"architecture", "config"}`` dict of a model that
-    saves itself (:class:`odelm.pretrained.PretrainedMixin`); ``optim`` an
-    :class:`OptimConfig` or its dict. Both are saved as hyperparameters, so
-    ``LMTask.load_from_checkpoint(path)`` rebuilds the task from a checkpoint alone (pass
-    ``model=...`` for a model class without ``save_pretrained``).
+    saves itself ([`odelm.pretrained.PretrainedMixin`][odelm.pretrained.PretrainedMixin]); ``optim``
+    an [`OptimConfig`][experiments.training.config.OptimConfig] or its dict. Both are saved as
+    hyperparameters, so ``LMTask.load_from_checkpoint(path)`` rebuilds the task from a checkpoint
+    alone (pass ``model=...`` for a model class without ``save_pretrained``).
 
     With ``stateful=True`` the model must support the stateful extension of the contract:
     training carries its state across the ``StreamWindow`` batches (reset at each epoch's
@@ -247,7 +248,7 @@ class LMTask(FollowsTrainer, *lightning_bases("LightningModule")):  # type: igno
     @classmethod
     def load_from_checkpoint(cls, checkpoint_path: Any, *args: Any, **kwargs: Any) -> LMTask:  # type: ignore[override]
         """Lightning's loader, always weights-only: reading a checkpoint runs no code, and a
-        file that would need pickle is refused (:func:`read_checkpoint`)."""
+        file that would need pickle is refused (``read_checkpoint``)."""
         from experiments.training.checkpoints import read_checkpoint
 
         read_checkpoint(checkpoint_path)

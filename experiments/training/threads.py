@@ -30,7 +30,7 @@ def usable_cpus() -> set[int]:
 
 
 def available_cores() -> int:
-    """Physical cores among :func:`usable_cpus` (hyperthreads share one), capped by a
+    """Physical cores among ``usable_cpus`` (hyperthreads share one), capped by a
     cgroup CPU quota when one is set; the logical count where the topology is unreadable."""
     cpus = usable_cpus()
     cores: set[tuple[str, str]] = set()
@@ -78,7 +78,7 @@ def default_threads(runs: int = 1) -> int:
 
 def set_threads(requested: int | None, runs: int = 1) -> int:
     """Set torch's CPU threads to ``requested`` (``--num-threads``), else to
-    :func:`default_threads` and say so on stderr (stdout stays the command's output)."""
+    ``default_threads`` and say so on stderr (stdout stays the command's output)."""
     if requested:
         torch.set_num_threads(requested)
         return requested

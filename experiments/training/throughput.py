@@ -1,5 +1,5 @@
 """What a run measures of its machine: training throughput and model FLOPs utilisation
-(:class:`ThroughputMeter`), and peak memory (:func:`peak_memory_mb`)."""
+(``ThroughputMeter``), and peak memory (``peak_memory_mb``)."""
 
 from __future__ import annotations
 
@@ -20,9 +20,9 @@ class ThroughputMeter(Callback):
     """Training tokens per second, logged per step and summed over the run (a resumed
     run's sums travel in the checkpoints); on CPU also the model FLOPs utilisation
     (``train/mfu``): 3 x the forward FLOPs per token of the first training batch
-    (:func:`experiments.evaluation.flops.forward_flops_per_token`) per second of the
+    (``experiments.evaluation.flops.forward_flops_per_token``) per second of the
     training's CPU time, over the matrix-product peak per CPU-second at the run's precision
-    (:func:`experiments.training.speed.peak_gflops_per_cpu_second`). Both count CPU time, so
+    (``experiments.training.speed.peak_gflops_per_cpu_second``). Both count CPU time, so
     other processes change neither; on an idle machine it is the wall-clock utilisation.
     """
 

@@ -10,9 +10,9 @@ config's hash). A run whose ``result.json`` exists is finished; one with a ``las
 resumes from it; either is reused only under the config it was made with
 (``experiments.training.runs``).
 
-``train`` is in parts: :func:`build_trainer` (the Lightning trainer and the callbacks the
-result reads), :func:`fit`, :func:`select_weights` (best, averaged or last weights), then
-:func:`experiments.evaluation.evaluate.evaluate` and the result written atomically.
+``train`` is in parts: ``build_trainer`` (the Lightning trainer and the callbacks the
+result reads), ``fit``, ``select_weights`` (best, averaged or last weights), then
+``experiments.evaluation.evaluate.evaluate`` and the result written atomically.
 """
 
 from __future__ import annotations
@@ -291,7 +291,7 @@ def fit(
 def lightning_settings(
     rejected: tuple[type[Exception], ...] = (MisconfigurationException,),
 ) -> Iterator[None]:
-    """Lightning's own configuration errors (``rejected``) as :class:`TrainerSettingsError`;
+    """Lightning's own configuration errors (``rejected``) as ``TrainerSettingsError``;
     its warnings that say nothing about the run silenced."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*does not have many workers.*")

@@ -1,7 +1,8 @@
-"""The solver options, spelled once in :class:`SolverConfig` and validated on construction.
+"""The solver options, spelled once in [`SolverConfig`][neuralode_lm.SolverConfig] and validated on
+construction.
 
 Also the facade's two rules that hold for every backend: the default step cap
-(:data:`DEFAULT_MAX_NUM_STEPS`) and the fixed-grid readout rule (:func:`fixed_grid`).
+(``DEFAULT_MAX_NUM_STEPS``) and the fixed-grid readout rule (``fixed_grid``).
 """
 
 from __future__ import annotations
@@ -28,8 +29,8 @@ __all__ = [
 ]
 
 FIXED_METHODS = frozenset({"euler", "midpoint", "rk4", "rk4_38"})
-"""Fixed-grid names of the one vocabulary (:data:`ode_transformer.TABLEAUX`): ``rk4`` is the
-classic RK4 on every backend, ``rk4_38`` the 3/8 rule (torchdiffeq's own ``rk4``)."""
+"""Fixed-grid names of the one vocabulary ([`ode_transformer.TABLEAUX`][ode_transformer.TABLEAUX]):
+``rk4`` is the classic RK4 on every backend, ``rk4_38`` the 3/8 rule (torchdiffeq's own ``rk4``)."""
 ADAPTIVE_METHODS = frozenset({"dopri5", "dopri8", "bosh3", "adaptive_heun", "fehlberg2", "tsit5"})
 
 # The facade's method names each backend offers (adapters translate the few that differ).
@@ -60,7 +61,7 @@ class SolverConfig:
     Attributes:
         method: dopri5, dopri8, bosh3, adaptive_heun, fehlberg2, tsit5 (adaptive) or
             euler, midpoint, rk4 (classic), rk4_38 (3/8 rule) (fixed grid, need
-            ``step_size``); backends offer subsets (:data:`BACKEND_METHODS`).
+            ``step_size``); backends offer subsets (``BACKEND_METHODS``).
         rtol, atol: tolerances of adaptive methods (positive).
         adjoint: False for direct backpropagation, True (or "backsolve") for the adjoint
             method, "interpolated" for TorchDyn's interpolated adjoint.
@@ -68,14 +69,14 @@ class SolverConfig:
             step size of every row of ``y0.reshape(-1, D)`` separately and calls the field
             with ``s`` of shape ``y0.shape[:-1]``; the others share one step size and a
             scalar ``s``.
-        step_size: the longest step of fixed-grid methods; see :func:`fixed_grid`.
+        step_size: the longest step of fixed-grid methods; see ``fixed_grid``.
         max_num_steps: the most steps (accepted and rejected) one solve may take, default
-            :data:`DEFAULT_MAX_NUM_STEPS`; beyond it :class:`MaxStepsExceeded` is raised with
-            the NFE and last step size. ``None`` removes the cap.
+            ``DEFAULT_MAX_NUM_STEPS``; beyond it [`MaxStepsExceeded`][neuralode_lm.MaxStepsExceeded]
+            is raised with the NFE and last step size. ``None`` removes the cap.
         adjoint_method, adjoint_rtol, adjoint_atol: options of the backward solve
             (default: those of the forward solve).
         adjoint_norm: the backward solve's error norm, ``"mixed"`` (torchdiffeq's default)
-            or ``"seminorm"`` (:data:`ADJOINT_NORMS`; torchdiffeq's adjoint with an
+            or ``"seminorm"`` (``ADJOINT_NORMS``; torchdiffeq's adjoint with an
             adaptive method only).
     """
 
@@ -169,7 +170,7 @@ def _time_ulp(t: torch.Tensor) -> float:
 
 def _interval_steps(start: torch.Tensor, end: torch.Tensor, step_size: float, ulp: float) -> int:
     """The fewest equal steps no longer than ``step_size`` (up to rounding, see
-    :func:`fixed_grid`) from ``start`` to ``end``."""
+    ``fixed_grid``) from ``start`` to ``end``."""
     ratio = abs(float(end - start)) / step_size  # the adjoint's backward solve runs t1 -> t0
     slack = min(0.1, max(1e-12 * ratio, 2 * (1 + ratio) * ulp / step_size))
     return max(1, math.ceil(ratio - slack))

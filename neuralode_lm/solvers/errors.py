@@ -20,7 +20,7 @@ class SolverConfigError(OdelmError, ValueError):
 
 
 class UnknownSolverOptionError(SolverConfigError, TypeError):
-    """A solver option name that :class:`SolverConfig` does not have."""
+    """A solver option name that [`SolverConfig`][neuralode_lm.SolverConfig] does not have."""
 
 
 class FieldOutputError(OdelmError, ValueError):

@@ -34,23 +34,24 @@ def solve(
 
     Defaults differ from ``torchdiffeq.odeint``: rtol 1e-3 / atol 1e-4 (torchdiffeq: 1e-7 /
     1e-9), tolerances for training language models rather than for reference solutions, and
-    a step cap of :data:`DEFAULT_MAX_NUM_STEPS`. :func:`odeint` has torchdiffeq's signature
-    and defaults.
+    a step cap of ``DEFAULT_MAX_NUM_STEPS``. [`odeint`][neuralode_lm.odeint] has torchdiffeq's
+    signature and defaults.
 
     Args:
         field: an ``nn.Module`` (or callable) ``field(s, z) -> dz/ds`` of ``z``'s shape; the
             adjoint needs an ``nn.Module`` so that it can find the parameters.
         y0: the initial state, any shape ``[..., D]``.
         t: strictly increasing times ``[t0, ..., t1]`` (a number ``S`` means ``[0, S]``).
-        config: a :class:`SolverConfig` (or a dict of its options, or None for defaults).
-        options: single :class:`SolverConfig` options (``method``, ``rtol``, ``atol``,
-            ``adjoint``, ``backend``, ``step_size``, ``max_num_steps``, ...) overriding
-            ``config``'s; see :class:`SolverConfig` for their meaning.
+        config: a [`SolverConfig`][neuralode_lm.SolverConfig] (or a dict of its options, or None for
+            defaults).
+        options: single [`SolverConfig`][neuralode_lm.SolverConfig] options (``method``, ``rtol``,
+            ``atol``, ``adjoint``, ``backend``, ``step_size``, ``max_num_steps``, ...) overriding
+            ``config``'s; see [`SolverConfig`][neuralode_lm.SolverConfig] for their meaning.
 
     Returns:
-        ``states`` of shape ``[len(t), *y0.shape]`` and the solve's :class:`SolverStats`
-        (``nfe_backward`` is filled in by the backward pass). Fixed-grid methods step onto
-        every time in ``t`` (:func:`~neuralode_lm.solvers.config.fixed_grid`); adaptive
+        ``states`` of shape ``[len(t), *y0.shape]`` and the solve's
+        [`SolverStats`][neuralode_lm.SolverStats] (``nfe_backward`` is filled in by the backward
+        pass). Fixed-grid methods step onto every time in ``t`` (``fixed_grid``); adaptive
         methods read out at ``t`` as the backend does (to within the tolerances).
 
     Raises:
@@ -111,10 +112,11 @@ def odeint(
     adjoint: bool | str = False,
     return_stats: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, SolverStats]:
-    """``torchdiffeq.odeint``'s signature and defaults over :func:`solve`'s backends.
+    """``torchdiffeq.odeint``'s signature and defaults over [`solve`][neuralode_lm.solve]'s
+    backends.
 
-    Returns the states ``[len(t), *y0.shape]`` (and the :class:`SolverStats` with
-    ``return_stats=True``). ``method=None`` is dopri5; ``options`` takes torchdiffeq's
+    Returns the states ``[len(t), *y0.shape]`` (and the [`SolverStats`][neuralode_lm.SolverStats]
+    with ``return_stats=True``). ``method=None`` is dopri5; ``options`` takes torchdiffeq's
     ``step_size`` and ``max_num_steps`` (no step cap unless given, as in torchdiffeq); a
     fixed-grid method without ``step_size`` steps onto the times ``t``, as torchdiffeq's
     does. Unlike torchdiffeq, ``y0`` is one tensor and ``t`` strictly increasing;

@@ -1,9 +1,9 @@
 """What the facade watches during a solve: evaluations, steps, the step cap, bad values.
 
-Every backend adapter reports to one :class:`StepMonitor` through the same three calls:
-:meth:`~StepMonitor.on_step` before each step, :meth:`~StepMonitor.record_outcome` when
-a step is accepted or rejected (or :meth:`~StepMonitor.set_step_counts` once, where the
-backend counts them), and the :class:`MonitoredField` reports each evaluation.
+Every backend adapter reports to one ``StepMonitor`` through the same three calls:
+``on_step`` before each step, ``record_outcome`` when
+a step is accepted or rejected (or ``set_step_counts`` once, where the
+backend counts them), and the ``MonitoredField`` reports each evaluation.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Method names are the library's: torchdiffeq's own ``rk4`` is the 3/8 rule, so the facade's
 ``rk4`` (the classic RK4) steps through the library's RK core, registered with torchdiffeq
-under :data:`CLASSIC_RK4`, and the facade's ``rk4_38`` is torchdiffeq's ``rk4``.
+under ``CLASSIC_RK4``, and the facade's ``rk4_38`` is torchdiffeq's ``rk4``.
 """
 
 from __future__ import annotations
