@@ -52,7 +52,7 @@ def cmd_eval(args: Namespace) -> int:
 
     given = {field.name: getattr(args, field.name) for field in dataclasses.fields(EvalConfig)}
     EvalSettings().with_overrides(flags=True, **given)  # checked before the run loads
-    run = load_run(args.run)
+    run = load_run(args.run, device=args.device)
     overrides = {"data_dir": args.data_dir} if args.data_dir else {}
     data = run.data(allow_changed_data=args.allow_changed_data, **overrides)
     set_threads(args.num_threads)  # once the run and its data load: an error stays one line
@@ -70,7 +70,7 @@ def cmd_generate(args: Namespace) -> int:
 
     if args.num_threads is not None:
         torch.set_num_threads(args.num_threads)
-    run = load_run(args.run)
+    run = load_run(args.run, device=args.device)
     if args.strategy == "beam":  # the memory bound needs the model's vocabulary
         length = len(run.encode(args.prompt)) + 1 + args.max_new_tokens
         check_beam_memory(run.model, args.num_beams, 1, length, "--num-beams")
@@ -133,6 +133,13 @@ def eval_parser() -> Parser:
         action="store_true",
         help="score splits that differ from those the run recorded (data_sha256)",
     )
+    parser.add_argument(
+        "--device",
+        type=values.device,
+        default="cpu",
+        help="where the model runs: cpu, auto (cuda when a GPU is visible, else cpu), cuda "
+        "or cuda:N",
+    )
     parser.add_argument("--json", action="store_true", help="one JSON object instead of lines")
     return parser
 
@@ -191,5 +198,12 @@ def generate_parser() -> Parser:
         "--num-threads",
         type=values.threads,
         help="torch CPU threads, 1..this machine's CPUs (default: torch's choice)",
+    )
+    parser.add_argument(
+        "--device",
+        type=values.device,
+        default="cpu",
+        help="where the model runs: cpu, auto (cuda when a GPU is visible, else cpu), cuda "
+        "or cuda:N",
     )
     return parser

@@ -80,3 +80,14 @@ beams = _typed("beams", "--num-beams", _integer, _check_positive)
 """``--num-beams``: at least 1 (its memory bound needs the model: checked once it loads)."""
 folder = _typed("folder", "--out", str, _check_folder)
 """``--out``: a folder, made when missing; an existing file is refused."""
+
+
+def device(text: Any) -> str:
+    """``--device``: ``cpu``, ``auto`` (resolved here), ``cuda`` or ``cuda:N`` on a machine
+    that has it."""
+    from experiments.evaluation.devices import DeviceError, resolve_device
+
+    try:
+        return str(resolve_device(str(text)))
+    except DeviceError as error:
+        raise ArgumentTypeError("--device" + str(error).removeprefix("device")) from None

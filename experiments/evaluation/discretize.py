@@ -43,6 +43,7 @@ from experiments.evaluation.flops import forward_flops_per_token
 from neuralode_lm.depth_field import FixedGrid
 from neuralode_lm.solvers import solve
 from neuralode_lm.transformer import NODETransformerLM
+from odelm.contract import model_device
 from odelm.errors import OdelmError
 
 GRID_METHODS = ("euler", "midpoint", "rk3", "rk4")
@@ -170,9 +171,10 @@ def discretize(
     steps: list[int] | None = None,
     dtype: str = "float64",
     depth: bool = False,
+    device: str = "cpu",
 ) -> list[dict[str, Any]]:
     """The rows of the discretisation table for a finished run (with ``depth``, the rows
-    of the test-time depth curve too: ``depth_rows``)."""
+    of the test-time depth curve too: ``depth_rows``), evaluated on ``device``."""
     from experiments.evaluation.trained import load_run
 
     counts = [("--max-batches", max_batches), ("--batch-size", batch_size)]
@@ -180,7 +182,7 @@ def discretize(
         if value < 1:
             raise DiscretizeError(f"{flag} must be >= 1, got {value}")
 
-    run = load_run(run_dir)
+    run = load_run(run_dir, device=device)
     lm, data, config = run.model, run.data(), run.config
     lm = lm.to(getattr(torch, dtype)).eval()
     if isinstance(lm, NODETransformerLM):
@@ -197,7 +199,11 @@ def discretize(
         )
     window = window_length(model, config.data.eval_window)
     batching = replace(EvalSettings.from_config(config), window=window, batch_size=batch_size)
-    batches = evaluation_batches(data, "test", batching)[:max_batches]
+    where = model_device(model)
+    batches = [
+        (tokens.to(where), None if mask is None else mask.to(where))
+        for tokens, mask in evaluation_batches(data, "test", batching)[:max_batches]
+    ]
     trained = model.integration
     model.set_integration(REFERENCE)
     reference = _final_states(model, batches)
@@ -282,6 +288,7 @@ def cmd_discretize(args: Namespace) -> int:
         steps=args.steps,
         dtype=args.dtype,
         depth=args.plot,
+        device=args.device,
     )
     out = Path(args.out or Path(args.run) / "discretize")
     out.mkdir(parents=True, exist_ok=True)
@@ -326,5 +333,12 @@ def discretize_parser() -> Parser:
         "--num-threads",
         type=values.threads,
         help="torch CPU threads, 1..this machine's CPUs (default: torch's)",
+    )
+    parser.add_argument(
+        "--device",
+        type=values.device,
+        default="cpu",
+        help="where the model runs: cpu, auto (cuda when a GPU is visible, else cpu), cuda "
+        "or cuda:N",
     )
     return parser

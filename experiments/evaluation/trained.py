@@ -47,6 +47,7 @@ from experiments.data.tokenization import (
     encode_corpus,
     load_tokenizer,
 )
+from experiments.evaluation.devices import resolve_device
 from experiments.training.config import RunConfig, load_run_config
 from experiments.training.runfolder import COMPARISON_MARKER, verify_run_files
 from odelm.contract import model_device
@@ -308,7 +309,8 @@ def load_run(
 ) -> TrainedRun:
     """The model, tokenizer and config of a finished run, refusing a mismatched tokenizer.
 
-    The model is put on ``device`` (``map_location`` is its older name; ``device`` wins);
+    The model is put on ``device`` (``map_location`` is its older name; ``device`` wins;
+    ``"auto"``: CUDA when a GPU is visible, else the CPU);
     ``generate`` and ``evaluate`` then run there."""
     run_dir = Path(run_dir)
     missing = [
@@ -337,7 +339,8 @@ def load_run(
             f"{run_dir / TOKENIZER_FILE} has {tokenizer.vocab_size} tokens but the model's "
             f"vocabulary has {vocab}; restore the run's own tokenizer"
         )
-    model = load_pretrained(run_dir / MODEL_DIR).to(device or map_location)  # checked on CPU
+    where = resolve_device(device or map_location)  # auto: cuda when available
+    model = load_pretrained(run_dir / MODEL_DIR).to(where)  # checked on CPU
     return TrainedRun(model, tokenizer, load_run_config(run_dir / CONFIG_FILE), run_dir)
 
 

@@ -32,6 +32,10 @@ class StatefulDistributedError(OdelmError, ValueError):
     """Stateful batching was asked of a distributed run."""
 
 
+class TooFewBatchesError(OdelmError, ValueError):
+    """An evaluation split has fewer batches than a distributed run has processes."""
+
+
 class StreamWindow(NamedTuple):
     """A training window of ``batch_size`` contiguous streams, read in order (stateful)."""
 
@@ -226,5 +230,12 @@ class LMDataModule(FollowsTrainer, *lightning_bases("LightningDataModule")):  # 
             batches = batches[:limit]
         trainer = self.trainer
         if trainer is not None and trainer.world_size > 1:
+            if len(batches) < trainer.world_size:  # Lightning refuses a rank with no batch
+                what = "trainer.val_batches" if limit else f"the {split} split's batch count"
+                raise TooFewBatchesError(
+                    f"{what} ({len(batches)}) is below the number of processes "
+                    f"({trainer.world_size}), so a rank would get no {split} batch; "
+                    "raise trainer.val_batches or use fewer devices"
+                )
             batches = batches[trainer.global_rank :: trainer.world_size]
         return DataLoader(batches, batch_size=None)

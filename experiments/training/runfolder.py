@@ -25,6 +25,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from experiments.training.rankorder import rank_zero_first
 from odelm import __version__
 from odelm.errors import OdelmError
 from odelm.pretrained import file_sha256
@@ -197,12 +198,14 @@ def run_lock(run_dir: Path) -> Iterator[None]:
 @contextmanager
 def claimed_run(run_dir: Path, *, overwrite: bool = False) -> Iterator[None]:
     """Mark ``run_dir`` as a run folder and hold its lock; ``overwrite`` first clears what
-    odelm made there (``clear_run``). In a distributed run only global rank 0 does."""
+    odelm made there (``clear_run``). In a distributed run only global rank 0 does, and
+    the other ranks wait for it (``experiments.training.rankorder.rank_zero_first``)."""
     if not is_worker_process():
         claim_folder(run_dir, RUN_MARKER, "run")
     with run_lock(run_dir):
-        if overwrite and not is_worker_process():
-            clear_run(run_dir)
+        with rank_zero_first(run_dir, is_worker_process()):  # torchrun starts all ranks at once
+            if overwrite and not is_worker_process():
+                clear_run(run_dir)
         yield
 
 

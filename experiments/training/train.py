@@ -120,7 +120,8 @@ def train(
     run_dir = config.run_dir
     runfolder.check_run_name(config.name)
     check_threads(config.trainer.num_threads)  # the machine's, before the folder is made
-    runfolder.check_not_foreign(run_dir)
+    if not runfolder.is_worker_process():  # rank 0 may be making the folder meanwhile
+        runfolder.check_not_foreign(run_dir)
     check_writable(run_dir)
     with (
         runfolder.claimed_run(run_dir, overwrite=overwrite),
