@@ -32,6 +32,7 @@ CLI_ONLY = {
     "json": "print one JSON object: evaluate() returns that dict",
     "num_threads": "torch.set_num_threads(N) before the call",
     "run": "experiments.load_run(RUN) makes the TrainedRun",
+    "device": "experiments.load_run(RUN, device=...) puts the model there",
 }
 """Options that only the shell needs, with what a Python user does instead."""
 
