@@ -34,6 +34,7 @@ from typing import Any
 import yaml
 
 from experiments.comparison.compute import write_compute
+from experiments.comparison.gpus import run_gpus
 from experiments.comparison.launchers import Job, Launch, run_jobs
 from experiments.comparison.tables import SEED_NOISE, write_tables
 from experiments.comparison.tuning import apply_choices, run_tuning, tune_spec
@@ -349,6 +350,7 @@ def _prepare_run(plan: PlannedRun, out_dir: Path, label: str) -> Job | dict[str,
         progress=run_dir / PROGRESS_FILE,
         threads=config.trainer.num_threads or 1,
         cwd=os.getcwd(),
+        gpus=run_gpus(config.trainer.accelerator, config.trainer.devices),
     )
 
 

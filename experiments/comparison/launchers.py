@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from experiments.comparison.gpus import free_slot, job_env
 from experiments.training.threads import available_cores, busy_cores
 from odelm.errors import OdelmError
 
@@ -78,6 +79,7 @@ class Job:
     progress: Path
     threads: int
     cwd: str
+    gpus: int = 0  # GPUs one run trains on (experiments.comparison.gpus.run_gpus)
 
 
 def run_command(command: list[str], log: str, cwd: str) -> int:
@@ -183,9 +185,10 @@ def time_minutes(value: Any) -> int:
     return max(1, days * 1440 + hours * 60 + minutes + (seconds > 0))
 
 
-def slurm_parameters(slurm: dict[str, Any], threads: int) -> dict[str, Any]:
+def slurm_parameters(slurm: dict[str, Any], threads: int, gpus: int = 0) -> dict[str, Any]:
     """``AutoExecutor.update_parameters`` keywords from the grid's and the command line's
-    SLURM options (``SLURM_KEYS``)."""
+    SLURM options (``SLURM_KEYS``); a run on ``gpus`` GPUs gets them (unless
+    ``slurm.gpus`` says otherwise) and, on several, one task per GPU (Lightning's SLURM DDP)."""
     unknown = sorted(set(slurm) - set(SLURM_KEYS))
     if unknown:
         raise LauncherError(
@@ -203,8 +206,10 @@ def slurm_parameters(slurm: dict[str, Any], threads: int) -> dict[str, Any]:
         parameters["slurm_partition"] = str(slurm["partition"])
     if slurm.get("time") is not None:
         parameters["timeout_min"] = time_minutes(slurm["time"])
-    if slurm.get("gpus") is not None:
-        parameters["gpus_per_node"] = slurm["gpus"]
+    if slurm.get("gpus") is not None or gpus:
+        parameters["gpus_per_node"] = slurm["gpus"] if slurm.get("gpus") is not None else gpus
+    if gpus > 1:
+        parameters["tasks_per_node"] = gpus
     if slurm.get("mem") is not None:
         parameters["mem_gb"] = slurm["mem"]
     return parameters
@@ -214,19 +219,22 @@ class LocalLauncher:
     """Child processes on this machine."""
 
     def __init__(self) -> None:
-        self.children: list[tuple[subprocess.Popen, Any]] = []
+        self.children: list[tuple[subprocess.Popen, Any, int]] = []
 
     def start(self, job: Job) -> Any:
+        """Start ``job`` in the lowest free slot, with its own GPUs when several are visible."""
         job.log.parent.mkdir(parents=True, exist_ok=True)
         handle = job.log.open("w")
+        slot = free_slot({slot for child, _, slot in self.children if child.poll() is None})
         child = subprocess.Popen(
             job.command,
             cwd=job.cwd,
+            env=job_env(job.gpus, slot),
             stdout=handle,
             stderr=subprocess.STDOUT,
             preexec_fn=die_with_parent(os.getpid()),  # noqa: PLW1509 (no threads start children)
         )
-        self.children.append((child, handle))
+        self.children.append((child, handle, slot))
         return child
 
     def outcome(self, child: subprocess.Popen) -> tuple[int, str] | None:
@@ -234,7 +242,7 @@ class LocalLauncher:
         return None if status is None else (status, f"exit {status}")
 
     def close(self) -> None:
-        for child, handle in self.children:
+        for child, handle, _ in self.children:
             if child.poll() is None:
                 child.kill()
                 child.wait()
@@ -257,7 +265,7 @@ class SubmititLauncher:
         self.jobs: list[Any] = []
 
     def start(self, job: Job) -> Any:
-        parameters = slurm_parameters(self.slurm, job.threads)
+        parameters = slurm_parameters(self.slurm, job.threads, job.gpus)
         self.executor.update_parameters(name=f"odelm-{job.run}", **parameters)
         submitted = self.executor.submit(run_command, job.command, str(job.log), job.cwd)
         self.jobs.append(submitted)
@@ -283,7 +291,7 @@ class SubmititLauncher:
 
 
 class RayLauncher:
-    """One Ray task per run, ``num_cpus`` its threads."""
+    """One Ray task per run, ``num_cpus`` its threads (and ``num_gpus`` its GPUs)."""
 
     def __init__(self, address: str | None, cpus: int) -> None:
         try:
@@ -307,7 +315,9 @@ class RayLauncher:
         self.refs: list[Any] = []
 
     def start(self, job: Job) -> Any:
-        ref = self.task.options(num_cpus=job.threads).remote(job.command, str(job.log), job.cwd)
+        gpus = {"num_gpus": job.gpus} if job.gpus else {}
+        task = self.task.options(num_cpus=job.threads, **gpus)
+        ref = task.remote(job.command, str(job.log), job.cwd)
         self.refs.append(ref)
         return ref
 
