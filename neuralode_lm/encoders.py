@@ -222,6 +222,11 @@ class GPT2Encoder(nn.Module):
         self.freeze = freeze
         if freeze:
             self.model.requires_grad_(False)
+        elif self.layer < n_layer:
+            # The blocks above ``layer`` and the final norm never reach the output: frozen,
+            # so every trainable parameter gets a gradient (DDP's unused-parameter check).
+            for unused in (*self.model.h[self.layer :], self.model.ln_f):
+                unused.requires_grad_(False)
 
     @classmethod
     def from_pretrained(
