@@ -30,6 +30,7 @@ from experiments.training.recipes import (
     inverse_sqrt_lambda,
 )
 from experiments.training.spellings import FollowsTrainer, lightning_bases, step_progress_bar
+from neuralode_lm.solvers.monitor import loss_scaling
 from odelm.contract import call_model, check_stateful, detach_state
 from odelm.errors import OdelmError
 
@@ -159,6 +160,14 @@ class LMTask(FollowsTrainer, *lightning_bases("LightningModule")):  # type: igno
             if "nfe" in aux:
                 self.log("train/nfe", float(aux["nfe"]), prog_bar=True)
         return loss
+
+    def backward(self, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
+        """Lightning's backward; under a loss scaler (``16-mixed``) an adjoint's scaled
+        gradient that overflows skips the step instead of stopping the run
+        ([`loss_scaling`][neuralode_lm.solvers.monitor.loss_scaling])."""
+        scaler = getattr(self.trainer.precision_plugin, "scaler", None)
+        with loss_scaling(scaler is not None):
+            super().backward(loss, *args, **kwargs)
 
     def logs_this_step(self) -> bool:
         """Whether Lightning writes the step logs of the current training step."""

@@ -11,7 +11,7 @@ from torch import nn
 
 from .config import FIXED_METHODS, SolverConfig, grid_steps
 from .errors import MaxStepsExceeded, NonFiniteStateError, SolverConfigError
-from .monitor import MonitoredField, SolverStats, StepMonitor, autocast_state
+from .monitor import MonitoredField, SolverStats, StepMonitor, autocast_state, loss_scaled
 
 __all__ = ["odeint", "solve"]
 
@@ -95,6 +95,8 @@ def solve(
             states = adapter.run(monitored, y0, times, cfg, monitor)
     if not bool(torch.isfinite(states[-1]).all()):
         raise monitor.fail(NonFiniteStateError, "the final state is non-finite")
+    if cfg.adjoint_kind != "direct" and isinstance(field, nn.Module):
+        states = loss_scaled(states, field)  # under a GradScaler, an overflow skips the step
     monitor.enter_backward()
     return states, stats
 

@@ -9,7 +9,8 @@ backend counts them), and the ``MonitoredField`` reports each evaluation.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,7 +25,26 @@ from .errors import (
     StepSizeUnderflowError,
 )
 
-__all__ = ["MonitoredField", "SolverStats", "StepMonitor"]
+__all__ = ["MonitoredField", "SolverStats", "StepMonitor", "loss_scaled", "loss_scaling"]
+
+_loss_scaling = [False]
+"""Whether backward passes run under a loss scaler (``loss_scaling``); process-wide, as
+autograd runs CUDA backward passes on its own threads."""
+
+
+@contextmanager
+def loss_scaling(enabled: bool = True) -> Iterator[None]:
+    """Backward solves inside run under a loss scaler (``torch.amp.GradScaler``, Lightning's
+    ``16-mixed``): a non-finite adjoint state there is a scaled gradient that overflowed,
+    let through to the gradients so the scaler skips the optimizer step and lowers its
+    scale, instead of stopping training with ``NonFiniteStateError``. Forward solves, and
+    backward solves outside it, still raise."""
+    before = _loss_scaling[0]
+    _loss_scaling[0] = enabled
+    try:
+        yield
+    finally:
+        _loss_scaling[0] = before
 
 
 @dataclass
@@ -93,7 +113,9 @@ class StepMonitor:
         t, dt = t.detach(), dt.detach()
         dt_ok = bool(torch.isfinite(dt)) and float(dt) != 0.0 and float(t + dt) != float(t)
         if not dt_ok or not all(bool(torch.isfinite(s).all()) for s in states):
-            raise self.diagnose()
+            if self.phase == "backward" and dt_ok and _loss_scaling[0]:
+                return  # a scaled gradient overflowed: the GradScaler skips this step
+            raise self.diagnose(states)
 
     def record_outcome(self, accepted: bool) -> None:
         """Count one forward step as accepted or rejected."""
@@ -133,15 +155,49 @@ class StepMonitor:
             phase=self.phase,
         )
 
-    def diagnose(self) -> SolverError:
+    def diagnose(self, states: Any = ()) -> SolverError:
         """The error that explains a bad step: non-finite values or a vanishing step."""
         out = self.last_output
         if out is not None and not bool(torch.isfinite(out).all()):
             return self.fail(NonFiniteStateError, "the vector field returned non-finite values")
+        if not all(bool(torch.isfinite(s).all()) for s in states):
+            return self.fail(NonFiniteStateError, "the state became non-finite")
         dt = self.last_dt
         if dt is not None and not bool(torch.isfinite(torch.as_tensor(dt)).all()):
             return self.fail(NonFiniteStateError, "the step size became non-finite")
         return self.fail(StepSizeUnderflowError, "the step size underflowed to zero")
+
+
+def loss_scaled(states: torch.Tensor, field: nn.Module) -> torch.Tensor:
+    """``states`` through ``_ScaledOverflow``, for an adjoint solve (its backward solve
+    starts from their gradient): the identity unless backward runs under ``loss_scaling``."""
+    if not states.requires_grad:
+        return states
+    params = [p for p in field.parameters() if p.requires_grad]
+    return _ScaledOverflow.apply(states, *params)
+
+
+class _ScaledOverflow(torch.autograd.Function):
+    """The identity on the solve's states. Backward, on the device (no host sync): a
+    non-finite incoming gradient (a scaled loss gradient that overflowed) goes on as zeros
+    to the adjoint's backward solve, which an adaptive solver could not integrate, and as
+    NaN to the field's parameters, so the GradScaler skips the step and lowers its scale; a
+    finite one goes on unchanged, with zero added to the parameters' gradients. Outside
+    ``loss_scaling`` the gradient goes on untouched."""
+
+    @staticmethod
+    def forward(ctx: Any, states: torch.Tensor, *params: torch.Tensor) -> torch.Tensor:
+        ctx.params = [(p.shape, p.dtype) for p in params]
+        return states.view_as(states)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        if not _loss_scaling[0]:
+            return grad, *(None for _ in ctx.params)
+        finite = torch.isfinite(grad).all()
+        poison = torch.where(finite, 0.0, torch.nan)
+        passed = torch.where(finite, grad, torch.zeros((), dtype=grad.dtype, device=grad.device))
+        return passed, *(poison.to(dtype).expand(shape) for shape, dtype in ctx.params)
 
 
 def _vjp_counter(stats: SolverStats) -> Callable[[torch.Tensor], None]:
