@@ -129,7 +129,8 @@ class TrainerConfig:
         early_stopping_patience: stop after N validations without a new best (null: never)
         average_last: average the weights of the last N validation checkpoints (0: off)
         log_every: log the training loss every N steps
-        accelerator: Lightning accelerator: cpu, gpu or auto
+        accelerator: Lightning accelerator: auto (a GPU when CUDA sees one, else the CPU),
+            cpu or gpu; not part of the run's identity at auto or cpu
         devices: Lightning devices: a count or auto
         num_nodes: Lightning nodes
         strategy: Lightning strategy, e.g. ddp
@@ -154,7 +155,7 @@ class TrainerConfig:
     early_stopping_patience: int | None = None
     average_last: int = 0
     log_every: int = 10
-    accelerator: str = "cpu"
+    accelerator: str = "auto"
     devices: int | str = 1
     num_nodes: int = 1
     strategy: str = "auto"

@@ -61,6 +61,13 @@ behaviour), so a run made before them keeps its hash and resumes. A run folder's
 (``experiments.training.config.load_run_config``)."""
 
 
+IDENTITY_RENAMED = {"trainer.accelerator": ("auto", "cpu")}
+"""Keys whose default changed: ``{key: (new default, old default)}``. The new default is
+hashed as the old one, so a run made under the old default keeps its hash, and one made
+under either resumes under the other (``auto`` trains on a GPU where there is one, where a
+CPU run may resume: the device is where a run computes, like its thread count)."""
+
+
 class RunConfigChangedError(OdelmError, ValueError):
     """A run directory exists for another config."""
 
@@ -81,6 +88,9 @@ def identity(config: RunConfig) -> dict[str, Any]:
     model keys under the spelling runs were first hashed with)."""
     values = config.to_dict()
     flat = _flatten({**values, "model": hashed_spelling(values["model"])})
+    for key, (default, old_default) in IDENTITY_RENAMED.items():
+        if flat.get(key) == default:
+            flat[key] = old_default
     return {
         key: value
         for key, value in sorted(flat.items())

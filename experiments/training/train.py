@@ -38,6 +38,7 @@ from experiments.evaluation.evaluate import EvalSettings, evaluate
 from experiments.evaluation.trained import save_run_model, split_checksums
 from experiments.models.build import build_model, count_parameters, depth_kind
 from experiments.training import runfolder
+from experiments.training.accelerators import lightning_accelerator
 from experiments.training.cards import write_card
 from experiments.training.checkpoints import (
     LAST_FILE,
@@ -240,7 +241,7 @@ def build_trainer(
             num_sanity_val_steps=0,
             log_every_n_steps=cfg.log_every,
             gradient_clip_val=config.optim.grad_clip,
-            accelerator=cfg.accelerator,
+            accelerator=lightning_accelerator(cfg.accelerator),
             devices=cfg.devices,
             num_nodes=cfg.num_nodes,
             strategy=cfg.strategy,
