@@ -257,7 +257,8 @@ class CausalODEHead(_ODEHead):
         self._check(hidden, mask)
         batch, length, _ = hidden.shape
         z0 = self._augment(hidden, hidden, mask).reshape(batch * length, self.width)
-        times = torch.tensor([0.0, self.integration_time], dtype=z0.dtype, device=z0.device)
+        # [0, T] made on the device: torch.tensor would copy it from the host every call
+        times = torch.linspace(0.0, self.integration_time, 2, dtype=z0.dtype, device=z0.device)
         solver = self.solver if self.training else self.eval_solver
         states, reg = self._integrate(z0, times, solver)
         logits = self.proj(states[-1]).view(batch, length, self.vocab_size)

@@ -222,7 +222,7 @@ class NODETransformerLM(PretrainedMixin, nn.Module):
                     "a key/value cache needs a fixed grid (its stages sit at fixed depths); "
                     "adaptive solves generate by recomputing the prefix"
                 )
-            times = torch.tensor([0.0, self.integration_time], dtype=y.dtype, device=y.device)
+            times = torch.linspace(0.0, self.integration_time, 2, dtype=y.dtype, device=y.device)
             states, stats = solve(target, x0, times, self.integration)
             final = states[-1]
         if regularized is None:
