@@ -44,10 +44,12 @@ def check_tokens(
     # batches the harness encoded; eager calls (evaluation, generation) still check it.
     if torch.compiler.is_compiling():
         return
-    if tokens.numel() and (tokens.min() < 0 or tokens.max() >= vocab_size):
+    if not tokens.numel():
+        return
+    low, high = torch.stack(torch.aminmax(tokens)).tolist()  # one read back to the host
+    if low < 0 or high >= vocab_size:
         raise TokenInputError(
-            f"token ids must lie in [0, {vocab_size}), got range "
-            f"[{int(tokens.min())}, {int(tokens.max())}]"
+            f"token ids must lie in [0, {vocab_size}), got range [{low}, {high}]"
         )
 
 
