@@ -196,9 +196,10 @@ def fused_loss_dtype(
 ) -> torch.dtype | None:
     """The low precision of autocast when a training loss of ``model`` on ``tokens`` can
     fuse the output layer (``features_training_nll``): a mixed-precision region, a model
-    exposing ``features`` and ``output_layer`` ([`odelm.contract`][odelm.contract]), an unmasked
-    batch, no label smoothing, on a device whose ``loss_path`` is ``blocked`` (the CPU). None
-    otherwise: full-precision training and GPUs are not touched."""
+    exposing ``features`` and ``output_layer`` ([`odelm.contract`][odelm.contract]) whose weight
+    is not sharded by FSDP, an unmasked batch, no label smoothing, on a device whose
+    ``loss_path`` is ``blocked`` (the CPU). None otherwise: full-precision training and GPUs
+    are not touched."""
     device = tokens.device.type
     if mask is not None or label_smoothing or not torch.is_autocast_enabled(device):
         return None
@@ -208,7 +209,17 @@ def fused_loss_dtype(
     layer = getattr(model, "output_layer", None)
     if not (callable(getattr(model, "features", None)) and isinstance(layer, torch.nn.Linear)):
         return None
+    if _sharded(layer.weight):  # read outside its module, FSDP's shard is not the weight
+        return None
     return dtype
+
+
+def _sharded(weight: torch.Tensor) -> bool:
+    """Whether ``weight`` is a shard managed by FSDP (a ``DTensor`` under ``fully_shard``,
+    or a flattened parameter), which only the module's own forward gathers. Lightning's
+    ``fsdp`` strategy needs a GPU, where the fused path is never taken; this keeps a
+    ``fully_shard`` model on the CPU on the plain path too."""
+    return type(weight).__name__ == "DTensor" or bool(getattr(weight, "_fsdp_flattened", False))
 
 
 def fused_training_nll(
