@@ -48,9 +48,7 @@ def check_tokens(
         return
     low, high = torch.stack(torch.aminmax(tokens)).tolist()  # one read back to the host
     if low < 0 or high >= vocab_size:
-        raise TokenInputError(
-            f"token ids must lie in [0, {vocab_size}), got range [{low}, {high}]"
-        )
+        raise TokenInputError(f"token ids must lie in [0, {vocab_size}), got range [{low}, {high}]")
 
 
 def init_weights(module: nn.Module) -> None:

@@ -16,7 +16,7 @@ USAGE = Path(__file__).resolve().parents[1] / "docs" / "usage.md"
 
 
 def _blocks() -> list[str]:
-    return re.findall(r"```bash\n(.*?)```", USAGE.read_text(), flags=re.S)
+    return re.findall(r"```bash\n(.*?)```", USAGE.read_text(), flags=re.DOTALL)
 
 
 def _sbatch(block: str) -> dict[str, str]:

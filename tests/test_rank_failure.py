@@ -17,7 +17,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
-INJECT = '''
+INJECT = """
 import os
 if os.environ.get("RANK") == "1":
     from experiments.training.task import LMTask, NonFiniteLossError
@@ -27,7 +27,7 @@ if os.environ.get("RANK") == "1":
             raise NonFiniteLossError("training loss is nan at step 3 (injected on rank 1)")
         return real(self, batch, batch_idx)
     LMTask.training_step = training_step
-'''
+"""
 
 
 @pytest.mark.slow
