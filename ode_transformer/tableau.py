@@ -162,6 +162,24 @@ alias of ``residual``). ``rk4`` is the classic RK4, ``rk4_38`` the 3/8 rule."""
 TABLEAUX["euler"] = TABLEAUX["residual"]
 
 
+def solver_methods() -> tuple[str, ...]:
+    """The names of [`TABLEAUX`][ode_transformer.TABLEAUX] that are methods for ``dy/dt = f(t, y)``:
+    every consistent tableau (order at least 1; ``rk2_gamma1``, whose weights sum to 2, is a
+    block only), in name order, an alias left out (``residual`` is ``euler``). Every list of
+    fixed-grid method names in the library is this one (solver facade, ``node-transformer``
+    grids, ``odelm discretize``), so a new method is one new entry of ``TABLEAUX``."""
+    names: list[str] = []
+    for name in sorted(TABLEAUX):
+        tableau = TABLEAUX[name]
+        if tableau.order() >= 1 and all(TABLEAUX[other] != tableau for other in names):
+            names.append(name)
+    return tuple(names)
+
+
+METHODS: tuple[str, ...] = solver_methods()
+"""Fixed-grid method names, computed from ``TABLEAUX``: euler, midpoint, rk2, rk3, rk4, rk4_38."""
+
+
 def get_tableau(spec: str | Tableau | tuple) -> Tableau:
     """A [`Tableau`][ode_transformer.Tableau] from a name in [`TABLEAUX`][ode_transformer.TABLEAUX],
     a ``Tableau`` or a pair ``(A, b)``."""
