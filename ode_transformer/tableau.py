@@ -5,9 +5,10 @@ named methods ([`TABLEAUX`][ode_transformer.TABLEAUX]) and one explicit stage lo
 An explicit s-stage method is a strictly lower-triangular ``A`` (s x s) and weights ``b``
 (length s): ``F_i = F(y + h sum_j A[i][j] F_j)``, ``y_next = y + h sum_i b_i F_i``. The RK
 blocks of ``ode_transformer.blocks``, the fixed grids of ``node-transformer``
-(``neuralode_lm.depth_field``) and the facade's torchdiffeq ``rk4`` all step through
+(``neuralode_lm.depth_field``) and the solver facade's fixed-grid methods all step through
 [`rk_stage_values`][ode_transformer.rk_stage_values], so a new method is a new tableau, not a new
-code path, and one name means one method everywhere: ``rk4`` is the classic RK4, ``rk4_38`` Kutta's
+code path (every list of method names is computed from ``TABLEAUX``: ``METHODS``, ``BLOCKS``),
+and one name means one method everywhere: ``rk4`` is the classic RK4, ``rk4_38`` Kutta's
 3/8 rule (torchdiffeq's ``rk4``).
 """
 
@@ -165,9 +166,10 @@ TABLEAUX["euler"] = TABLEAUX["residual"]
 def solver_methods() -> tuple[str, ...]:
     """The names of [`TABLEAUX`][ode_transformer.TABLEAUX] that are methods for ``dy/dt = f(t, y)``:
     every consistent tableau (order at least 1; ``rk2_gamma1``, whose weights sum to 2, is a
-    block only), in name order, an alias left out (``residual`` is ``euler``). Every list of
-    fixed-grid method names in the library is this one (solver facade, ``node-transformer``
-    grids, ``odelm discretize``), so a new method is one new entry of ``TABLEAUX``."""
+    block only), in name order, an alias (a second name of the same tableau: ``residual`` is
+    ``euler``) left out. Every list of fixed-grid method names in the library is computed
+    from this one (solver facade, ``node-transformer`` grids, ``odelm discretize``), so a new
+    method is one new entry of ``TABLEAUX``."""
     names: list[str] = []
     for name in sorted(TABLEAUX):
         tableau = TABLEAUX[name]

@@ -11,6 +11,7 @@ name, the classic RK4 registered as ``odelm_rk4``) give the same numbers to the 
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable
 
@@ -178,7 +179,9 @@ def test_each_method_converges_at_its_order_on_every_path(method: str):
 
     def facade(backend: str) -> Callable[[int], float]:
         def error(n: int) -> float:
-            states, stats = solve(nonautonomous, y0, 1.0, method=method, step_size=1 / n, backend=backend)
+            states, stats = solve(
+                nonautonomous, y0, 1.0, method=method, step_size=1 / n, backend=backend
+            )
             assert stats.nfe_forward == n * TABLEAUX[method].stages
             return float((states[-1] - EXACT).abs().max())
 
@@ -289,4 +292,4 @@ def test_rk3_trains_an_ode_lstm():
         losses.append(float(loss))
     assert model.head.solver.method == "rk3"
     assert losses[-1] < 0.8 * losses[0]
-    assert all(b < a for a, b in zip(losses, losses[1:]))
+    assert all(b < a for a, b in itertools.pairwise(losses))

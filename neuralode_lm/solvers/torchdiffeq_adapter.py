@@ -9,10 +9,11 @@ registry is never written to, so ``odeint`` cannot be asked for it by name, and
 ``tableau_odeint`` is ``torchdiffeq.odeint`` with the solver built directly. The adjoint of a
 tableau solve is ``FixedGridAdjoint``, torchdiffeq's backsolve adjoint with the same solvers.
 
-``NATIVE``: two names keep torchdiffeq's own step functions, whose rounding differs from the
-stage loop's, so that their numbers stay those of every earlier run: ``rk4_38`` is
-torchdiffeq's ``rk4`` (the 3/8 rule, by ``rk4_alt_step_func``), and ``midpoint`` its
-``midpoint`` (the same arithmetic; kept by name). ``rk4`` is the classic RK4 everywhere.
+``NATIVE``: one name keeps torchdiffeq's own step function so that its numbers stay those
+of every earlier run: ``rk4_38`` is torchdiffeq's ``rk4`` (the 3/8 rule by
+``rk4_alt_step_func``, whose rounding differs from the stage loop's). ``euler`` and
+``midpoint`` by ``TableauSolver`` do torchdiffeq's ``euler`` and ``midpoint`` arithmetic
+bit for bit (``tests/test_tableau_methods.py``). ``rk4`` is the classic RK4 everywhere.
 """
 
 from __future__ import annotations
@@ -108,7 +109,9 @@ def fixed_solve(method: str, rtol: float, atol: float) -> Solve:
         name = NATIVE[method]
 
         def native(func: Any, y0: Any, t: torch.Tensor, options: dict[str, Any]) -> Any:
-            return torchdiffeq.odeint(func, y0, t, rtol=rtol, atol=atol, method=name, options=options)
+            return torchdiffeq.odeint(
+                func, y0, t, rtol=rtol, atol=atol, method=name, options=options
+            )
 
         return native
     tableau = TABLEAUX[method]
@@ -182,7 +185,10 @@ class FixedGridAdjoint(torch.autograd.Function):
                     aug_state[0] -= value
                     time_vjps[i] = value
                 solved = ctx.backward_solve(
-                    augmented_dynamics, tuple(aug_state), t[i - 1 : i + 1].flip(0), ctx.adjoint_options
+                    augmented_dynamics,
+                    tuple(aug_state),
+                    t[i - 1 : i + 1].flip(0),
+                    ctx.adjoint_options,
                 )
                 aug_state = [a[1] for a in solved]  # the state at t[i - 1]
                 aug_state[1] = y[i - 1]  # the forward pass's state
@@ -220,7 +226,11 @@ def run(
 
 
 def _adaptive(
-    field: MonitoredField, y0: torch.Tensor, t: torch.Tensor, cfg: SolverConfig, monitor: StepMonitor
+    field: MonitoredField,
+    y0: torch.Tensor,
+    t: torch.Tensor,
+    cfg: SolverConfig,
+    monitor: StepMonitor,
 ) -> torch.Tensor:
     """An adaptive solve by torchdiffeq's method of that name."""
     monitor.set_step_counts(0, 0)
