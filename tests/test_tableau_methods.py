@@ -289,7 +289,7 @@ def test_rk3_trains_an_ode_lstm():
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-        losses.append(float(loss))
+        losses.append(loss.item())
     assert model.head.solver.method == "rk3"
     assert losses[-1] < 0.8 * losses[0]
     assert all(b < a for a, b in itertools.pairwise(losses))
