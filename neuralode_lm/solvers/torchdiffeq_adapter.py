@@ -6,8 +6,9 @@ method is a tableau of ``ode_transformer.TABLEAUX`` stepped by one solver class,
 ``FixedGridODESolver`` parameterised by a tableau, as torchode's
 ``ExplicitRungeKutta(term, tableau)``), built here for each solve: torchdiffeq's solver
 registry is never written to, so ``odeint`` cannot be asked for it by name, and
-``tableau_odeint`` is ``torchdiffeq.odeint`` with the solver built directly. The adjoint of a
-tableau solve is ``FixedGridAdjoint``, torchdiffeq's backsolve adjoint with the same solvers.
+``tableau_odeint`` is ``torchdiffeq.odeint`` with the solver built directly. The adjoint of
+every fixed-grid solve is ``FixedGridAdjoint``: torchdiffeq's backsolve adjoint, step for
+step, with these solves.
 
 ``NATIVE``: one name keeps torchdiffeq's own step function so that its numbers stay those
 of every earlier run: ``rk4_38`` is torchdiffeq's ``rk4`` (the 3/8 rule by
@@ -263,22 +264,8 @@ def _fixed(field: MonitoredField, y0: torch.Tensor, t: torch.Tensor, cfg: Solver
         return forward(field, y0, t, options)
     adjoint_method = cfg.adjoint_method or cfg.method
     adjoint_rtol, adjoint_atol = cfg.adjoint_rtol or cfg.rtol, cfg.adjoint_atol or cfg.atol
-    if cfg.method in NATIVE and adjoint_method in NATIVE:  # torchdiffeq's adjoint, by name
-        return torchdiffeq.odeint_adjoint(
-            field,
-            y0,
-            t,
-            rtol=cfg.rtol,
-            atol=cfg.atol,
-            method=NATIVE[cfg.method],
-            options=options,
-            adjoint_method=NATIVE[adjoint_method],
-            adjoint_rtol=adjoint_rtol,
-            adjoint_atol=adjoint_atol,
-            adjoint_options=dict(options),
-            adjoint_params=_params(field),
-        )
-    # torchdiffeq.odeint_adjoint's own preparation of the field, then its algorithm
+    # torchdiffeq.odeint_adjoint's own preparation of the field, then its algorithm with the
+    # fixed-grid solves of ``fixed_solve`` (torchdiffeq's own for NATIVE names)
     _, func, y0, t, _, _, _, _, _, _ = _check_inputs(
         field, y0, t, cfg.rtol, cfg.atol, cfg.method, options, None, {cfg.method: TableauSolver}
     )
