@@ -2,9 +2,8 @@
 
 Adaptive methods go to ``torchdiffeq.odeint`` / ``odeint_adjoint`` by name. A fixed-grid
 method is a tableau of ``ode_transformer.TABLEAUX`` stepped by one solver class,
-[`TableauSolver`][neuralode_lm.solvers.torchdiffeq_adapter.TableauSolver] (torchdiffeq's
-``FixedGridODESolver`` parameterised by a tableau, as torchode's
-``ExplicitRungeKutta(term, tableau)``), built here for each solve: torchdiffeq's solver
+``TableauSolver`` (torchdiffeq's ``FixedGridODESolver`` parameterised by a tableau, as
+torchode's ``ExplicitRungeKutta(term, tableau)``), built here for each solve: torchdiffeq's solver
 registry is never written to, so ``odeint`` cannot be asked for it by name, and
 ``tableau_odeint`` is ``torchdiffeq.odeint`` with the solver built directly. The adjoint of
 every fixed-grid solve is ``FixedGridAdjoint``: torchdiffeq's backsolve adjoint, step for
