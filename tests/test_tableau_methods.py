@@ -39,7 +39,7 @@ def test_every_method_list_is_computed_from_the_tableaux(monkeypatch: pytest.Mon
     assert {name: TABLEAUX[name].order() for name in METHODS} == ORDERS
     assert FIXED_METHODS == frozenset(METHODS) and GRID_METHODS == METHODS
     assert GRID_TABLEAUX == {name: TABLEAUX[name] for name in METHODS}
-    for backend in ("torchdiffeq", "torchdyn"):
+    for backend in ("torchdiffeq", "torchdyn", "torchode"):
         assert FIXED_METHODS <= BACKEND_METHODS[backend]
     assert {name: (name, "fixed") for name in TABLEAUX}.items() <= BLOCKS.items()
     # odelm discretize: one method of each order, the first by name
@@ -174,10 +174,10 @@ def observed_order(error: Callable[[int], float]) -> float:
 
 @pytest.mark.parametrize("method", METHODS)
 def test_each_method_converges_at_its_order_on_every_path(method: str):
-    """Through the solver facade (torchdiffeq, TorchDyn), ``node-transformer``'s fixed grid
-    and a chain of RK blocks, on ``[0, 1]`` with ``n`` equal steps."""
+    """Through the solver facade (torchdiffeq, TorchDyn, torchode), ``node-transformer``'s
+    fixed grid and a chain of RK blocks, on ``[0, 1]`` with ``n`` equal steps."""
     p = ORDERS[method]
-    y0 = torch.ones(1, 2, dtype=torch.float64)
+    y0 = torch.ones(3, 2, dtype=torch.float64)  # torchode: three rows, each its own steps
 
     def facade(backend: str) -> Callable[[int], float]:
         def error(n: int) -> float:
@@ -200,7 +200,7 @@ def test_each_method_converges_at_its_order_on_every_path(method: str):
             y = block(y)
         return abs(float(y) - 1 / (1 + 3 * math.exp(-1.0)))
 
-    for path in (facade("torchdiffeq"), facade("torchdyn"), grid, blocks):
+    for path in (facade("torchdiffeq"), facade("torchdyn"), facade("torchode"), grid, blocks):
         assert observed_order(path) == pytest.approx(p, abs=0.1)
 
 

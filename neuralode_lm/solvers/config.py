@@ -37,13 +37,13 @@ RK4 on every backend, ``rk4_38`` the 3/8 rule (torchdiffeq's own ``rk4``)."""
 ADAPTIVE_METHODS = frozenset({"dopri5", "dopri8", "bosh3", "adaptive_heun", "fehlberg2", "tsit5"})
 
 # The facade's method names each backend offers (adapters translate the few that differ).
-# torchdiffeq and TorchDyn step every tableau (``TableauSolver``, ``_TableauStep``); torchode
-# offers its own Euler only.
+# Every backend steps every fixed-grid method, a tableau (torchdiffeq's ``TableauSolver``,
+# TorchDyn's ``_TableauStep``, torchode's ``_TableauMethod``), beside its adaptive ones.
 BACKEND_METHODS: dict[str, frozenset[str]] = {
     "torchdiffeq": frozenset({"dopri5", "dopri8", "bosh3", "adaptive_heun", "fehlberg2"})
     | FIXED_METHODS,
     "torchdyn": frozenset({"dopri5", "tsit5"}) | FIXED_METHODS,
-    "torchode": frozenset({"dopri5", "tsit5", "adaptive_heun", "euler"}),
+    "torchode": frozenset({"dopri5", "tsit5", "adaptive_heun"}) | FIXED_METHODS,
 }
 
 ADJOINT_KINDS = ("direct", "backsolve", "interpolated")
