@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from ode_transformer.layers import AttentionContext, KVCache, PreNormAttentionFFN
-from ode_transformer.tableau import TABLEAUX, Tableau, rk_step
+from ode_transformer.tableau import METHODS, TABLEAUX, Tableau, rk_step
 
 from .configs import TimeConditioning
 from .depth_weights import DepthWeights
@@ -28,9 +28,10 @@ from .errors import ModelConfigError
 __all__ = ["GRID_METHODS", "GRID_TABLEAUX", "TIME_CONDITIONINGS", "DepthField", "FixedGrid"]
 
 TIME_CONDITIONINGS = typing.get_args(TimeConditioning)
-GRID_METHODS = ("euler", "midpoint", "rk2", "rk3", "rk4", "rk4_38")
+GRID_METHODS = METHODS
 GRID_TABLEAUX: dict[str, Tableau] = {name: TABLEAUX[name] for name in GRID_METHODS}
-"""Fixed-grid methods the model integrates itself: a view of the one registry ``TABLEAUX``."""
+"""Fixed-grid methods the model integrates itself: ``ode_transformer.METHODS``, the
+consistent tableaux of the one registry ``TABLEAUX``."""
 
 
 class _TimedNorm(nn.Module):

@@ -28,10 +28,11 @@ from .stacks import (
     PolyNetStack,
     RKLayer,
 )
-from .tableau import TABLEAUX, Tableau, get_tableau, rk_stage_values, rk_step
+from .tableau import METHODS, TABLEAUX, Tableau, get_tableau, rk_stage_values, rk_step
 
 __all__ = [
     "BLOCKS",
+    "METHODS",
     "NO_CONTEXT",
     "PRESETS",
     "STACKS",

@@ -21,20 +21,19 @@ from torch import nn
 
 from .errors import ODETransformerConfigError
 from .layers import NO_CONTEXT, AttentionContext
-from .tableau import Tableau, get_tableau, rk_stage_values, weighted_sum
+from .tableau import TABLEAUX, Tableau, get_tableau, rk_stage_values, weighted_sum
 
 COEFFICIENTS = ("fixed", "learnable", "gate")
 
-BLOCKS: dict[str, tuple[str, str]] = {
-    "residual": ("residual", "fixed"),
-    "rk2": ("rk2", "fixed"),
-    "rk2_gamma1": ("rk2_gamma1", "fixed"),
+VARIANTS: dict[str, tuple[str, str]] = {
     "rk2_learnable": ("rk2_gamma1", "learnable"),
     "rk2_gate": ("rk2", "gate"),
-    "rk3": ("rk3", "fixed"),
-    "rk4": ("rk4", "fixed"),
 }
-"""Named blocks of DESIGN.md's table: name -> (tableau name, coefficient mode)."""
+"""Blocks whose weights are not the tableau's ``b``: name -> (tableau name, coefficient mode)."""
+
+BLOCKS: dict[str, tuple[str, str]] = {name: (name, "fixed") for name in TABLEAUX} | VARIANTS
+"""Named blocks of DESIGN.md's table: name -> (tableau name, coefficient mode); a fixed-weight
+block for every tableau of [`TABLEAUX`][ode_transformer.TABLEAUX] and the ``VARIANTS``."""
 
 
 class RKBlock(nn.Module):

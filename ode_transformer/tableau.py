@@ -5,9 +5,10 @@ named methods ([`TABLEAUX`][ode_transformer.TABLEAUX]) and one explicit stage lo
 An explicit s-stage method is a strictly lower-triangular ``A`` (s x s) and weights ``b``
 (length s): ``F_i = F(y + h sum_j A[i][j] F_j)``, ``y_next = y + h sum_i b_i F_i``. The RK
 blocks of ``ode_transformer.blocks``, the fixed grids of ``node-transformer``
-(``neuralode_lm.depth_field``) and the facade's torchdiffeq ``rk4`` all step through
+(``neuralode_lm.depth_field``) and the solver facade's fixed-grid methods all step through
 [`rk_stage_values`][ode_transformer.rk_stage_values], so a new method is a new tableau, not a new
-code path, and one name means one method everywhere: ``rk4`` is the classic RK4, ``rk4_38`` Kutta's
+code path (every list of method names is computed from ``TABLEAUX``: ``METHODS``, ``BLOCKS``),
+and one name means one method everywhere: ``rk4`` is the classic RK4, ``rk4_38`` Kutta's
 3/8 rule (torchdiffeq's ``rk4``).
 """
 
@@ -160,6 +161,25 @@ TABLEAUX: dict[str, Tableau] = {
 """The library's one registry of named explicit methods (DESIGN.md's table; ``euler`` is an
 alias of ``residual``). ``rk4`` is the classic RK4, ``rk4_38`` the 3/8 rule."""
 TABLEAUX["euler"] = TABLEAUX["residual"]
+
+
+def solver_methods() -> tuple[str, ...]:
+    """The names of [`TABLEAUX`][ode_transformer.TABLEAUX] that are methods for ``dy/dt = f(t, y)``:
+    every consistent tableau (order at least 1; ``rk2_gamma1``, whose weights sum to 2, is a
+    block only), in name order, an alias (a second name of the same tableau: ``residual`` is
+    ``euler``) left out. Every list of fixed-grid method names in the library is computed
+    from this one (solver facade, ``node-transformer`` grids, ``odelm discretize``), so a new
+    method is one new entry of ``TABLEAUX``."""
+    names: list[str] = []
+    for name in sorted(TABLEAUX):
+        tableau = TABLEAUX[name]
+        if tableau.order() >= 1 and all(TABLEAUX[other] != tableau for other in names):
+            names.append(name)
+    return tuple(names)
+
+
+METHODS: tuple[str, ...] = solver_methods()
+"""Fixed-grid method names, computed from ``TABLEAUX``: euler, midpoint, rk2, rk3, rk4, rk4_38."""
 
 
 def get_tableau(spec: str | Tableau | tuple) -> Tableau:

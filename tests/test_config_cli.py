@@ -186,8 +186,8 @@ def test_compare_overrides_every_run_and_prints_each_config(tmp_path, capsys, ti
     assert "unknown option --name" in capsys.readouterr().err
 
 
-def test_readme_model_keys_are_the_code_s():
-    readme = (Path(__file__).parents[1] / "README.md").read_text()
+def test_documented_model_keys_are_the_code_s():
+    readme = (Path(__file__).parents[1] / "docs" / "usage.md").read_text()
     block = readme.split("<!-- model-keys")[1].split("-->", 1)[1].split("<!-- /model-keys -->")[0]
     assert block.strip() == model_keys_markdown().strip()
 

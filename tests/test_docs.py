@@ -61,11 +61,12 @@ def test_every_module_design_names_exists():
 
 
 def _anchors(doc: Path) -> set[str]:
-    """GitHub's anchors of a Markdown file's headings (lower case, punctuation dropped)."""
-    headings = re.findall(
-        r"^#+ (.+)$", re.sub(r"```.*?```", "", doc.read_text(), flags=re.DOTALL), re.MULTILINE
-    )
-    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in headings}
+    """GitHub's anchors of a Markdown file's headings (lower case, punctuation dropped), and
+    its explicit ``<a id="...">`` anchors."""
+    text = re.sub(r"```.*?```", "", doc.read_text(), flags=re.DOTALL)
+    headings = re.findall(r"^#+ (.+)$", text, re.MULTILINE)
+    explicit = set(re.findall(r'<a id="([^"]+)"></a>', text))
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in headings} | explicit
 
 
 @pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(ROOT)))

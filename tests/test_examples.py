@@ -116,7 +116,7 @@ def test_every_subcommand_help_has_examples():
 def test_the_readme_examples_are_found():
     assert len(readme_blocks("python")) == 1  # the Lightning scripts are examples/ (tested)
     scripts = readme_shell()
-    assert scripts[0] == "odelm compare --preset quick --out runs/quick"  # the main job
+    assert "odelm compare --preset quick --out runs/quick" in scripts  # the main job
     assert any("for grid in" in script for script in scripts)  # the results' seed grids
 
 

@@ -7,19 +7,32 @@ import csv
 import shutil
 from pathlib import Path
 
-from experiments.comparison.verdicts import BEGIN, END, collect, markdown, verdict
+from experiments.comparison.verdicts import BEGIN, END, PAGE, collect, markdown, summary, verdict
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "docs" / "results"
 
 
-def _readme_block() -> str:
-    text = (ROOT / "README.md").read_text()
+def _block(path: Path) -> str:
+    text = path.read_text()
     return text.split(BEGIN, 1)[1].split(END, 1)[0].lstrip("\n")
 
 
 def test_readme_verdict_table_is_the_generated_one():
-    assert _readme_block() == markdown(collect(RESULTS), RESULTS)
+    claims = collect(RESULTS)
+    assert _block(ROOT / "README.md") == summary(claims, f"docs/results/{PAGE}")
+    assert _block(RESULTS / PAGE) == markdown(claims, RESULTS)
+
+
+def test_the_short_table_names_the_closest_comparison_and_links_each_claim():
+    """The README's row for the ODE-LSTM head quotes its most significant field comparison
+    (SGD 5: +185.03, Holm p 0.0024) and links its full row on the verdicts page."""
+    short = summary(collect(RESULTS))
+    row = next(line for line in short.splitlines() if "LSTM encoder" in line)
+    assert "head at SGD 5 +185.03* [+178.38, +191.67] p_Holm 0.0024" in row
+    assert "(docs/results/verdicts.md#an-ode-head-improves-on-its-lstm-encoder-node-lm-table-1)" in row
+    page = (RESULTS / PAGE).read_text()
+    assert '<a id="an-ode-head-improves-on-its-lstm-encoder-node-lm-table-1"></a>' in page
 
 
 def test_generated_numbers_are_the_grids_paired_differences():

@@ -201,7 +201,9 @@ def verdicts_parser() -> Parser:
         help="folder holding one folder per grid with its results.csv",
     )
     parser.add_argument(
-        "--write", help="put the table between the verdict markers of this file (README.md)"
+        "--write",
+        help="put the short table between the verdict markers of this file (README.md), and "
+        "the full one between those of RESULTS/verdicts.md",
     )
     return parser
 
@@ -209,12 +211,17 @@ def verdicts_parser() -> Parser:
 def cmd_verdicts(args: Namespace) -> int:
     from pathlib import Path
 
-    from experiments.comparison.verdicts import collect, markdown, write_readme
+    from experiments.comparison.verdicts import PAGE, collect, markdown, summary, write_block
 
-    table = markdown(collect(Path(args.results)), Path(args.results))
-    if args.write:
-        changed = write_readme(Path(args.write), table)
-        print(f"{args.write}: verdict table {'rewritten' if changed else 'unchanged'}")
-    else:
-        print(table, end="")
+    results = Path(args.results)
+    claims = collect(results)
+    if not args.write:
+        print(markdown(claims, results), end="")
+        return 0
+    for path, table in (
+        (Path(args.write), summary(claims, f"{results.as_posix()}/{PAGE}")),
+        (results / PAGE, markdown(claims, results)),
+    ):
+        changed = write_block(path, table)
+        print(f"{path}: verdict table {'rewritten' if changed else 'unchanged'}")
     return 0

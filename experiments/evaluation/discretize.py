@@ -43,10 +43,21 @@ from experiments.evaluation.flops import forward_flops_per_token
 from neuralode_lm.depth_field import FixedGrid
 from neuralode_lm.solvers import solve
 from neuralode_lm.transformer import NODETransformerLM
+from ode_transformer.tableau import METHODS, TABLEAUX
 from odelm.contract import model_device
 from odelm.errors import OdelmError
 
-GRID_METHODS = ("euler", "midpoint", "rk3", "rk4")
+
+def _one_method_per_order() -> tuple[str, ...]:
+    """The first fixed-grid method by name of each order (``ode_transformer.METHODS``, from
+    ``TABLEAUX``): euler, midpoint, rk3, rk4."""
+    by_order: dict[int, str] = {}
+    for name in METHODS:
+        by_order.setdefault(TABLEAUX[name].order(), name)
+    return tuple(by_order[order] for order in sorted(by_order))
+
+
+GRID_METHODS = _one_method_per_order()
 RTOLS = (1e-2, 1e-3, 1e-4, 1e-5, 1e-6)
 REFERENCE = {"method": "dopri5", "rtol": 1e-7, "atol": 1e-9, "max_num_steps": 100_000}
 COLUMNS = ("method", "setting", "ppl", "nfe", "flops_per_token", "seconds", "state_error")

@@ -63,7 +63,7 @@ def count_parameters(model: nn.Module) -> int:
 
 def model_keys() -> dict[str, dict[str, Any]]:
     """Every ``model:`` key of each model (``family: name``) with its default, read from the
-    models' config dataclasses (README "Model keys" is this), and the solver's keys."""
+    models' config dataclasses (docs/usage.md "Model keys" is this), and the solver's keys."""
     import dataclasses
 
     from neuralode_lm.solvers import SolverConfig

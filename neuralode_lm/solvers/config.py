@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 
+from ode_transformer.tableau import METHODS
+
 from .errors import SolverConfigError, UnknownSolverOptionError
 
 __all__ = [
@@ -28,18 +30,20 @@ __all__ = [
     "fixed_grid",
 ]
 
-FIXED_METHODS = frozenset({"euler", "midpoint", "rk4", "rk4_38"})
-"""Fixed-grid names of the one vocabulary ([`ode_transformer.TABLEAUX`][ode_transformer.TABLEAUX]):
-``rk4`` is the classic RK4 on every backend, ``rk4_38`` the 3/8 rule (torchdiffeq's own ``rk4``)."""
+FIXED_METHODS = frozenset(METHODS)
+"""Fixed-grid names: the consistent tableaux of the one registry
+([`ode_transformer.METHODS`][ode_transformer.METHODS], from ``TABLEAUX``): ``rk4`` is the classic
+RK4 on every backend, ``rk4_38`` the 3/8 rule (torchdiffeq's own ``rk4``)."""
 ADAPTIVE_METHODS = frozenset({"dopri5", "dopri8", "bosh3", "adaptive_heun", "fehlberg2", "tsit5"})
 
 # The facade's method names each backend offers (adapters translate the few that differ).
+# Every backend steps every fixed-grid method, a tableau (torchdiffeq's ``TableauSolver``,
+# TorchDyn's ``_TableauStep``, torchode's ``_TableauMethod``), beside its adaptive ones.
 BACKEND_METHODS: dict[str, frozenset[str]] = {
-    "torchdiffeq": frozenset(
-        {"dopri5", "dopri8", "bosh3", "adaptive_heun", "fehlberg2"} | FIXED_METHODS
-    ),
-    "torchdyn": frozenset({"dopri5", "tsit5", "euler", "midpoint", "rk4"}),
-    "torchode": frozenset({"dopri5", "tsit5", "adaptive_heun", "euler"}),
+    "torchdiffeq": frozenset({"dopri5", "dopri8", "bosh3", "adaptive_heun", "fehlberg2"})
+    | FIXED_METHODS,
+    "torchdyn": frozenset({"dopri5", "tsit5"}) | FIXED_METHODS,
+    "torchode": frozenset({"dopri5", "tsit5", "adaptive_heun"}) | FIXED_METHODS,
 }
 
 ADJOINT_KINDS = ("direct", "backsolve", "interpolated")
@@ -60,8 +64,9 @@ class SolverConfig:
 
     Attributes:
         method: dopri5, dopri8, bosh3, adaptive_heun, fehlberg2, tsit5 (adaptive) or
-            euler, midpoint, rk4 (classic), rk4_38 (3/8 rule) (fixed grid, need
-            ``step_size``); backends offer subsets (``BACKEND_METHODS``).
+            a fixed-grid tableau of ``FIXED_METHODS`` (euler, midpoint, rk2, rk3, rk4
+            (classic), rk4_38 (3/8 rule); need ``step_size``); backends offer subsets
+            (``BACKEND_METHODS``).
         rtol, atol: tolerances of adaptive methods (positive).
         adjoint: False for direct backpropagation, True (or "backsolve") for the adjoint
             method, "interpolated" for TorchDyn's interpolated adjoint.

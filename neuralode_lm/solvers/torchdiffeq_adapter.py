@@ -1,8 +1,19 @@
 """torchdiffeq behind the facade: ``odeint`` / ``odeint_adjoint`` with step callbacks.
 
-Method names are the library's: torchdiffeq's own ``rk4`` is the 3/8 rule, so the facade's
-``rk4`` (the classic RK4) steps through the library's RK core, registered with torchdiffeq
-under ``CLASSIC_RK4``, and the facade's ``rk4_38`` is torchdiffeq's ``rk4``.
+Adaptive methods go to ``torchdiffeq.odeint`` / ``odeint_adjoint`` by name. A fixed-grid
+method is a tableau of ``ode_transformer.TABLEAUX`` stepped by one solver class,
+``TableauSolver`` (torchdiffeq's ``FixedGridODESolver`` parameterised by a tableau, as
+torchode's ``ExplicitRungeKutta(term, tableau)``), built here for each solve: torchdiffeq's solver
+registry is never written to, so ``odeint`` cannot be asked for it by name, and
+``tableau_odeint`` is ``torchdiffeq.odeint`` with the solver built directly. The adjoint of
+every fixed-grid solve is ``FixedGridAdjoint``: torchdiffeq's backsolve adjoint, step for
+step, with these solves.
+
+``NATIVE``: one name keeps torchdiffeq's own step function so that its numbers stay those
+of every earlier run: ``rk4_38`` is torchdiffeq's ``rk4`` (the 3/8 rule by
+``rk4_alt_step_func``, whose rounding differs from the stage loop's). ``euler`` and
+``midpoint`` by ``TableauSolver`` do torchdiffeq's ``euler`` and ``midpoint`` arithmetic
+bit for bit (``tests/test_tableau_methods.py``). ``rk4`` is the classic RK4 everywhere.
 """
 
 from __future__ import annotations
@@ -12,11 +23,16 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 import torchdiffeq
-from torchdiffeq._impl.misc import Perturb
-from torchdiffeq._impl.odeint import SOLVERS
+from torchdiffeq._impl.misc import (
+    Perturb,
+    _all_adjoint_callback_names,
+    _all_callback_names,
+    _check_inputs,
+    _flat_to_shape,
+)
 from torchdiffeq._impl.solvers import FixedGridODESolver
 
-from ode_transformer.tableau import TABLEAUX, rk_stage_values, weighted_sum
+from ode_transformer.tableau import TABLEAUX, Tableau, rk_stage_values, weighted_sum
 
 from .config import fixed_grid
 from .errors import StepSizeUnderflowError
@@ -25,16 +41,24 @@ from .monitor import MonitoredField, StepMonitor
 if TYPE_CHECKING:
     from .config import SolverConfig
 
+__all__ = ["NATIVE", "FixedGridAdjoint", "TableauSolver", "run", "tableau_odeint"]
 
-CLASSIC_RK4 = "odelm_rk4"
-"""The name under which torchdiffeq runs the library's classic RK4."""
+NATIVE = {"rk4_38": "rk4"}
+"""Facade names that torchdiffeq steps with its own solver (facade name -> torchdiffeq name)."""
+
+Solve = Callable[..., torch.Tensor]
+"""``solve(func, y0, t, options) -> states``: one fixed-grid solve (tensor or tuple ``y0``)."""
 
 
-class _TableauSolver(FixedGridODESolver):
-    """A torchdiffeq fixed-grid solver stepping by the library's RK core (classic RK4)."""
+class TableauSolver(FixedGridODESolver):
+    """torchdiffeq's fixed-grid solver stepping by any explicit tableau through the library's
+    one stage loop (``rk_stage_values``); ``TableauSolver(tableau, func=..., y0=..., ...)``
+    takes ``FixedGridODESolver``'s options after the tableau."""
 
-    order = 4
-    tableau = TABLEAUX["rk4"]
+    def __init__(self, tableau: Tableau, **options: Any) -> None:
+        super().__init__(**options)
+        self.tableau = tableau
+        self.order = tableau.order()
 
     def _step_func(
         self,
@@ -44,7 +68,7 @@ class _TableauSolver(FixedGridODESolver):
         t1: torch.Tensor,
         y0: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(y1 - y0, f(t0, y0))``: one classic RK4 step, as torchdiffeq's hook returns."""
+        """``(y1 - y0, f(t0, y0))``: one step of the tableau, as torchdiffeq's hook returns."""
         first = Perturb.NEXT if self.perturb else Perturb.NONE
         c = self.tableau.c
 
@@ -55,9 +79,131 @@ class _TableauSolver(FixedGridODESolver):
         return weighted_sum(None, self.tableau.b, values, dt), values[0]
 
 
-SOLVERS.setdefault(CLASSIC_RK4, _TableauSolver)
-_NAMES = {"rk4": CLASSIC_RK4, "rk4_38": "rk4"}
-"""The facade's names that torchdiffeq spells differently."""
+def tableau_odeint(
+    func: Callable[..., Any],
+    y0: torch.Tensor | tuple[torch.Tensor, ...],
+    t: torch.Tensor,
+    tableau: Tableau,
+    *,
+    rtol: float = 1e-7,
+    atol: float = 1e-9,
+    options: dict[str, Any] | None = None,
+) -> Any:
+    """``torchdiffeq.odeint(func, y0, t, method=<tableau>, options=options)``: torchdiffeq's
+    own input handling (tuples, decreasing times, callbacks; ``_check_inputs`` takes the
+    solver table as an argument, here a local one) and its fixed-grid loop, with a
+    ``TableauSolver`` built directly instead of looked up in torchdiffeq's registry."""
+    table = {tableau.name: TableauSolver}  # for _check_inputs' name and callback checks only
+    shapes, func, y0, t, rtol, atol, _, options, _, _ = _check_inputs(
+        func, y0, t, rtol, atol, tableau.name, options, None, table
+    )
+    solver = TableauSolver(tableau, func=func, y0=y0, rtol=rtol, atol=atol, **options)
+    solution = solver.integrate(t)
+    return solution if shapes is None else _flat_to_shape(solution, (len(t),), shapes)
+
+
+def fixed_solve(method: str, rtol: float, atol: float) -> Solve:
+    """The fixed-grid solve of a facade method name: torchdiffeq's own solver for the
+    ``NATIVE`` names, else a ``TableauSolver`` of ``TABLEAUX[method]``."""
+    if method in NATIVE:
+        name = NATIVE[method]
+
+        def native(func: Any, y0: Any, t: torch.Tensor, options: dict[str, Any]) -> Any:
+            return torchdiffeq.odeint(
+                func, y0, t, rtol=rtol, atol=atol, method=name, options=options
+            )
+
+        return native
+    tableau = TABLEAUX[method]
+
+    def by_tableau(func: Any, y0: Any, t: torch.Tensor, options: dict[str, Any]) -> Any:
+        return tableau_odeint(func, y0, t, tableau, rtol=rtol, atol=atol, options=options)
+
+    return by_tableau
+
+
+class FixedGridAdjoint(torch.autograd.Function):
+    """torchdiffeq's backsolve adjoint (``OdeintAdjointMethod``, step for step) with the
+    forward and backward solves given as ``fixed_solve`` functions, so that any tableau has
+    an adjoint without a registry entry. ``func`` is torchdiffeq's checked field."""
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any,
+        func: Any,
+        y0: torch.Tensor,
+        t: torch.Tensor,
+        forward_solve: Solve,
+        backward_solve: Solve,
+        options: dict[str, Any],
+        adjoint_options: dict[str, Any],
+        *params: torch.Tensor,
+    ) -> torch.Tensor:
+        ctx.func, ctx.backward_solve, ctx.adjoint_options = func, backward_solve, adjoint_options
+        ctx.t_requires_grad = t.requires_grad
+        with torch.no_grad():
+            y = forward_solve(func, y0, t, options)
+        ctx.save_for_backward(t, y, *params)
+        return y
+
+    @staticmethod
+    def backward(ctx: Any, grad_y: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
+        func, t_requires_grad = ctx.func, ctx.t_requires_grad
+        t, y, *saved = ctx.saved_tensors
+        params = tuple(saved)
+        with torch.no_grad():
+            aug_state = [torch.zeros((), dtype=y.dtype, device=y.device), y[-1], grad_y[-1]]
+            aug_state.extend(torch.zeros_like(param) for param in params)
+
+            def augmented_dynamics(t: torch.Tensor, y_aug: tuple[torch.Tensor, ...]) -> tuple:
+                """``(-a df/dt, f, -a df/dy, -a df/dtheta)`` at ``(t, y)``, ``a`` the adjoint."""
+                y, adj_y = y_aug[1], y_aug[2]
+                with torch.enable_grad():
+                    t_ = t.detach()
+                    t = t_.requires_grad_(True)
+                    y = y.detach().requires_grad_(True)
+                    func_eval = func(t if t_requires_grad else t_, y)
+                    vjp_t, vjp_y, *vjp_params = torch.autograd.grad(
+                        func_eval, (t, y, *params), -adj_y, allow_unused=True, retain_graph=True
+                    )
+                vjp_t = torch.zeros_like(t) if vjp_t is None else vjp_t
+                vjp_y = torch.zeros_like(y) if vjp_y is None else vjp_y
+                vjp_params = [
+                    torch.zeros_like(param) if vjp is None else vjp
+                    for param, vjp in zip(params, vjp_params)
+                ]
+                return (vjp_t, func_eval, vjp_y, *vjp_params)
+
+            for name, adjoint_name in zip(_all_callback_names, _all_adjoint_callback_names):
+                if hasattr(func, adjoint_name):
+                    setattr(augmented_dynamics, name, getattr(func, adjoint_name))
+
+            time_vjps = torch.empty(len(t), dtype=t.dtype, device=t.device)
+            for i in range(len(t) - 1, 0, -1):
+                if t_requires_grad:
+                    value = func(t[i], y[i]).reshape(-1).dot(grad_y[i].reshape(-1))
+                    aug_state[0] -= value
+                    time_vjps[i] = value
+                solved = ctx.backward_solve(
+                    augmented_dynamics,
+                    tuple(aug_state),
+                    t[i - 1 : i + 1].flip(0),
+                    ctx.adjoint_options,
+                )
+                aug_state = [a[1] for a in solved]  # the state at t[i - 1]
+                aug_state[1] = y[i - 1]  # the forward pass's state
+                aug_state[2] += grad_y[i - 1]
+            time_vjps[0] = aug_state[0]
+        return (
+            None,
+            aug_state[2],
+            time_vjps if t_requires_grad else None,
+            None,
+            None,
+            None,
+            None,
+            *aug_state[3:],
+        )
 
 
 def run(
@@ -68,40 +214,10 @@ def run(
     monitor: StepMonitor,
 ) -> torch.Tensor:
     """States at ``t``; steps, outcomes and evaluations reported to ``monitor``."""
-    method = _NAMES.get(cfg.method, cfg.method)
     field.callback_step = monitor.on_step
     field.callback_step_adjoint = monitor.on_step
-    if cfg.fixed:
-        # torchdiffeq's own grid interpolates readouts between grid points; the facade's
-        # grid steps onto every requested time instead (the same on every backend).
-        options = {"grid_constructor": lambda func, y, times: fixed_grid(times, cfg.step_size)}
-    else:
-        options = {}
-        monitor.set_step_counts(0, 0)
-        field.callback_accept_step = lambda t0, y, dt: monitor.record_outcome(True)
-        field.callback_reject_step = lambda t0, y, dt: monitor.record_outcome(False)
     try:
-        if cfg.adjoint_kind == "direct":
-            states = torchdiffeq.odeint(
-                field, y0, t, rtol=cfg.rtol, atol=cfg.atol, method=method, options=options
-            )
-        else:
-            adjoint_method = cfg.adjoint_method or cfg.method
-            adjoint_method = _NAMES.get(adjoint_method, adjoint_method)
-            states = torchdiffeq.odeint_adjoint(
-                field,
-                y0,
-                t,
-                rtol=cfg.rtol,
-                atol=cfg.atol,
-                method=method,
-                options=options,
-                adjoint_method=adjoint_method,
-                adjoint_rtol=cfg.adjoint_rtol or cfg.rtol,
-                adjoint_atol=cfg.adjoint_atol or cfg.atol,
-                adjoint_options=_adjoint_options(cfg, options),
-                adjoint_params=tuple(p for p in field.parameters() if p.requires_grad),
-            )
+        states = _fixed(field, y0, t, cfg) if cfg.fixed else _adaptive(field, y0, t, cfg, monitor)
     except AssertionError as error:  # torchdiffeq's own checks, e.g. "underflow in dt"
         raise monitor.fail(StepSizeUnderflowError, f"torchdiffeq stopped: {error}") from error
     if cfg.fixed:
@@ -109,8 +225,54 @@ def run(
     return states
 
 
-def _adjoint_options(cfg: SolverConfig, options: dict[str, Any]) -> dict[str, Any]:
-    """torchdiffeq's ``adjoint_options``: the forward grid, or the seminorm if asked for."""
-    if cfg.fixed:
-        return dict(options)
-    return {"norm": "seminorm"} if cfg.adjoint_norm == "seminorm" else {}
+def _adaptive(
+    field: MonitoredField,
+    y0: torch.Tensor,
+    t: torch.Tensor,
+    cfg: SolverConfig,
+    monitor: StepMonitor,
+) -> torch.Tensor:
+    """An adaptive solve by torchdiffeq's method of that name."""
+    monitor.set_step_counts(0, 0)
+    field.callback_accept_step = lambda t0, y, dt: monitor.record_outcome(True)
+    field.callback_reject_step = lambda t0, y, dt: monitor.record_outcome(False)
+    if cfg.adjoint_kind == "direct":
+        return torchdiffeq.odeint(field, y0, t, rtol=cfg.rtol, atol=cfg.atol, method=cfg.method)
+    return torchdiffeq.odeint_adjoint(
+        field,
+        y0,
+        t,
+        rtol=cfg.rtol,
+        atol=cfg.atol,
+        method=cfg.method,
+        options={},
+        adjoint_method=cfg.adjoint_method or cfg.method,
+        adjoint_rtol=cfg.adjoint_rtol or cfg.rtol,
+        adjoint_atol=cfg.adjoint_atol or cfg.atol,
+        adjoint_options={"norm": "seminorm"} if cfg.adjoint_norm == "seminorm" else {},
+        adjoint_params=_params(field),
+    )
+
+
+def _fixed(field: MonitoredField, y0: torch.Tensor, t: torch.Tensor, cfg: SolverConfig) -> Any:
+    """A fixed-grid solve on the facade's grid (``fixed_grid``: torchdiffeq's own grid would
+    interpolate readouts between grid points; this one steps onto every requested time)."""
+    options = {"grid_constructor": lambda func, y, times: fixed_grid(times, cfg.step_size)}
+    forward = fixed_solve(cfg.method, cfg.rtol, cfg.atol)
+    if cfg.adjoint_kind == "direct":
+        return forward(field, y0, t, options)
+    adjoint_method = cfg.adjoint_method or cfg.method
+    adjoint_rtol, adjoint_atol = cfg.adjoint_rtol or cfg.rtol, cfg.adjoint_atol or cfg.atol
+    # torchdiffeq.odeint_adjoint's own preparation of the field, then its algorithm with the
+    # fixed-grid solves of ``fixed_solve`` (torchdiffeq's own for NATIVE names)
+    _, func, y0, t, _, _, _, _, _, _ = _check_inputs(
+        field, y0, t, cfg.rtol, cfg.atol, cfg.method, options, None, {cfg.method: TableauSolver}
+    )
+    backward = fixed_solve(adjoint_method, adjoint_rtol, adjoint_atol)
+    return FixedGridAdjoint.apply(
+        func, y0, t, forward, backward, options, dict(options), *_params(field)
+    )
+
+
+def _params(field: MonitoredField) -> tuple[torch.Tensor, ...]:
+    return tuple(p for p in field.parameters() if p.requires_grad)

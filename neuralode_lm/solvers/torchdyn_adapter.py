@@ -10,9 +10,10 @@ import torch
 from torch import nn
 from torchdyn.core import ODEProblem
 from torchdyn.numerics import odeint
-from torchdyn.numerics.solvers.ode import RungeKutta4, str_to_solver
+from torchdyn.numerics.solvers.ode import str_to_solver
+from torchdyn.numerics.solvers.templates import DiffEqSolver
 
-from ode_transformer.tableau import TABLEAUX, rk_stage_values, weighted_sum
+from ode_transformer.tableau import TABLEAUX, Tableau, rk_stage_values, weighted_sum
 
 from .config import fixed_grid
 from .monitor import MonitoredField, StepMonitor
@@ -45,14 +46,29 @@ class _ReportingSolver:
         return self._solver.step(f, x, t, dt, **kw)
 
 
-class _ClassicRK4(RungeKutta4):
-    """The classic RK4 by the library's RK core: TorchDyn 1.0.6's ``RungeKutta4`` evaluates
-    ``k2, k3, k4`` at ``t + (0, 1/2, 1/2) dt``, right only for fields that ignore ``t``."""
+class _TableauStep(DiffEqSolver):
+    """A TorchDyn fixed-step solver stepping by any tableau through the library's stage
+    loop (the same arithmetic as TorchDyn's own ``Euler`` and ``Midpoint``); TorchDyn's
+    ``RungeKutta4`` (1.0.6) evaluates ``k2, k3, k4`` at ``t + (0, 1/2, 1/2) dt``, right
+    only for fields that ignore ``t``, so ``rk4`` is a tableau step here."""
+
+    def __init__(self, tableau: Tableau, dtype: torch.dtype) -> None:
+        super().__init__(order=tableau.order())
+        self.dtype = dtype
+        self.stepping_class = "fixed"
+        self.rk = tableau  # not ``tableau``: TorchDyn reads that as its own (c, a, b, b_err)
 
     def step(self, f: Callable, x: torch.Tensor, t: torch.Tensor, dt: torch.Tensor, **kw: Any):
-        tableau = TABLEAUX["rk4"]
+        tableau = self.rk
         values = rk_stage_values(tableau, lambda i, y: f(t + tableau.c[i] * dt, y), x, dt)
         return None, weighted_sum(x, tableau.b, values, dt), None
+
+
+def _stepper(method: str, dtype: torch.dtype) -> nn.Module:
+    """A tableau step for the fixed-grid names, else TorchDyn's adaptive solver."""
+    if method in TABLEAUX:
+        return _TableauStep(TABLEAUX[method], dtype)
+    return str_to_solver(method, dtype)
 
 
 def run(
@@ -63,8 +79,7 @@ def run(
     monitor: StepMonitor,
 ) -> torch.Tensor:
     """States at ``t``; steps, outcomes and evaluations reported to ``monitor``."""
-    stepper = _ClassicRK4(y0.dtype) if cfg.method == "rk4" else str_to_solver(cfg.method, y0.dtype)
-    solver = _ReportingSolver(stepper, monitor)
+    solver = _ReportingSolver(_stepper(cfg.method, y0.dtype), monitor)
     if cfg.fixed:  # TorchDyn steps through every point of the span and saves at ``t``
         _, states = odeint(field, y0, fixed_grid(t, cfg.step_size), solver, save_at=t)
         monitor.set_step_counts(monitor.steps, 0)

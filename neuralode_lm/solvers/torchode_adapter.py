@@ -8,6 +8,14 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torchode
 from torch import nn
+from torchode.interpolation import LinearInterpolation
+from torchode.single_step_methods.runge_kutta import (
+    ButcherTableau,
+    ERKInterpolationData,
+    ExplicitRungeKutta,
+)
+
+from ode_transformer.tableau import TABLEAUX, Tableau
 
 from .config import fixed_grid
 from .errors import MaxStepsExceeded, NonFiniteStateError, SolverError, StepSizeUnderflowError
@@ -16,8 +24,35 @@ from .monitor import MonitoredField, StepMonitor
 if TYPE_CHECKING:
     from .config import SolverConfig
 
-# torchode's step-method class per facade method ("Heun" is its adaptive Heun-Euler pair).
+# torchode's step-method class per facade method ("Heun" is its adaptive Heun-Euler pair);
+# every other fixed-grid method is a ``_TableauMethod``.
 _STEP_METHODS = {"dopri5": "Dopri5", "tsit5": "Tsit5", "adaptive_heun": "Heun", "euler": "Euler"}
+
+
+class _TableauMethod(ExplicitRungeKutta):
+    """torchode's ``ExplicitRungeKutta`` of a tableau of ``TABLEAUX``, for fixed steps (no
+    error estimate); readouts fall on step ends (``run``), interpolated linearly."""
+
+    def __init__(self, term: torchode.ODETerm, tableau: Tableau) -> None:
+        rows = [list(row[:i]) for i, row in enumerate(tableau.A)]
+        zeros = [0.0] * tableau.stages
+        coefficients = ButcherTableau.from_lists(
+            c=list(tableau.c), a=rows, b=list(tableau.b), b_err=zeros
+        )
+        super().__init__(term, coefficients)
+        self.order = tableau.order()
+
+    def convergence_order(self) -> int:
+        return self.order
+
+    def build_interpolation(self, data: ERKInterpolationData) -> LinearInterpolation:
+        return LinearInterpolation(data.t0, data.dt, data.y0, data.y1)
+
+
+def _step_method(method: str, term: torchode.ODETerm) -> nn.Module:
+    if method in _STEP_METHODS:
+        return getattr(torchode, _STEP_METHODS[method])(term=term)
+    return _TableauMethod(term, TABLEAUX[method])
 
 
 class _ReportingStepMethod:
@@ -45,8 +80,7 @@ def run(
     """States at ``t``; evaluations, step sizes and step counts reported to ``monitor``."""
     flat = y0.reshape(-1, y0.shape[-1])
     term = torchode.ODETerm(field)
-    step_method = getattr(torchode, _STEP_METHODS[cfg.method])(term=term)
-    method = _ReportingStepMethod(step_method, monitor)
+    method = _ReportingStepMethod(_step_method(cfg.method, term), monitor)
     if not cfg.fixed:
         controller = torchode.IntegralController(atol=cfg.atol, rtol=cfg.rtol, term=term)
         ys, accepted, rejected = _solve(term, method, controller, flat, t, None, cfg, monitor)
