@@ -21,6 +21,7 @@ from torch import nn
 
 from odelm import mixed_precision
 from odelm.mixed_precision import Dropout
+from odelm.hf import HuggingFaceLM
 from odelm.pretrained import PretrainedMixin
 
 
@@ -62,11 +63,13 @@ class WordLMTransformerConfig:
         return dataclasses.asdict(self)
 
 
-class BigramLM(PretrainedMixin, nn.Module):
+class BigramLM(PretrainedMixin, HuggingFaceLM):
     """``logits[b, t] = table[tokens[b, t]]``: the smallest model that meets the contract."""
 
     is_causal = True
     config_class = BigramConfig
+    input_embeddings_name = "table"
+    output_embeddings_name = None
 
     def __init__(self, vocab_size: int) -> None:
         super().__init__()
@@ -127,7 +130,7 @@ class _EncoderLayer(nn.TransformerEncoderLayer):
         return self.dropout1(attention.out_proj(y.transpose(1, 2).reshape(batch, length, width)))
 
 
-class WordLMTransformer(PretrainedMixin, nn.Module):
+class WordLMTransformer(PretrainedMixin, HuggingFaceLM):
     """The word_language_model Transformer LM, written with ``torch.nn`` layers.
 
     Embeddings (uniform in ``[-init_range, init_range]``) scaled by ``sqrt(d_model)`` plus
@@ -138,6 +141,8 @@ class WordLMTransformer(PretrainedMixin, nn.Module):
 
     is_causal = True
     config_class = WordLMTransformerConfig
+    input_embeddings_name = "embedding"
+    output_embeddings_name = "decoder"
 
     def __init__(
         self,

@@ -132,6 +132,7 @@ class PretrainedMixin:
         constructor arguments) as JSON data: ``type(self).from_config(config)`` rebuilds the
         architecture."""
         config = getattr(self, "config", None)
+        config = getattr(config, "__dict__", {}).get("library_config", config)  # odelm.hf wraps it
         if self.config_class is not None and isinstance(config, self.config_class):
             arguments = {"vocab_size": self.vocab_size, **config.to_dict()}  # type: ignore[attr-defined]
         else:
@@ -156,11 +157,15 @@ class PretrainedMixin:
         ``model.family`` (the reference models': ``reference``)."""
         cls = type(self)
         package = cls.__module__.split(".")[0]
-        return {
-            "architecture": f"{cls.__module__}:{cls.__qualname__}",
+        architecture = f"{cls.__module__}:{cls.__qualname__}"
+        spec = {
+            "architecture": architecture,
             "family": "reference" if cls.__module__ == "experiments.reference" else package,
             "config": self.pretrained_config(),
         }
+        if architecture in ARCHITECTURES:  # the key transformers' AutoConfig reads (odelm.hf)
+            spec["model_type"] = _model_type(architecture)
+        return spec
 
     def num_parameters(self, only_trainable: bool = False) -> int:
         """Parameters of the model, tied weights counted once (Hugging Face's
@@ -169,12 +174,19 @@ class PretrainedMixin:
         return sum(p.numel() for p in unique.values() if p.requires_grad or not only_trainable)
 
     def save_pretrained(
-        self, directory: str | os.PathLike[str], *, metadata: dict[str, Any] | None = None
+        self,
+        directory: str | os.PathLike[str],
+        *,
+        metadata: dict[str, Any] | None = None,
+        **hub_options: Any,
     ) -> None:
         """Write ``config.json`` and ``model.safetensors`` into ``directory``.
 
         ``metadata`` (JSON data, e.g. the tokenizer's fingerprint) is stored beside the
-        config and returned by [`read_config`][odelm.pretrained.read_config].
+        config and returned by [`read_config`][odelm.pretrained.read_config]. Options of
+        ``transformers``' ``save_pretrained`` (``safe_serialization``, ``state_dict``, ...,
+        passed by ``Trainer`` and ``push_to_hub``) are accepted and ignored: the weights are
+        always one safetensors file of the model's own parameters.
         """
         from safetensors.torch import save_model
 
@@ -192,8 +204,29 @@ class PretrainedMixin:
         os.replace(partial, directory / CONFIG_FILE)
 
     @classmethod
-    def from_pretrained(cls, directory: str | os.PathLike[str], map_location: str = "cpu") -> Self:
-        """The model saved in ``directory``, in eval mode; it must be a ``cls``."""
+    def from_pretrained(
+        cls,
+        directory: str | os.PathLike[str],
+        map_location: str = "cpu",
+        *args: Any,
+        **hub_options: Any,
+    ) -> Self:
+        """The model saved in ``directory``, in eval mode; it must be a ``cls``.
+
+        ``hub_options`` are those of ``transformers``' ``from_pretrained`` (what
+        ``AutoModelForCausalLM.from_pretrained`` passes on): a Hub repository id is downloaded
+        with ``huggingface_hub`` (``revision``, ``cache_dir``, ``token``), ``dtype`` /
+        ``torch_dtype`` and ``device_map`` (a device) are applied, the rest is ignored;
+        ``trust_remote_code`` is never needed and never acted on.
+        """
+        if args or hub_options:
+            model = load_pretrained_hf(directory, map_location=map_location, **hub_options)
+            if not isinstance(model, cls):
+                raise PretrainedError(
+                    f"{directory} holds a {type(model).__name__}, not a {cls.__name__}; load it "
+                    "with its own class or with odelm.pretrained.load_pretrained"
+                )
+            return model
         model = load_pretrained(directory, map_location, trusted=cls)
         if not isinstance(model, cls):
             raise PretrainedError(
@@ -295,6 +328,7 @@ def read_config(directory: str | os.PathLike[str]) -> dict[str, Any]:
         ) from None
     if not (
         isinstance(saved, dict)
+        and isinstance(saved.get("model_type", ""), str)
         and isinstance(saved.get("architecture"), str)
         and isinstance(saved.get("config"), dict)
         and isinstance(saved.get("metadata", {}), dict)
@@ -373,3 +407,37 @@ def load_pretrained(
         )
     # load_model copies the weights into the model's own (CPU) parameters: move it too.
     return model.to(map_location).eval()  # type: ignore[attr-defined]
+
+
+def _model_type(architecture: str) -> str:
+    """The ``transformers`` ``model_type`` of a library class (``odelm.hf.MODEL_TYPES``)."""
+    from odelm.hf import MODEL_TYPES
+
+    return MODEL_TYPES[architecture]
+
+
+HUB_DOWNLOAD_OPTIONS = ("revision", "cache_dir", "token", "force_download", "local_files_only")
+
+
+def load_pretrained_hf(
+    directory: str | os.PathLike[str], map_location: str = "cpu", **hub_options: Any
+) -> Any:
+    """[`load_pretrained`][odelm.pretrained.load_pretrained] with the options of ``transformers``'
+    ``from_pretrained`` (see [`PretrainedMixin.from_pretrained`][odelm.pretrained.PretrainedMixin.from_pretrained]):
+    what ``AutoModelForCausalLM.from_pretrained`` calls for an odelm ``model_type``."""
+    path = Path(directory)
+    if not path.is_dir() and isinstance(directory, str) and directory.count("/") == 1:
+        from huggingface_hub import snapshot_download
+
+        download = {k: hub_options[k] for k in HUB_DOWNLOAD_OPTIONS if hub_options.get(k)}
+        path = Path(snapshot_download(directory, allow_patterns=[CONFIG_FILE, WEIGHTS_FILE], **download))
+    device = hub_options.get("device_map")
+    if isinstance(device, str) and device != "auto":
+        map_location = device
+    model = load_pretrained(path, map_location)
+    dtype = hub_options.get("dtype", hub_options.get("torch_dtype"))
+    if isinstance(dtype, str) and dtype != "auto":
+        dtype = getattr(__import__("torch"), dtype)
+    if dtype is not None and not isinstance(dtype, str):
+        model = model.to(dtype)
+    return model
