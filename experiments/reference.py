@@ -20,8 +20,8 @@ import torch
 from torch import nn
 
 from odelm import mixed_precision
-from odelm.mixed_precision import Dropout
 from odelm.hf import HuggingFaceLM
+from odelm.mixed_precision import Dropout
 from odelm.pretrained import PretrainedMixin
 
 

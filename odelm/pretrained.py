@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from odelm.errors import OdelmError
+from odelm.hub import MODEL_TYPES, resolve
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -163,8 +164,8 @@ class PretrainedMixin:
             "family": "reference" if cls.__module__ == "experiments.reference" else package,
             "config": self.pretrained_config(),
         }
-        if architecture in ARCHITECTURES:  # the key transformers' AutoConfig reads (odelm.hf)
-            spec["model_type"] = _model_type(architecture)
+        if architecture in MODEL_TYPES:  # the key transformers' AutoConfig reads (odelm.hf)
+            spec["model_type"] = MODEL_TYPES[architecture]
         return spec
 
     def num_parameters(self, only_trainable: bool = False) -> int:
@@ -205,29 +206,15 @@ class PretrainedMixin:
 
     @classmethod
     def from_pretrained(
-        cls,
-        directory: str | os.PathLike[str],
-        map_location: str = "cpu",
-        *args: Any,
-        **hub_options: Any,
+        cls, directory: str | os.PathLike[str], map_location: str = "cpu", **hub_options: Any
     ) -> Self:
-        """The model saved in ``directory``, in eval mode; it must be a ``cls``.
-
-        ``hub_options`` are those of ``transformers``' ``from_pretrained`` (what
-        ``AutoModelForCausalLM.from_pretrained`` passes on): a Hub repository id is downloaded
-        with ``huggingface_hub`` (``revision``, ``cache_dir``, ``token``), ``dtype`` /
-        ``torch_dtype`` and ``device_map`` (a device) are applied, the rest is ignored;
-        ``trust_remote_code`` is never needed and never acted on.
+        """The model saved in ``directory``, in eval mode; it must be a ``cls``. ``hub_options``:
+        those of ``transformers``' ``from_pretrained`` ([`odelm.hub.resolve`][odelm.hub.resolve]).
         """
-        if args or hub_options:
-            model = load_pretrained_hf(directory, map_location=map_location, **hub_options)
-            if not isinstance(model, cls):
-                raise PretrainedError(
-                    f"{directory} holds a {type(model).__name__}, not a {cls.__name__}; load it "
-                    "with its own class or with odelm.pretrained.load_pretrained"
-                )
-            return model
+        directory, map_location, dtype = resolve(directory, map_location, hub_options)
         model = load_pretrained(directory, map_location, trusted=cls)
+        if dtype is not None:
+            model = model.to(dtype)
         if not isinstance(model, cls):
             raise PretrainedError(
                 f"{directory} holds a {type(model).__name__}, not a {cls.__name__}; load it "
@@ -407,37 +394,3 @@ def load_pretrained(
         )
     # load_model copies the weights into the model's own (CPU) parameters: move it too.
     return model.to(map_location).eval()  # type: ignore[attr-defined]
-
-
-def _model_type(architecture: str) -> str:
-    """The ``transformers`` ``model_type`` of a library class (``odelm.hf.MODEL_TYPES``)."""
-    from odelm.hf import MODEL_TYPES
-
-    return MODEL_TYPES[architecture]
-
-
-HUB_DOWNLOAD_OPTIONS = ("revision", "cache_dir", "token", "force_download", "local_files_only")
-
-
-def load_pretrained_hf(
-    directory: str | os.PathLike[str], map_location: str = "cpu", **hub_options: Any
-) -> Any:
-    """[`load_pretrained`][odelm.pretrained.load_pretrained] with the options of ``transformers``'
-    ``from_pretrained`` (see [`PretrainedMixin.from_pretrained`][odelm.pretrained.PretrainedMixin.from_pretrained]):
-    what ``AutoModelForCausalLM.from_pretrained`` calls for an odelm ``model_type``."""
-    path = Path(directory)
-    if not path.is_dir() and isinstance(directory, str) and directory.count("/") == 1:
-        from huggingface_hub import snapshot_download
-
-        download = {k: hub_options[k] for k in HUB_DOWNLOAD_OPTIONS if hub_options.get(k)}
-        path = Path(snapshot_download(directory, allow_patterns=[CONFIG_FILE, WEIGHTS_FILE], **download))
-    device = hub_options.get("device_map")
-    if isinstance(device, str) and device != "auto":
-        map_location = device
-    model = load_pretrained(path, map_location)
-    dtype = hub_options.get("dtype", hub_options.get("torch_dtype"))
-    if isinstance(dtype, str) and dtype != "auto":
-        dtype = getattr(__import__("torch"), dtype)
-    if dtype is not None and not isinstance(dtype, str):
-        model = model.to(dtype)
-    return model
