@@ -319,7 +319,7 @@ class NODETransformerLM(PretrainedMixin, HuggingFaceLM):
     def generate(self, *args: Any, **options: Any) -> Any:
         """Continue ``tokens`` with [`odelm.decoding.generate`][odelm.decoding.generate]
         (``generate(tokens, max_new_tokens, strategy=...)``) or Hugging Face's ``generate``
-        ([`odelm.hf.HuggingFaceLM.generate`][odelm.hf.HuggingFaceLM.generate])."""
+        ([`odelm.hf.HuggingFaceLM.generate`][odelm.hf.model.HuggingFaceLM.generate])."""
         return super().generate(*args, **options)
 
     # -------------------------------------------------------------------------------------

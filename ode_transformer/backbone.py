@@ -100,7 +100,7 @@ class Backbone(PretrainedMixin, HuggingFaceLM):
     A subclass whose constructor takes only the config saves and loads with
     ``save_pretrained`` / ``from_pretrained``
     ([`odelm.pretrained.PretrainedMixin`][odelm.pretrained.PretrainedMixin]) and is a
-    ``transformers`` model ([`odelm.hf.HuggingFaceLM`][odelm.hf.HuggingFaceLM]).
+    ``transformers`` model ([`odelm.hf.HuggingFaceLM`][odelm.hf.model.HuggingFaceLM]).
     """
 
     def __init__(self, config: ODETransformerConfig, causal: bool) -> None:

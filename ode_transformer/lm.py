@@ -78,5 +78,5 @@ class ODETransformerLM(Backbone):
         ``strategy``, ``num_beams``, ``temperature``, ``top_k``, ``top_p``, ``generator``,
         ``eos_id``, ``use_cache``, ``length_penalty``); ``generate(input_ids, max_new_tokens=...,
         do_sample=..., num_beams=...)`` is Hugging Face's
-        ([`odelm.hf.HuggingFaceLM.generate`][odelm.hf.HuggingFaceLM.generate])."""
+        ([`odelm.hf.HuggingFaceLM.generate`][odelm.hf.model.HuggingFaceLM.generate])."""
         return super().generate(*args, **options)

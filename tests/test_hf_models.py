@@ -46,6 +46,7 @@ def _ode_transformer(**options):
 FAMILIES = {
     "ode_transformer-rk4": lambda: _ode_transformer(block="rk4"),
     "ode_transformer-rk2-untied": lambda: _ode_transformer(block="rk2", tie_embeddings=False),
+    "ode_transformer-macaron": lambda: _ode_transformer(stack="macaron"),
     "node-transformer-grid": lambda: NODETransformerLM(
         V,
         d_model=16,
@@ -65,8 +66,7 @@ FAMILIES = {
         n_layers=1,
         max_positions=32,
         dropout=0.0,
-        solver={"method": "dopri5", "rtol": 1e-6, "atol": 1e-6},
-        causal_mode="prefix",
+        solver={"method": "dopri5", "rtol": 1e-3, "atol": 1e-4},
     ),
     "lstm": lambda: LSTMLM(V, embed_dim=12, hidden_dim=12, dropout=0.0),
     "ode-lstm": lambda: ODELSTM(
@@ -76,6 +76,14 @@ FAMILIES = {
         field_hidden=8,
         dropout=0.0,
         solver={"method": "rk4", "step_size": 0.5},
+    ),
+    "ode-lstm-dopri5": lambda: ODELSTM(
+        V,
+        embed_dim=12,
+        hidden_dim=12,
+        field_hidden=8,
+        dropout=0.0,
+        solver={"method": "dopri5", "rtol": 1e-3, "atol": 1e-4},
     ),
     "gpt2": lambda: GPT2LM(V, config=GPT2_TINY),
     "ode-gpt2": lambda: ODEGPT2(

@@ -184,8 +184,8 @@ class HuggingFaceLM(EmbeddingsMixin, _PreTrainedModel, GenerationMixin):
         **ignored: Any,
     ) -> Any:
         """The Hugging Face forward (the module docstring): ``input_ids`` ``[B, T]`` to a
-        [`CausalLMOutput`][odelm.hf.CausalLMOutput]; with a cache (``past_key_values`` or
-        ``cache``, an [`OdelmCache`][odelm.hf.OdelmCache]) the ids continue the cached tokens.
+        [`CausalLMOutput`][odelm.hf.config.CausalLMOutput]; with a cache (``past_key_values`` or
+        ``cache``, an [`OdelmCache`][odelm.hf.config.OdelmCache]) the ids continue the cached tokens.
         ``attention_mask`` (1 on real tokens) reaches models that take a padding mask;
         other models accept padding only after the real tokens (right padding)."""
         if inputs_embeds is not None:
