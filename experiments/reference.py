@@ -70,6 +70,7 @@ class BigramLM(PretrainedMixin, HuggingFaceLM):
     config_class = BigramConfig
     input_embeddings_name = "table"
     output_embeddings_name = None
+    resizable = False  # the table is vocabulary x vocabulary
 
     def __init__(self, vocab_size: int) -> None:
         super().__init__()

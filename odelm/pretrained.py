@@ -168,10 +168,15 @@ class PretrainedMixin:
             spec["model_type"] = MODEL_TYPES[architecture]
         return spec
 
-    def num_parameters(self, only_trainable: bool = False) -> int:
+    def num_parameters(self, only_trainable: bool = False, exclude_embeddings: bool = False) -> int:
         """Parameters of the model, tied weights counted once (Hugging Face's
-        ``num_parameters``); ``only_trainable`` counts those with ``requires_grad`` only."""
+        ``num_parameters``); ``only_trainable`` counts those with ``requires_grad`` only,
+        ``exclude_embeddings`` leaves out the input embedding (``get_input_embeddings``)."""
         unique = {id(p): p for p in self.parameters()}  # type: ignore[attr-defined]
+        embeddings = getattr(self, "get_input_embeddings", None)
+        if exclude_embeddings and callable(embeddings):
+            for parameter in embeddings().parameters():
+                unique.pop(id(parameter), None)
         return sum(p.numel() for p in unique.values() if p.requires_grad or not only_trainable)
 
     def save_pretrained(

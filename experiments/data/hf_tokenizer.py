@@ -11,7 +11,9 @@ The Hugging Face tokenizer reads raw text as the library reads a corpus line: wo
 whitespace (a BPE word is encoded with its leading space, as ``BPETokenizer.encode_line`` does),
 special tokens (``<eos>``, ``<unk>``) kept whole. It adds no special tokens of its own (no BOS):
 ``tokenizer("the cat")["input_ids"]`` is what the run's model was trained on for that line
-without its ``<eos>``.
+without its ``<eos>``. Every word decodes with its leading space (``decode`` of ``the cat`` is
+``" the cat"``, as GPT-2's ``Ġthe`` decodes), so the text of new tokens alone joins onto its
+prompt, as ``pipeline("text-generation")`` joins them.
 """
 
 from __future__ import annotations
@@ -33,18 +35,30 @@ from experiments.data.tokenization import (
 HF_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 """What [`save_hf_tokenizer`][experiments.data.hf_tokenizer.save_hf_tokenizer] writes into a run."""
 UNK = "<unk>"
+SPACE = "\u2581"  # "▁", the word-start mark of a word-level vocabulary
 
 
 def _backend(tokenizer: Tokenizer) -> tuple[Any, dict[str, str]]:
     """The ``tokenizers.Tokenizer`` and the special tokens of a library tokenizer."""
-    from tokenizers import AddedToken, models, pre_tokenizers
+    from tokenizers import AddedToken, decoders, models, pre_tokenizers
     from tokenizers import Tokenizer as Backend
 
     if isinstance(tokenizer, WordTokenizer):
-        vocab = dict(tokenizer.index)
-        unk = UNK if UNK in vocab else None
+        # every word is stored as "▁word" and decodes as " word" (as a byte-level BPE token
+        # carries its space), so text decoded from new tokens alone joins onto its prompt
+        unk = UNK if UNK in tokenizer.index else None
+        vocab = {
+            token if token in (UNK, tokenizer.tokens[tokenizer.eos_id]) else SPACE + token: i
+            for token, i in tokenizer.index.items()
+        }
         backend = Backend(models.WordLevel(vocab, unk_token=unk or tokenizer.tokens[0]))
-        backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+        backend.pre_tokenizer = pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.WhitespaceSplit(),
+                pre_tokenizers.Metaspace(SPACE, prepend_scheme="always", split=False),
+            ]
+        )
+        backend.decoder = decoders.Metaspace(SPACE, prepend_scheme="never", split=False)
         specials = {"eos_token": tokenizer.tokens[tokenizer.eos_id]}
     elif isinstance(tokenizer, SubwordTokenizer):
         bpe = tokenizer.bpe
@@ -63,7 +77,10 @@ def _backend(tokenizer: Tokenizer) -> tuple[Any, dict[str, str]]:
     if unk is not None:
         specials["unk_token"] = unk
     backend.add_special_tokens(
-        [AddedToken(token, special=True, normalized=False) for token in specials.values()]
+        [
+            AddedToken(token, special=True, normalized=False, lstrip=True, rstrip=True)
+            for token in specials.values()
+        ]
     )
     return backend, specials
 

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from torch import nn
@@ -16,6 +16,9 @@ class EmbeddingsMixin:
 
     input_embeddings_name: ClassVar[str | None] = "token_embedding"
     output_embeddings_name: ClassVar[str | None] = "head"
+    resizable: ClassVar[bool] = True
+    if TYPE_CHECKING:  # not at run time: transformers reads a ``config`` annotation
+        config: Any
 
     def _module_at(self, path: str | None) -> Any:
         if path is None:
@@ -80,12 +83,7 @@ class EmbeddingsMixin:
             return embedding
         if pad_to_multiple_of:
             new_num_tokens = -(-new_num_tokens // pad_to_multiple_of) * pad_to_multiple_of
-        if (
-            not isinstance(embedding, nn.Embedding)
-            or embedding.weight.shape[1] == getattr(self, "vocab_size", -1)
-            and self.output_embeddings_name is None
-            and self.input_embeddings_name == "table"
-        ):
+        if not (self.resizable and isinstance(embedding, nn.Embedding)):
             raise NotImplementedError(f"{type(self).__name__} cannot resize its vocabulary")
         old = embedding.weight.shape[0]
         output = self.get_output_embeddings()
@@ -108,15 +106,16 @@ class EmbeddingsMixin:
                 if output.bias is not None:
                     layer.bias = _resized_bias(output.bias, new_num_tokens)
                 self.set_output_embeddings(layer)
-            if hasattr(output, "out_features"):
-                (output if tied else self.get_output_embeddings()).out_features = new_num_tokens
+            resized = self.get_output_embeddings()
+            if isinstance(resized, nn.Linear):
+                resized.out_features = new_num_tokens
         self._resized_vocabulary(new_num_tokens)
         return new_embedding
 
     def _resized_vocabulary(self, size: int) -> None:
         """Record the new vocabulary size on the model and its configs."""
         self.__dict__["vocab_size"] = size
-        library = self.library_config
+        library = self.config.__dict__.get("library_config")
         if library is not None and hasattr(library, "vocab_size"):
             self.config = dataclasses.replace(library, vocab_size=size)
         self.config.vocab_size = size
