@@ -180,11 +180,7 @@ class PretrainedMixin:
         return sum(p.numel() for p in unique.values() if p.requires_grad or not only_trainable)
 
     def save_pretrained(
-        self,
-        directory: str | os.PathLike[str],
-        *,
-        metadata: dict[str, Any] | None = None,
-        **hub_options: Any,
+        self, directory: str | os.PathLike[str], *, metadata: Any = None, **hub_options: Any
     ) -> None:
         """Write ``config.json`` and ``model.safetensors`` into ``directory``.
 

@@ -334,3 +334,17 @@ def test_left_padding_is_refused_where_no_mask_is_taken():
     out = gpt2(input_ids=ids, attention_mask=left)
     alone = gpt2(ids[:1, 2:])[0]
     torch.testing.assert_close(out.logits[0, 2:], alone[0], rtol=0, atol=1e-5)
+
+
+def test_generate_with_a_padding_mask():
+    from odelm.hf import HuggingFaceError
+
+    prompt = _ids(2, 4, seed=3)
+    left = torch.ones_like(prompt)
+    left[0, :2] = 0
+    with pytest.raises(HuggingFaceError, match="right padding"):
+        _model("ode_transformer-rk4").generate(prompt, attention_mask=left, max_new_tokens=2)
+    gpt2 = _model("gpt2")  # takes the mask: a left-padded row continues as it would alone
+    both = gpt2.generate(prompt, attention_mask=left, max_new_tokens=3, do_sample=False)
+    alone = gpt2.generate(prompt[:1, 2:], max_new_tokens=3, do_sample=False)
+    assert torch.equal(both[0, 4:], alone[0, 2:])

@@ -260,12 +260,12 @@ class HuggingFaceLM(EmbeddingsMixin, _PreTrainedModel, GenerationMixin):
         cache = cache if cache is not None else past_key_values
         if cache is None and use_cache is not False:
             cache = self._new_cache()
-        inputs: dict[str, Any] = {"input_ids": input_ids}
+        inputs: dict[str, Any] = {"input_ids": input_ids, "attention_mask": attention_mask}
         if isinstance(cache, OdelmCache):
+            # the new tokens only; the mask (the whole sequence's) is checked at the prefill,
+            # where a model without a padding mask refuses left padding
             inputs["input_ids"] = input_ids[:, cache.seen :]
             inputs["cache"] = cache
-        elif attention_mask is not None:
-            inputs["attention_mask"] = attention_mask
         return inputs
 
     def _update_model_kwargs_for_generation(  # type: ignore[override]
