@@ -299,3 +299,63 @@ def test_lm_evaluation_harness_scores_a_run_as_odelm_eval(trained, tmp_path):
     logp = run.model(ids)[0].log_softmax(-1)[0]
     expected = logp[2, ids[0, 3]] + logp[3, ids[0, 4]]
     assert ll == pytest.approx(expected.item(), abs=1e-4)
+
+
+TASK = """task: odelm_grammar
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+test_split: test
+output_type: loglikelihood_rolling
+doc_to_text: ""
+doc_to_target: "{{{{text}}}}"
+metric_list:
+  - metric: word_perplexity
+"""
+
+
+@pytest.mark.slow
+def test_the_lm_eval_command_line_scores_a_local_task(trained, tmp_path, monkeypatch):
+    """``python -m odelm.harness run --model hf ...`` (the README's command) on a local task
+    file: its word perplexity is odelm's per-token perplexity of the same lines."""
+    pytest.importorskip(
+        "lm_eval",
+        reason="lm-evaluation-harness is not installed: pip install 'odelm[harness]' "
+        "(a separate extra: it pulls datasets, pandas, pyarrow and scikit-learn)",
+    )
+    from odelm.harness import main
+
+    run = load_run(trained)
+    data = tmp_path / "grammar.jsonl"
+    data.write_text("".join(json.dumps({"text": f"{line} <eos>"}) + "\n" for line in LINES))
+    (tmp_path / "odelm_grammar.yaml").write_text(TASK.format(data=data))
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    main(
+        [
+            "run",
+            "--model",
+            "hf",
+            "--model_args",
+            f"pretrained={trained / 'model'},tokenizer={trained}",
+            "--tasks",
+            "odelm_grammar",
+            "--include_path",
+            str(tmp_path),
+            "--device",
+            "cpu",
+            "--batch_size",
+            "1",
+            "--output_path",
+            str(tmp_path / "out"),
+        ]
+    )
+    (results,) = (tmp_path / "out").rglob("results_*.json")
+    ppl = json.loads(results.read_text())["results"]["odelm_grammar"]["word_perplexity,none"]
+    # each line scored alone by odelm (a line's words and its <eos>: lm_eval's "words")
+    nll = tokens = 0.0
+    for line in LINES:
+        count = len(line.split()) + 1
+        nll += math.log(run.perplexity([line], per="token")) * count
+        tokens += count
+    assert ppl == pytest.approx(math.exp(nll / tokens), rel=1e-4)
