@@ -59,6 +59,9 @@ def test_pipeline_generates_text(trained):
     generator = pipeline("text-generation", model=str(trained / "model"), tokenizer=str(trained))
     out = generator("a dog", max_new_tokens=4, do_sample=False)
     text = out[0]["generated_text"]
+    # RUN/model holds the tokenizer files too, so the pipeline finds them alone
+    alone = pipeline("text-generation", model=str(trained / "model"))
+    assert alone("a dog", max_new_tokens=4, do_sample=False)[0]["generated_text"] == text
     assert text.startswith("a dog") and len(text.split()) > 2
     model = AutoModelForCausalLM.from_pretrained(trained / "model")
     expected = model.generate(
@@ -75,6 +78,7 @@ def _old_run(trained: Path, tmp_path: Path) -> Path:
     shutil.copytree(trained, old)
     for name in HF_TOKENIZER_FILES:
         (old / name).unlink()
+        (old / "model" / name).unlink()
     config_path = old / "model" / "config.json"
     saved = json.loads(config_path.read_text())
     del saved["model_type"]
@@ -82,7 +86,7 @@ def _old_run(trained: Path, tmp_path: Path) -> Path:
     marker = json.loads((old / ".odelm-run").read_text())
     from odelm.pretrained import file_sha256
 
-    files = {k: v for k, v in marker["files"].items() if k not in HF_TOKENIZER_FILES}
+    files = {k: v for k, v in marker["files"].items() if Path(k).name not in HF_TOKENIZER_FILES}
     files["model/config.json"] = file_sha256(config_path)
     (old / ".odelm-run").write_text(json.dumps({**marker, "files": files}))
     return old
