@@ -348,3 +348,24 @@ def test_generate_with_a_padding_mask():
     both = gpt2.generate(prompt, attention_mask=left, max_new_tokens=3, do_sample=False)
     alone = gpt2.generate(prompt[:1, 2:], max_new_tokens=3, do_sample=False)
     assert torch.equal(both[0, 4:], alone[0, 2:])
+
+
+def test_auto_loading_runs_no_code_from_the_folder(tmp_path):
+    """An ``auto_map`` naming code beside the weights is never imported, even with
+    ``trust_remote_code=True`` (odelm's registered classes take precedence), and the
+    architecture must still be one of the library's."""
+    from odelm.pretrained import PretrainedError
+
+    model = _model("ode_transformer-rk4")
+    model.save_pretrained(tmp_path)
+    path = tmp_path / "config.json"
+    saved = json.loads(path.read_text())
+    auto_map = {"AutoConfig": "evil.EvilConfig", "AutoModelForCausalLM": "evil.Evil"}
+    path.write_text(json.dumps({**saved, "auto_map": auto_map}))
+    (tmp_path / "evil.py").write_text("raise SystemExit('code from the model folder ran')\n")
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path, trust_remote_code=True)
+    assert type(loaded) is ODETransformerLM
+    torch.testing.assert_close(loaded(_ids())[0], model(_ids())[0], rtol=0, atol=0)
+    path.write_text(json.dumps({**saved, "architecture": "os:system"}))
+    with pytest.raises(PretrainedError, match="not one of the library's models"):
+        AutoModelForCausalLM.from_pretrained(tmp_path)
