@@ -168,6 +168,7 @@ def test_same_object_both_contracts_and_loss(name):
     )
     assert part.item() == pytest.approx(expected.item(), abs=1e-6)
     assert model(input_ids=ids, return_dict=False)[0].shape == (2, 7, V)
+    assert model(ids, labels=ids).loss.item() == out.loss.item()  # positional ids, HF keywords
 
 
 @pytest.mark.parametrize("name", FAMILIES)

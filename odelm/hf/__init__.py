@@ -6,8 +6,9 @@ The library's model classes inherit [`HuggingFaceLM`][odelm.hf.model.HuggingFace
 * the library contract, unchanged: ``logits, aux = model(tokens)`` (a positional call, or with the
   library's own keywords ``cache=``/``state=``/``attention_mask=`` a bool mask) returns an
   [`LMOutput`][odelm.hf.config.LMOutput], a named tuple ``(logits, aux)`` that also has ``.logits``;
-* the Hugging Face contract: a call with ``input_ids=`` (what ``transformers``, ``Trainer``, PEFT,
-  ``pipeline`` and lm-evaluation-harness pass) returns a
+* the Hugging Face contract: a call with ``input_ids=`` or another keyword the library never
+  takes (``labels``, ``use_cache``, ``return_dict``, ``past_key_values``, ...: what
+  ``transformers``, ``Trainer``, PEFT and ``pipeline`` pass) returns a
   [`CausalLMOutput`][odelm.hf.config.CausalLMOutput] (``CausalLMOutputWithPast`` plus ``nfe`` and
   ``aux``) with the loss under Hugging Face's label shift (``labels`` equal to ``input_ids``; -100
   is ignored), the training regulariser ``aux["reg"]`` added as the library's training loss adds

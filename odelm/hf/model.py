@@ -48,6 +48,8 @@ LIBRARY_GENERATE_KEYWORDS = frozenset({"strategy", "eos_id", "generator"})
 
 
 def _is_hf_call(args: tuple, kwargs: dict[str, Any]) -> bool:
+    if len(args) > 1:
+        return False
     if any(key in HF_ONLY_KEYWORDS for key in kwargs):
         return True
     return isinstance(kwargs.get("cache"), Cache)
@@ -58,8 +60,8 @@ def _dispatching(forward: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(forward)
     def dispatch(self: HuggingFaceLM, *args: Any, **kwargs: Any) -> Any:
-        if not args and _is_hf_call(args, kwargs):
-            return self.hf_forward(**kwargs)
+        if _is_hf_call(args, kwargs):  # model(input_ids=ids, ...) or model(ids, labels=ids)
+            return self.hf_forward(*args, **kwargs)
         output = forward(self, *args, **kwargs)
         if isinstance(output, tuple) and len(output) == 2 and isinstance(output[1], dict):
             return LMOutput(*output)
