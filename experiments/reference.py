@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from odelm import mixed_precision
+from odelm.hf import HuggingFaceLM
 from odelm.mixed_precision import Dropout
 from odelm.pretrained import PretrainedMixin
 
@@ -62,11 +63,14 @@ class WordLMTransformerConfig:
         return dataclasses.asdict(self)
 
 
-class BigramLM(PretrainedMixin, nn.Module):
+class BigramLM(PretrainedMixin, HuggingFaceLM):
     """``logits[b, t] = table[tokens[b, t]]``: the smallest model that meets the contract."""
 
     is_causal = True
     config_class = BigramConfig
+    input_embeddings_name = "table"
+    output_embeddings_name = None
+    resizable = False  # the table is vocabulary x vocabulary
 
     def __init__(self, vocab_size: int) -> None:
         super().__init__()
@@ -127,7 +131,7 @@ class _EncoderLayer(nn.TransformerEncoderLayer):
         return self.dropout1(attention.out_proj(y.transpose(1, 2).reshape(batch, length, width)))
 
 
-class WordLMTransformer(PretrainedMixin, nn.Module):
+class WordLMTransformer(PretrainedMixin, HuggingFaceLM):
     """The word_language_model Transformer LM, written with ``torch.nn`` layers.
 
     Embeddings (uniform in ``[-init_range, init_range]``) scaled by ``sqrt(d_model)`` plus
@@ -138,6 +142,8 @@ class WordLMTransformer(PretrainedMixin, nn.Module):
 
     is_causal = True
     config_class = WordLMTransformerConfig
+    input_embeddings_name = "embedding"
+    output_embeddings_name = "decoder"
 
     def __init__(
         self,

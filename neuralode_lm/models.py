@@ -26,6 +26,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
+from odelm.hf import HuggingFaceLM
 from odelm.pretrained import PretrainedMixin
 
 from .configs import (
@@ -56,7 +57,7 @@ __all__ = [
 ]
 
 
-class LSTMLM(PretrainedMixin, nn.Module):
+class LSTMLM(PretrainedMixin, HuggingFaceLM):
     """The report's LSTM baseline: 300-d embedding, 300-unit LSTM, dropout 0.1, linear.
 
     Options are [`LSTMConfig`][neuralode_lm.LSTMConfig] fields (or ``config=``), e.g.
@@ -68,6 +69,7 @@ class LSTMLM(PretrainedMixin, nn.Module):
     supports_state = True
     config_class = LSTMConfig
     renamed_keys = RENAMED
+    input_embeddings_name = "encoder.embedding"
 
     def __init__(self, vocab_size: int, config: LSTMConfig | None = None, **options: Any) -> None:
         super().__init__()
@@ -126,7 +128,7 @@ def _gpt2_encoder(vocab_size: int, options: GPT2LMConfig, layer: int) -> GPT2Enc
     return encoder
 
 
-class GPT2LM(PretrainedMixin, nn.Module):
+class GPT2LM(PretrainedMixin, HuggingFaceLM):
     """GPT-2 with its tied output embedding, as ``GPT2LMHeadModel``; pretrained or from config.
 
     Options are [`GPT2LMConfig`][neuralode_lm.GPT2LMConfig] fields (``config`` is GPT-2's
@@ -135,12 +137,15 @@ class GPT2LM(PretrainedMixin, nn.Module):
 
     is_causal = True
     config_class = GPT2LMConfig
+    input_embeddings_name = "encoder.model.wte"
+    output_embeddings_name = None  # the logits are hidden @ wte.T
 
     def __init__(self, vocab_size: int, **options: Any) -> None:
         super().__init__()
-        self.config = from_options(GPT2LMConfig, options)
+        config = from_options(GPT2LMConfig, options)
+        self.config = config
         self.vocab_size = vocab_size
-        self.encoder = _gpt2_encoder(vocab_size, self.config, -1)
+        self.encoder = _gpt2_encoder(vocab_size, config, -1)
 
     @property
     def max_positions(self) -> int:
@@ -161,10 +166,11 @@ class GPT2LM(PretrainedMixin, nn.Module):
         return [self.encoder.model.wte, *self.encoder.model.h, self.encoder.model.ln_f]
 
 
-class _ODELanguageModel(PretrainedMixin, nn.Module):
+class _ODELanguageModel(PretrainedMixin, HuggingFaceLM):
     """Encoder + continuous-depth head; reports the solver's statistics."""
 
     config_class: ClassVar[type | None] = ODEHeadConfig
+    output_embeddings_name = "head.proj"
 
     def __init__(
         self, encoder: nn.Module, vocab_size: int, config: ODEHeadConfig, field_hidden: int | None
@@ -225,6 +231,7 @@ class ODELSTM(_ODELanguageModel):
     supports_state = True
     config_class = ODELSTMConfig
     renamed_keys = RENAMED
+    input_embeddings_name = "encoder.embedding"
 
     def __init__(
         self,
@@ -255,6 +262,7 @@ class ODEGPT2(_ODELanguageModel):
     """
 
     config_class = ODEGPT2Config
+    input_embeddings_name = "encoder.model.wte"
 
     def __init__(self, vocab_size: int, **options: Any) -> None:
         config = from_options(self.config_class, options)

@@ -29,7 +29,7 @@ from torch import nn
 
 from ode_transformer.backbone import init_weights
 from ode_transformer.layers import KVCache
-from odelm import decoding
+from odelm.hf import HuggingFaceLM
 from odelm.mixed_precision import Dropout
 from odelm.pretrained import PretrainedMixin
 
@@ -105,7 +105,7 @@ def _integration(
     return config
 
 
-class NODETransformerLM(PretrainedMixin, nn.Module):
+class NODETransformerLM(PretrainedMixin, HuggingFaceLM):
     """Causal LM whose depth is ``n_layers`` ODEs ``dy/ds = F_k(s, y)``, ``s in [0, S]``.
 
     ``solver``: a facade config or dict for adaptive solves (e.g. ``{"method": "dopri5",
@@ -316,10 +316,11 @@ class NODETransformerLM(PretrainedMixin, nn.Module):
         prefix, so decoding recomputes it at every token."""
         return KVCache if isinstance(self.integration, FixedGrid) else None
 
-    @torch.no_grad()
-    def generate(self, tokens: torch.Tensor, max_new_tokens: int, **options: Any) -> torch.Tensor:
-        """Continue ``tokens`` with [`odelm.decoding.generate`][odelm.decoding.generate]."""
-        return decoding.generate(self, tokens, max_new_tokens, **options)
+    def generate(self, *args: Any, **options: Any) -> Any:
+        """Continue ``tokens`` with [`odelm.decoding.generate`][odelm.decoding.generate]
+        (``generate(tokens, max_new_tokens, strategy=...)``) or Hugging Face's ``generate``
+        ([`odelm.hf.HuggingFaceLM.generate`][odelm.hf.model.HuggingFaceLM.generate])."""
+        return super().generate(*args, **options)
 
     # -------------------------------------------------------------------------------------
 

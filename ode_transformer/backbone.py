@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from odelm.errors import OdelmError
+from odelm.hf import HuggingFaceLM
 from odelm.mixed_precision import Dropout
 from odelm.pretrained import PretrainedMixin
 
@@ -91,14 +92,15 @@ def build_stack(config: ODETransformerConfig, causal: bool) -> LayerStack:
     return STACK_CLASSES[config.stack](layers)
 
 
-class Backbone(PretrainedMixin, nn.Module):
+class Backbone(PretrainedMixin, HuggingFaceLM):
     """Token + position embeddings, an ODE Transformer stack, final LayerNorm.
 
     Subclasses add their own modules after calling ``__init__`` and then apply
     ``init_weights`` (so parameters are created, and initialised, in one fixed order).
     A subclass whose constructor takes only the config saves and loads with
     ``save_pretrained`` / ``from_pretrained``
-    ([`odelm.pretrained.PretrainedMixin`][odelm.pretrained.PretrainedMixin]).
+    ([`odelm.pretrained.PretrainedMixin`][odelm.pretrained.PretrainedMixin]) and is a
+    ``transformers`` model ([`odelm.hf.HuggingFaceLM`][odelm.hf.model.HuggingFaceLM]).
     """
 
     def __init__(self, config: ODETransformerConfig, causal: bool) -> None:
@@ -117,7 +119,7 @@ class Backbone(PretrainedMixin, nn.Module):
         self.norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
 
     def pretrained_config(self) -> dict:
-        return self.config.to_dict()
+        return self.library_config.to_dict()
 
     @classmethod
     def from_config(cls, config: dict) -> Backbone:
@@ -129,7 +131,7 @@ class Backbone(PretrainedMixin, nn.Module):
 
     def position(self, positions: torch.Tensor) -> torch.Tensor:
         """Position vectors ``[T, d_model]``: the learned table's rows or the sinusoids."""
-        if self.config.positions == "learned":
+        if "position_embedding" in self._modules:  # config.positions == "learned"
             return self.position_embedding(positions)
         return self.position_table[positions]
 

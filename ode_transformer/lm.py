@@ -16,8 +16,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from odelm import decoding
-
 from .backbone import Backbone, init_weights
 from .config import ODETransformerConfig
 from .layers import AttentionContext, KVCache
@@ -74,9 +72,11 @@ class ODETransformerLM(Backbone):
         """Logits ``[B, V]`` at the last position only (the step generation needs)."""
         return self.head(self.hidden_states(tokens, cache)[:, -1])
 
-    @torch.no_grad()
-    def generate(self, tokens: torch.Tensor, max_new_tokens: int, **options: Any) -> torch.Tensor:
-        """Continue ``tokens`` [B, T]: [`odelm.decoding.generate`][odelm.decoding.generate] on this
-        model (options: ``strategy``, ``num_beams``, ``temperature``, ``top_k``, ``top_p``,
-        ``generator``, ``eos_id``, ``use_cache``, ``length_penalty``)."""
-        return decoding.generate(self, tokens, max_new_tokens, **options)
+    def generate(self, *args: Any, **options: Any) -> Any:
+        """Continue ``tokens`` [B, T]: ``generate(tokens, max_new_tokens, strategy=...)`` is
+        [`odelm.decoding.generate`][odelm.decoding.generate] on this model (options:
+        ``strategy``, ``num_beams``, ``temperature``, ``top_k``, ``top_p``, ``generator``,
+        ``eos_id``, ``use_cache``, ``length_penalty``); ``generate(input_ids, max_new_tokens=...,
+        do_sample=..., num_beams=...)`` is Hugging Face's
+        ([`odelm.hf.HuggingFaceLM.generate`][odelm.hf.model.HuggingFaceLM.generate])."""
+        return super().generate(*args, **options)

@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from odelm.errors import OdelmError
+from odelm.hub import MODEL_TYPES, resolve
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -132,6 +133,7 @@ class PretrainedMixin:
         constructor arguments) as JSON data: ``type(self).from_config(config)`` rebuilds the
         architecture."""
         config = getattr(self, "config", None)
+        config = getattr(config, "__dict__", {}).get("library_config", config)  # odelm.hf wraps it
         if self.config_class is not None and isinstance(config, self.config_class):
             arguments = {"vocab_size": self.vocab_size, **config.to_dict()}  # type: ignore[attr-defined]
         else:
@@ -156,25 +158,37 @@ class PretrainedMixin:
         ``model.family`` (the reference models': ``reference``)."""
         cls = type(self)
         package = cls.__module__.split(".")[0]
-        return {
-            "architecture": f"{cls.__module__}:{cls.__qualname__}",
+        architecture = f"{cls.__module__}:{cls.__qualname__}"
+        spec = {
+            "architecture": architecture,
             "family": "reference" if cls.__module__ == "experiments.reference" else package,
             "config": self.pretrained_config(),
         }
+        if architecture in MODEL_TYPES:  # the key transformers' AutoConfig reads (odelm.hf)
+            spec["model_type"] = MODEL_TYPES[architecture]
+        return spec
 
-    def num_parameters(self, only_trainable: bool = False) -> int:
+    def num_parameters(self, only_trainable: bool = False, exclude_embeddings: bool = False) -> int:
         """Parameters of the model, tied weights counted once (Hugging Face's
-        ``num_parameters``); ``only_trainable`` counts those with ``requires_grad`` only."""
+        ``num_parameters``); ``only_trainable`` counts those with ``requires_grad`` only,
+        ``exclude_embeddings`` leaves out the input embedding (``get_input_embeddings``)."""
         unique = {id(p): p for p in self.parameters()}  # type: ignore[attr-defined]
+        embeddings = getattr(self, "get_input_embeddings", None)
+        if exclude_embeddings and callable(embeddings):
+            for parameter in embeddings().parameters():
+                unique.pop(id(parameter), None)
         return sum(p.numel() for p in unique.values() if p.requires_grad or not only_trainable)
 
     def save_pretrained(
-        self, directory: str | os.PathLike[str], *, metadata: dict[str, Any] | None = None
+        self, directory: str | os.PathLike[str], *, metadata: Any = None, **hub_options: Any
     ) -> None:
         """Write ``config.json`` and ``model.safetensors`` into ``directory``.
 
         ``metadata`` (JSON data, e.g. the tokenizer's fingerprint) is stored beside the
-        config and returned by [`read_config`][odelm.pretrained.read_config].
+        config and returned by [`read_config`][odelm.pretrained.read_config]. Options of
+        ``transformers``' ``save_pretrained`` (``safe_serialization``, ``state_dict``, ...,
+        passed by ``Trainer`` and ``push_to_hub``) are accepted and ignored: the weights are
+        always one safetensors file of the model's own parameters.
         """
         from safetensors.torch import save_model
 
@@ -192,9 +206,16 @@ class PretrainedMixin:
         os.replace(partial, directory / CONFIG_FILE)
 
     @classmethod
-    def from_pretrained(cls, directory: str | os.PathLike[str], map_location: str = "cpu") -> Self:
-        """The model saved in ``directory``, in eval mode; it must be a ``cls``."""
+    def from_pretrained(
+        cls, directory: str | os.PathLike[str], map_location: str = "cpu", **hub_options: Any
+    ) -> Self:
+        """The model saved in ``directory``, in eval mode; it must be a ``cls``. ``hub_options``:
+        those of ``transformers``' ``from_pretrained`` ([`odelm.hub.resolve`][odelm.hub.resolve]).
+        """
+        directory, map_location, dtype = resolve(directory, map_location, hub_options)
         model = load_pretrained(directory, map_location, trusted=cls)
+        if dtype is not None:
+            model = model.to(dtype)
         if not isinstance(model, cls):
             raise PretrainedError(
                 f"{directory} holds a {type(model).__name__}, not a {cls.__name__}; load it "
@@ -295,6 +316,7 @@ def read_config(directory: str | os.PathLike[str]) -> dict[str, Any]:
         ) from None
     if not (
         isinstance(saved, dict)
+        and isinstance(saved.get("model_type", ""), str)
         and isinstance(saved.get("architecture"), str)
         and isinstance(saved.get("config"), dict)
         and isinstance(saved.get("metadata", {}), dict)

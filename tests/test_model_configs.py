@@ -157,7 +157,11 @@ def test_config_json_is_the_typed_config(tmp_path):
     model = build_model("ode-lstm", 20, embed_dim=8, hidden_dim=8, field_hidden=4)
     model.save_pretrained(tmp_path)
     saved = json.loads((tmp_path / "config.json").read_text())["config"]
-    expected = {k: v for k, v in dataclasses.asdict(model.config).items() if k != "embeddings"}
+    expected = {
+        k: v
+        for k, v in dataclasses.asdict(model.config.library_config).items()
+        if k != "embeddings"
+    }
     assert saved == {"vocab_size": 20, **expected} and saved["field_hidden"] == 4
     # config.json's family is the run config's model.family
     from experiments.reference import BigramLM

@@ -39,6 +39,8 @@ RUN_FILES = frozenset(
         "result.json",
         "result.json.partial",
         "tokenizer",
+        "tokenizer.json",
+        "tokenizer_config.json",
         "checkpoints",
         "logs",
         "tensorboard",

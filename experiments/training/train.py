@@ -32,6 +32,7 @@ from lightning_fabric.utilities.exceptions import MisconfigurationException
 from pytorch_lightning.callbacks import Callback, EarlyStopping, LearningRateMonitor
 from torch import nn
 
+from experiments.data.hf_tokenizer import HF_TOKENIZER_FILES
 from experiments.data.loading import load_data
 from experiments.data.tokenization import LMData
 from experiments.evaluation.evaluate import EvalSettings, evaluate
@@ -198,7 +199,7 @@ def _train_locked(
     }
     check_finite(result, parts.trainer.global_step)
     save_run_model(model, run_dir, data.tokenizer)
-    runfolder.record_run_files(run_dir, [CONFIG_FILE, "tokenizer", "model"])
+    runfolder.record_run_files(run_dir, [CONFIG_FILE, "tokenizer", "model", *HF_TOKENIZER_FILES])
     write_card(config, result)  # RUN/README.md; before result.json: a finished run has one
     write_json(result_path, result)
     return result

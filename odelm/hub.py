@@ -1,0 +1,60 @@
+"""Names and options the library shares with the Hugging Face ecosystem, without importing it.
+
+[`MODEL_TYPES`][odelm.hub.MODEL_TYPES] gives each library model class its ``transformers``
+``model_type`` (written to ``config.json``, registered by [`odelm.hf`][odelm.hf]);
+[`resolve`][odelm.hub.resolve] reads the options of ``transformers``' ``from_pretrained`` for the
+library's own loader.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+MODEL_TYPES: dict[str, str] = {
+    "ode_transformer.lm:ODETransformerLM": "odelm-ode-transformer",
+    "ode_transformer.encoder:ODETransformerEncoder": "odelm-ode-transformer-encoder",
+    "neuralode_lm.transformer:NODETransformerLM": "odelm-node-transformer",
+    "neuralode_lm.models:LSTMLM": "odelm-lstm",
+    "neuralode_lm.models:ODELSTM": "odelm-ode-lstm",
+    "neuralode_lm.models:GPT2LM": "odelm-gpt2",
+    "neuralode_lm.models:ODEGPT2": "odelm-ode-gpt2",
+    "neuralode_lm.models:AugmentedODEGPT2": "odelm-aug-ode-gpt2",
+    "experiments.reference:BigramLM": "odelm-bigram",
+    "experiments.reference:WordLMTransformer": "odelm-reference-transformer",
+}
+"""The ``model_type`` of each library model class (``config.json``'s ``architecture``)."""
+
+NOT_CAUSAL = frozenset({"ode_transformer.encoder:ODETransformerEncoder"})
+"""Classes registered with ``AutoModel`` only (not ``AutoModelForCausalLM``)."""
+
+DOWNLOAD_OPTIONS = ("revision", "cache_dir", "token", "force_download", "local_files_only")
+SAVED_FILES = ["config.json", "model.safetensors"]
+
+
+def resolve(
+    directory: str | os.PathLike[str], map_location: str, options: dict[str, Any]
+) -> tuple[Path, str, Any]:
+    """``(folder, device, dtype)`` for ``from_pretrained(directory, **options)`` with the options
+    of ``transformers``' ``from_pretrained`` (what ``AutoModelForCausalLM.from_pretrained``
+    passes on): a Hub repository id (``owner/name``, no such local folder) is downloaded with
+    ``huggingface_hub`` (``revision``, ``cache_dir``, ``token``, ...: the config and the
+    safetensors weights only), ``device_map`` (one device) moves the model, ``dtype`` (or
+    ``torch_dtype``) casts it; every other option (``config``, ``trust_remote_code``, ...) is
+    ignored: loading runs no code from the files whatever is passed."""
+    path = Path(directory)
+    if not path.exists() and isinstance(directory, str) and directory.count("/") == 1:
+        from huggingface_hub import snapshot_download
+
+        download = {key: options[key] for key in DOWNLOAD_OPTIONS if options.get(key)}
+        path = Path(snapshot_download(directory, allow_patterns=SAVED_FILES, **download))
+    device = options.get("device_map")
+    if isinstance(device, str) and device != "auto":
+        map_location = device
+    dtype = options.get("dtype", options.get("torch_dtype"))
+    if isinstance(dtype, str):
+        import torch
+
+        dtype = None if dtype == "auto" else getattr(torch, dtype)
+    return path, map_location, dtype
