@@ -49,6 +49,7 @@ def test_a_resumed_stream_state_follows_the_module_to_its_device() -> None:
     assert isinstance(task.train_state, tuple)
 
 
+@pytest.mark.slow
 def test_load_run_puts_the_model_on_the_device_asked(trained) -> None:
     import experiments
 

@@ -212,6 +212,7 @@ def test_is_adaptive_tells_adaptive_solves_from_fixed_depth():
     assert not is_adaptive(ode_transformer("rk4", 1))
 
 
+@pytest.mark.slow
 def test_grid_flops_recomputes_fixed_compute_runs_and_leaves_adaptive_ones_out(
     tiny_config, tmp_path
 ):

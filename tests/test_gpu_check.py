@@ -65,6 +65,7 @@ def _numbers(value: Any) -> list[float]:
 
 
 @pytest.mark.parametrize("name", FAST)
+@pytest.mark.slow
 def test_each_phase_writes_its_record_with_finite_numbers(short_run: Path, name: str) -> None:
     record = _record(short_run, name)
     assert record["status"] == "ok", record
@@ -75,6 +76,7 @@ def test_each_phase_writes_its_record_with_finite_numbers(short_run: Path, name:
     assert record["seconds"] >= 0 and record["summary"]
 
 
+@pytest.mark.slow
 def test_the_measurements_are_numbers(short_run: Path) -> None:
     assert _record(short_run, "environment")["peak_tflops"]["fp32"] > 0
     runs = _record(short_run, "throughput")["runs"]
