@@ -162,30 +162,39 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
         item.config.stash[CPU][item.nodeid] = fast_tier.cpu_seconds() - start
 
 
+def _whole_fast_tier(config: pytest.Config) -> bool:
+    """Whether this session ran the whole fast tier (``-m "not slow"`` over the tests
+    folder, no ``-k``): the only run whose per-test CPU times compare with the record's
+    (a test run alone also pays the imports an earlier test paid in the record)."""
+    known = config.stash.get(fast_tier.FAST_TIER, None) is not None
+    return known and config.option.markexpr == fast_tier.FAST and not config.option.keyword
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     config = session.config
     if not config.getoption("--record-fast-tier") or exitstatus not in (0, 1):
         return  # 1: some tests failed, their CPU time still counts; others: interrupted
-    known = config.stash.get(fast_tier.FAST_TIER, None)
-    whole = known is not None and config.option.markexpr == fast_tier.FAST
-    whole = whole and not config.option.keyword
+    whole = _whole_fast_tier(config)
     collection = config.stash.get(fast_tier.COLLECTION_CPU, None) if whole else None
-    fast_tier.save(config.stash[CPU], collection, known)
+    fast_tier.save(config.stash[CPU], collection, config.stash.get(fast_tier.FAST_TIER, None))
 
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
-    """Name the fast-tier tests that took over twice their recorded CPU time (and 2 s more),
-    and new ones not recorded; a note, not a failure (tests/test_fast_tier.py fails on the
-    record itself)."""
+    """After a whole fast-tier run, name the tests that took over twice their recorded CPU
+    time (and 2 s more); a note, not a failure (tests/test_fast_tier.py fails on the record
+    itself)."""
+    if config.getoption("--record-fast-tier"):
+        terminalreporter.write_line(f"fast tier: record written to {fast_tier.RECORD}")
+        return
+    if not _whole_fast_tier(config):
+        return
     recorded = fast_tier.load()["tests"]
     over = [
         f"{node}: {cpu:.1f} s CPU (recorded {recorded[node]:.1f} s)"
         for node, cpu in config.stash[CPU].items()
         if node in recorded and cpu > 2 * recorded[node] + 2.0
     ]
-    if config.getoption("--record-fast-tier"):
-        terminalreporter.write_line(f"fast tier: record written to {fast_tier.RECORD}")
-    elif over:
+    if over:
         terminalreporter.section("fast tier: slower than recorded")
         for line in over:
             terminalreporter.write_line(line)

@@ -27,13 +27,16 @@ from typing import Any
 import pytest
 
 RECORD = Path(__file__).resolve().parent / "fast_tier.json"
-PER_TEST_CPU_S = 6.0
+PER_TEST_CPU_S = 3.0
 """The most CPU seconds one fast-tier test may take (its module's shared fixtures and first
 imports included); a slower test is marked ``slow``."""
-TOTAL_CPU_S = 90.0
-"""The most CPU seconds the whole fast tier (collection included) may take: under 2 minutes
-of wall time on a 2-core CI machine up to a third slower than the one it was recorded on
-(pytest runs its tests one after another, mostly on one thread)."""
+TOTAL_CPU_S = 100.0
+"""The most CPU seconds the whole fast tier (collection included) may take, as recorded on a
+2-core machine under load, where CPU time runs above an idle machine's: the former fast
+tier measured 270 s this way at load 9 and ran in 1 min 46 s of wall time on a fresh 2-core
+machine at load 1-2, and CI took 1.6x that machine's time for the full suite, so 100 s
+here is about a minute of wall time in CI (pytest runs its tests one after another, on one
+thread), inside the 2 minutes the fast tier is for."""
 FAST = "not slow"
 """The marker expression that selects the fast tier."""
 FAST_TIER = pytest.StashKey[list[str]]()

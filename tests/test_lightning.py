@@ -65,6 +65,7 @@ def test_validation_runs_under_a_default_trainer(default_trainer_fit):
     assert math.isfinite(expected["ppl"]) and expected["ppl"] < data.tokenizer.vocab_size
 
 
+@pytest.mark.slow
 def test_load_from_checkpoint_rebuilds_model_and_optimizer_settings(default_trainer_fit):
     trainer, task, _, _ = default_trainer_fit
     (path,) = (Path(trainer.default_root_dir) / "lightning_logs").glob(
