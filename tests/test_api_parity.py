@@ -95,6 +95,7 @@ def cli_output(capsys, argv: list[str]) -> str:
 @pytest.mark.parametrize(
     "options", [{}, {"strategy": "sample", "seed": 1}, {"strategy": "beam", "num_beams": 2}]
 )
+@pytest.mark.slow
 def test_generate_in_python_equals_odelm_generate(run_dir, capsys, options):
     run = experiments.load_run(run_dir)
     argv = ["generate", str(run_dir), "--prompt", "the cat", "--max-new-tokens", "12"]

@@ -87,6 +87,7 @@ def test_evaluate_reports_everything_and_refuses_noncausal(grammar_data):
 
 
 @pytest.mark.parametrize("side", ["left", "right"])
+@pytest.mark.slow
 def test_sentence_mode_equals_stream_mode_for_a_bigram(grammar_data, side):
     # A bigram sees only the previous token, and every sentence in the stream follows an
     # <eos>, so scoring padded sentences must give exactly the stream's total NLL.

@@ -78,6 +78,7 @@ def test_a_finished_run_has_a_hugging_face_model_card(finished):
     assert result["config_sha256"] in body
 
 
+@pytest.mark.slow
 def test_the_cards_command_reproduces_the_run(finished, tmp_path, monkeypatch, capsys):
     run_dir, result = finished
     body = (run_dir / CARD_FILE).read_text()

@@ -101,6 +101,7 @@ def tiny_run(tmp_path_factory) -> str:
     return str(folder / "tiny")
 
 
+@pytest.mark.slow
 def test_generate_samples_reproducibly_from_its_seed(tiny_run, capsys):
     def generate(*options: str) -> str:
         argv = ["generate", tiny_run, "--prompt", "a dog", "--max-new-tokens", "30"]

@@ -21,6 +21,7 @@ COMMANDS = [
 
 
 @pytest.mark.parametrize("argv", COMMANDS)
+@pytest.mark.slow
 def test_device_option_parses_with_cpu_as_default(argv) -> None:
     assert parse(argv)[1].device == "cpu"
     assert parse([*argv, "--device", "cpu"])[1].device == "cpu"
@@ -55,6 +56,7 @@ def test_resolve_device(monkeypatch) -> None:
         resolve_device("cuda")
 
 
+@pytest.mark.slow
 def test_device_cpu_end_to_end(trained, capsys, tmp_path) -> None:
     run = str(trained)
     assert main(["eval", run, "--device", "cpu", "--json", "--bleu-sentences", "0"]) == 0

@@ -108,6 +108,7 @@ def test_compare_writes_seed_rows_statistics_plots_and_resumes_without_redoing(
     assert again["test_ppl"] == pytest.approx(results[3]["test_ppl"], rel=1e-6)
 
 
+@pytest.mark.slow
 def test_bench_prints_one_json_record_per_line(capsys):
     assert main(["bench", "corpus-load", "--json"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()

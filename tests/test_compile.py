@@ -55,6 +55,7 @@ def test_compiled_training_step_matches_eager(spec: dict) -> None:
     assert torch.allclose(compiled_logits, eager_logits, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_compiled_task_keeps_the_model_keys_and_evaluates_eagerly() -> None:
     model = build_model(ODE_TRANSFORMER, V)
     task = LMTask(model, OptimConfig(), compile=True)

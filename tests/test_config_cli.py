@@ -149,6 +149,7 @@ def test_every_option_of_train_and_compare_has_a_help_line_and_a_type():
             assert action.help and "(type:" not in action.help.split("(")[0], action.dest
 
 
+@pytest.mark.slow
 def test_train_with_dotted_overrides_trains_what_it_printed(tmp_path, capsys, tiny_config):
     config = tmp_path / "c.yaml"
     config.write_text(yaml.safe_dump(tiny_config(tmp_path, name="dotted")))

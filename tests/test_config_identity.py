@@ -90,12 +90,14 @@ def grid_hashes(name: str) -> dict[str, str]:
 
 
 @pytest.mark.parametrize("grid", sorted({**TABLE5_FIELD, **OTHER_GRIDS}))
+@pytest.mark.slow
 def test_grid_runs_keep_their_identity(grid: str) -> None:
     expected = {**TABLE5_FIELD, **OTHER_GRIDS}[grid]
     hashes = grid_hashes(grid)
     assert {run: hashes[run] for run in expected} == expected
 
 
+@pytest.mark.slow
 def test_ten_seed_baselines_rerun_the_three_seed_runs() -> None:
     """``baselines-ptb-mini-10seeds`` trains the very runs of ``baselines-ptb-mini`` (its
     docs compare them with the reference example): seeds 1-3 keep their identity."""

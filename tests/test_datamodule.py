@@ -53,6 +53,7 @@ def test_from_corpus_trains_and_tests_under_a_plain_trainer(tmp_path) -> None:
     assert math.isfinite(metrics["test/nfe"])
 
 
+@pytest.mark.slow
 def test_from_corpus_encodes_as_odelm_train_does() -> None:
     ours = LMDataModule.from_corpus("grammar", protocol="mini", corpus_seed=3, batching="sentences")
     harness = prepare_data(
@@ -78,6 +79,7 @@ def _window_indices(datamodule: LMDataModule) -> list[int]:
     ]
 
 
+@pytest.mark.slow
 def test_shuffle_false_reads_the_training_windows_in_stream_order() -> None:
     """``data.shuffle: false`` walks the windows in stream order, as pytorch/examples'
     word_language_model does; the default draws a seeded permutation of them."""
@@ -92,6 +94,7 @@ def _epoch_orders(seed: int, order: int, size: int = 94, epochs: int = 60) -> li
     return [tuple(sampler._index(epoch * size + i) for i in range(size)) for epoch in range(epochs)]
 
 
+@pytest.mark.slow
 def test_seeds_share_no_epoch_permutation_under_the_default_order() -> None:
     """Version 2 (the default): the 300 (seed, epoch) permutations of seeds 1-5 over 60
     epochs of PTB-mini's 94 windows are all different; version 1 (seed + epoch) shares

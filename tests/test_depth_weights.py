@@ -84,6 +84,7 @@ def test_legendre_basis_is_orthogonal_on_the_depth_interval():
 
 @pytest.mark.parametrize("conditioning", ["weights", "hypernetwork"])
 @pytest.mark.parametrize("adjoint", [False, True], ids=["rk4-grid", "dopri5-adjoint"])
+@pytest.mark.slow
 def test_gradients_match_finite_differences(conditioning, adjoint):
     """The directional derivative of the loss along a random direction of every parameter,
     by central differences in float64, equals the gradient's: backpropagation through an
@@ -175,9 +176,14 @@ def test_bad_depth_weight_options_are_named(options, message):
 @pytest.mark.slow
 def test_odelm_train_trains_depth_weights_to_the_residual_blocks_perplexity(tmp_path):
     """Done-when of issue 31, at tiny size on the grammar corpus: ``odelm train`` trains a
-    node-transformer with ``weights`` (K = 4) and with ``hypernetwork`` (two unit Euler
-    steps over S = 2: the looped grid, its weights varying over depth) to within 5% of a
-    residual block's validation perplexity after the same 200 steps (dropout off in all)."""
+    node-transformer with ``weights`` and with ``hypernetwork`` (two unit Euler steps over
+    S = 2: the looped grid, its weights varying over depth) to within 5% of a residual
+    block's validation perplexity after the same 200 steps (dropout off in all).
+
+    ``weights`` takes K = 2: a grid that evaluates the field at two depths (s = 0 and 1)
+    identifies two weight sets, one per depth, and K = 2 (``W(s) = W_0 + (s - 1) W_1``) is
+    exactly that; K = 4 adds two directions of weights the loss cannot tell apart from the
+    first two, which at 200 steps cost more than they give (measured below, docs/usage.md)."""
     import json
 
     import yaml
@@ -192,7 +198,7 @@ def test_odelm_train_trains_depth_weights_to_the_residual_blocks_perplexity(tmp_
     node |= looped(2)
     models = {
         "residual": residual | {"relu_dropout": 0.0},
-        "weights": node | {"time_conditioning": "weights", "weight_basis": 4},
+        "weights": node | {"time_conditioning": "weights", "weight_basis": 2},
         "hypernetwork": node | {"time_conditioning": "hypernetwork"},
     }
     trainer = {"max_steps": 200, "val_every": 200, "checkpoint_every": 200, "val_batches": 8}
@@ -204,9 +210,11 @@ def test_odelm_train_trains_depth_weights_to_the_residual_blocks_perplexity(tmp_
         config_file.write_text(yaml.safe_dump(values))
         assert main(["train", "--config", str(config_file), "--quiet"]) == 0
         valid[name] = json.loads((tmp_path / name / "result.json").read_text())["valid_ppl"]
-    # The issue's target is 5% for both. Measured on a 2-core AVX2 CPU with data order 2:
-    # hypernetwork 20.58 vs residual 19.82 (+3.9%), weights K=4 21.06 (+6.3%; +12.7% at 300
-    # steps; 1.6% *better* under data order 1): the weights mode does not meet 5% robustly
-    # at this size, so its bound here is 10% and the target stays open.
+    # Measured on a 2-core AVX2 CPU, valid ppl at 200 steps, seeds 3 (this test), 0 and 1:
+    # residual 19.82 / 20.17 / 19.69; hypernetwork 20.58 (+3.9%) / 18.93 / 19.01; weights
+    # K = 2 20.36 (+2.7%) / 18.11 / 18.51; K = 4 21.06 (+6.3%) / - / 19.30 (seed 1); K = 4
+    # with a convex (Bernstein) basis, every W_k starting at the shared weights so that
+    # Adam's step on W(s) is no larger than the shared field's, 21.46 / - / 20.57: the count
+    # of basis functions beyond the grid's depths, not their scale, is what cost K = 4.
     assert valid["hypernetwork"] <= 1.05 * valid["residual"], valid
-    assert valid["weights"] <= 1.10 * valid["residual"], valid
+    assert valid["weights"] <= 1.05 * valid["residual"], valid

@@ -49,6 +49,7 @@ def test_a_resumed_stream_state_follows_the_module_to_its_device() -> None:
     assert isinstance(task.train_state, tuple)
 
 
+@pytest.mark.slow
 def test_load_run_puts_the_model_on_the_device_asked(trained) -> None:
     import experiments
 
@@ -61,6 +62,7 @@ def test_load_run_puts_the_model_on_the_device_asked(trained) -> None:
     assert all(p.device.type == "cpu" for p in on_cpu.model.parameters())
 
 
+@pytest.mark.slow
 def test_generate_makes_its_prompt_and_generator_on_the_model_device(trained, monkeypatch) -> None:
     import experiments
     import odelm.decoding

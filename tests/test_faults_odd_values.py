@@ -68,6 +68,7 @@ def test_sampling_values_under_their_floor(option, value, valid, capsys):
 
 
 @pytest.mark.parametrize("value", [str(2**70), "-1", str(2**64)])
+@pytest.mark.slow
 def test_sampling_seeds_outside_0_to_2_64(value, trained_run, capsys):
     _one_line(
         capsys,

@@ -130,6 +130,7 @@ CASES: dict[str, tuple[Callable[[Path], None], bool, str]] = {
 
 @pytest.mark.parametrize("command", ["generate", "eval"])
 @pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.slow
 def test_a_damaged_run_is_one_line(trained, tmp_path, capsys, case, command):
     damage, forget, expected = CASES[case]
     run = Path(shutil.copytree(trained, tmp_path / "run"))
@@ -174,6 +175,7 @@ DISK_FULL = {
 
 
 @pytest.mark.parametrize("point", list(DISK_FULL))
+@pytest.mark.slow
 def test_disk_full_is_one_line(tmp_path, tiny_config, capsys, monkeypatch, point):
     import importlib
 
@@ -189,6 +191,7 @@ def test_disk_full_is_one_line(tmp_path, tiny_config, capsys, monkeypatch, point
     assert expected in err and not (tmp_path / "full" / "result.json").exists()
 
 
+@pytest.mark.slow
 def test_a_failed_first_attempt_does_not_block_the_corrected_config(tmp_path, tiny_config, capsys):
     config_file = tmp_path / "run.yaml"
     broken = tiny_config(tmp_path, "run", model={"no_such_option": 1}, trainer={"max_steps": 2})
@@ -212,6 +215,7 @@ def test_a_comparison_folder_that_is_a_file_is_one_line(tmp_path, tiny_model, ca
     assert len(err.splitlines()) == 1 and "cannot make comparison folder" in err
 
 
+@pytest.mark.slow
 def test_a_checkpoint_without_a_step_is_one_line(tmp_path, tiny_config, capsys):
     values = tiny_config(tmp_path, "run")
     config_file = tmp_path / "run.yaml"

@@ -136,6 +136,7 @@ def _run_until_killed(config: dict, point: str, step: int, folder: Path) -> None
     assert status.returncode == 9, f"the kill point was not reached:\n{status.stderr[-3000:]}"
 
 
+@pytest.mark.slow
 def test_reference_run_selects_a_validation_before_the_last(reference):
     """The kill points assume the best validation is at step 12 and step 16 is worse: a
     stale best score in ``last.ckpt`` would then select step 16's weights."""
@@ -191,6 +192,7 @@ def test_resume_keeps_history_and_counts_every_process(tmp_path, tiny_config, re
     assert _validation_curve(tmp_path / "resumed")[:2] == rows_before
 
 
+@pytest.mark.slow
 def test_changed_config_is_refused_naming_the_keys_unless_overwritten(
     tmp_path, tiny_config, capsys
 ):
@@ -276,6 +278,7 @@ def test_compare_names_a_failed_run_keeps_the_others_and_retrains_changed_config
         ("trainer", "max_time_s", 0.0, "> 0 or null"),
     ],
 )
+@pytest.mark.slow
 def test_budgets_out_of_range_name_the_key_and_the_range(
     tmp_path, tiny_config, capsys, section, key, value, bound
 ):
@@ -356,6 +359,7 @@ def test_yaml_syntax_error_names_the_file_and_line(tmp_path, capsys):
     assert len(err.splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_corrupt_checkpoint_is_named(tmp_path, tiny_config, capsys):
     values = tiny_config(tmp_path, "corrupt", trainer={"max_steps": 4})
     config_file = tmp_path / "run.yaml"
@@ -374,6 +378,7 @@ def test_corrupt_checkpoint_is_named(tmp_path, tiny_config, capsys):
 @pytest.mark.parametrize(
     "trainer", [{"accelerator": "no-such-device"}, {"devices": 0}, {"precision": "7"}]
 )
+@pytest.mark.slow
 def test_lightning_configuration_errors_are_one_line(tmp_path, tiny_config, capsys, trainer):
     config_file = tmp_path / "run.yaml"
     config_file.write_text(yaml.safe_dump(tiny_config(tmp_path, "bad", trainer=trainer)))
@@ -430,6 +435,7 @@ def test_a_solver_failure_in_training_names_the_step(tmp_path, tiny_config, caps
         ({"data": {"corpus": "text", "batch_size": 64}}, "lower data.batch_size"),
     ],
 )
+@pytest.mark.slow
 def test_settings_too_large_for_the_data_are_one_line(
     tmp_path, tiny_config, text_corpus_dir, capsys, sections, hint
 ):

@@ -127,6 +127,7 @@ def _assert_one_line(code: int, err: str, message: str) -> None:
 
 
 @pytest.mark.parametrize("case", list(CLI_CASES))
+@pytest.mark.slow
 def test_cli_fault_is_one_line(case, tmp_path, capsys):
     make_argv, message = CLI_CASES[case]
     code = main(make_argv(tmp_path))
@@ -134,6 +135,7 @@ def test_cli_fault_is_one_line(case, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("case", list(RUN_CASES))
+@pytest.mark.slow
 def test_cli_fault_on_a_finished_run_is_one_line(case, trained_run, capsys):
     argv, message = RUN_CASES[case]
     code = main([arg.format(run=trained_run) for arg in argv])

@@ -212,6 +212,7 @@ def test_is_adaptive_tells_adaptive_solves_from_fixed_depth():
     assert not is_adaptive(ode_transformer("rk4", 1))
 
 
+@pytest.mark.slow
 def test_grid_flops_recomputes_fixed_compute_runs_and_leaves_adaptive_ones_out(
     tiny_config, tmp_path
 ):
@@ -275,6 +276,7 @@ def test_depth_dependent_weights_add_their_weight_forming_per_evaluation(conditi
     assert counted - shared == pytest.approx(per_token(nfe * forming), rel=1e-12)
 
 
+@pytest.mark.slow
 def test_config_flops_of_depth_dependent_weights_is_the_closed_form(tiny_config, tmp_path):
     """``config_flops.run_flops`` of a node-transformer with ``weights`` (K = 3, two Euler
     steps) over the run's own test windows: per window batch, each evaluation of F costs

@@ -65,6 +65,7 @@ def _numbers(value: Any) -> list[float]:
 
 
 @pytest.mark.parametrize("name", FAST)
+@pytest.mark.slow
 def test_each_phase_writes_its_record_with_finite_numbers(short_run: Path, name: str) -> None:
     record = _record(short_run, name)
     assert record["status"] == "ok", record
@@ -75,6 +76,7 @@ def test_each_phase_writes_its_record_with_finite_numbers(short_run: Path, name:
     assert record["seconds"] >= 0 and record["summary"]
 
 
+@pytest.mark.slow
 def test_the_measurements_are_numbers(short_run: Path) -> None:
     assert _record(short_run, "environment")["peak_tflops"]["fp32"] > 0
     runs = _record(short_run, "throughput")["runs"]
@@ -98,6 +100,7 @@ def test_the_measurements_are_numbers(short_run: Path) -> None:
     assert _record(short_run, "determinism")["default"]["identical"] is True
 
 
+@pytest.mark.slow
 def test_every_family_steps_and_generates_and_a_run_loads(short_run: Path) -> None:
     record = _record(short_run, "families")
     assert len(record["families"]) == 8
@@ -109,6 +112,7 @@ def test_every_family_steps_and_generates_and_a_run_loads(short_run: Path) -> No
     assert load_run["parameters_on"] == "cpu" and load_run["generate_greedy"]["text"]
 
 
+@pytest.mark.slow
 def test_the_summary_lists_the_phases_and_the_targets(short_run: Path) -> None:
     summary = json.loads((short_run / "summary.json").read_text())
     assert list(summary["phases"]) == FAST

@@ -15,6 +15,7 @@ from experiments.data.grammar import (
 )
 
 
+@pytest.mark.slow
 def test_entropy_and_length_match_monte_carlo():
     grammar = ProbabilisticGrammar(default_rules())
     rng = random.Random(1)
@@ -48,6 +49,7 @@ def test_supercritical_grammar_is_rejected():
         _ = ProbabilisticGrammar({"S": [(0.6, ("S", "S")), (0.4, ("x",))]}).expected_expansions
 
 
+@pytest.mark.slow
 def test_corpus_is_deterministic_and_agrees_in_number():
     first, second = generate_splits(seed=3), generate_splits(seed=3)
     assert first == second

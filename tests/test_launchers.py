@@ -245,6 +245,7 @@ def test_launch_settings_defaults_and_errors(monkeypatch):
         launch_settings({"jobs": 0}, runs=1, threads=1, grid_slurm={})
 
 
+@pytest.mark.slow
 def test_cli_launch_errors_are_one_line(tmp_path, capsys):
     out = str(tmp_path / "out")
     assert main(["compare", "--preset", "quick", "--out", out, "--slurm.partition", "gpu"]) == 2

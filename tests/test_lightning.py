@@ -52,6 +52,7 @@ def default_trainer_fit(tmp_path_factory):
     return trainer, task, data, data_cfg
 
 
+@pytest.mark.slow
 def test_validation_runs_under_a_default_trainer(default_trainer_fit):
     trainer, task, data, data_cfg = default_trainer_fit
     batches_per_epoch = len(LMDataModule(data, data_cfg, 0, None).train_batches())
@@ -64,6 +65,7 @@ def test_validation_runs_under_a_default_trainer(default_trainer_fit):
     assert math.isfinite(expected["ppl"]) and expected["ppl"] < data.tokenizer.vocab_size
 
 
+@pytest.mark.slow
 def test_load_from_checkpoint_rebuilds_model_and_optimizer_settings(default_trainer_fit):
     trainer, task, _, _ = default_trainer_fit
     (path,) = (Path(trainer.default_root_dir) / "lightning_logs").glob(

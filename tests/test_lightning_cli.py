@@ -65,6 +65,7 @@ def test_fit_config_trains_the_yaml_model(fitted, name):
     assert "architecture: ode_transformer.lm:ODETransformerLM" in saved
 
 
+@pytest.mark.slow
 def test_both_spellings_give_the_same_run(fitted):
     (a, _), (b, _) = fitted["lightning"], fitted["pytorch_lightning"]
     assert float(a.trainer.callback_metrics["val/ppl"]) == float(

@@ -50,6 +50,7 @@ def trained():
     return {name: fit(package) for name, package in SPELLINGS.items()}
 
 
+@pytest.mark.slow
 def test_both_spellings_train_the_same_model(trained):
     (l_trainer, l_task, _), (p_trainer, p_task, _) = (
         trained["lightning"],
@@ -70,6 +71,7 @@ def test_both_spellings_train_the_same_model(trained):
 
 
 @pytest.mark.parametrize("name", list(SPELLINGS))
+@pytest.mark.slow
 def test_each_trainer_sees_its_own_hooks(trained, name):
     _, task, data = trained[name]
     assert isinstance(task, LMTask) and isinstance(data, LMDataModule)

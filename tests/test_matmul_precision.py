@@ -34,6 +34,7 @@ class _SeenAtTrainStart(Callback):
         self.seen.append((torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32))
 
 
+@pytest.mark.slow
 def test_a_run_trains_under_its_matmul_precision_and_records_it(tmp_path, tiny_config) -> None:
     trainer = {"max_steps": 2, "val_every": 2, "matmul_precision": "high"}
     seen = _SeenAtTrainStart()

@@ -113,6 +113,7 @@ class Stiff(nn.Module):
 
 
 @pytest.mark.parametrize("backend", ["torchdiffeq", "torchdyn", "torchode"])
+@pytest.mark.slow
 def test_default_step_cap_stops_a_stiff_solve(backend: str) -> None:
     assert SolverConfig().max_num_steps == DEFAULT_MAX_NUM_STEPS
     with pytest.raises(MaxStepsExceeded) as info:

@@ -240,6 +240,7 @@ class _Riccati(nn.Module):
     ("method", "tolerance"), [("midpoint", 1e-3), ("rk4", 1e-6), ("rk4_38", 1e-6)]
 )
 @pytest.mark.parametrize("adjoint", [False, True])
+@pytest.mark.slow
 def test_fixed_grid_gradients_match_the_exact_one(
     method: str, tolerance: float, adjoint: bool
 ) -> None:
@@ -266,6 +267,7 @@ def test_fixed_grid_counts_steps_on_decreasing_times() -> None:
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.slow
 def test_a_solve_backpropagated_through_frees_its_graph(backend: str) -> None:
     """Each direct-backprop solve counts its backward evaluations with gradient hooks; once
     the step is done nothing of the solve may stay alive (a hook bound to the solve's

@@ -73,6 +73,7 @@ def test_rk4_grid_one_step_per_unit_depth_is_an_ode_transformer_rk4_block():
 
 
 @pytest.mark.parametrize("conditioning", ["film", *DEPTH_WEIGHTS])
+@pytest.mark.slow
 def test_adjoint_gradients_equal_direct_gradients_at_tight_tolerance(conditioning):
     """With every ReLU of the FFN kept in its linear piece (a large bias), the field is
     smooth and the adjoint's gradients match backpropagation through the solver. (Across
@@ -100,6 +101,7 @@ def test_adjoint_gradients_equal_direct_gradients_at_tight_tolerance(conditionin
 
 
 @pytest.mark.parametrize("conditioning", ["concat", *DEPTH_WEIGHTS])
+@pytest.mark.slow
 def test_fixed_grid_converges_to_the_tight_dopri5_solution_with_rk4_order(conditioning):
     """Error of ``steps`` RK4 steps against dopri5 at rtol 1e-12 falls ~16x per halving.
 
@@ -173,6 +175,7 @@ def test_step_cap_raises_the_facades_named_error():
 
 
 @pytest.mark.parametrize("conditioning", ["film", *DEPTH_WEIGHTS])
+@pytest.mark.slow
 def test_fixed_grid_and_prefix_mode_are_exactly_causal(conditioning):
     x = tokens(2, 10)
     changed = x.clone()

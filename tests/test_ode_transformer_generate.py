@@ -59,6 +59,7 @@ def test_cached_logits_equal_full_recomputation(name: str) -> None:
 
 
 @pytest.mark.parametrize("name", ["rk2", "rk4", "macaron", "dlcl"])
+@pytest.mark.slow
 def test_cached_generation_gives_identical_tokens(name: str) -> None:
     model = make_model(**CACHED_ARCHITECTURES[name])
     prompt = torch.randint(0, model.vocab_size, (3, 4))

@@ -21,6 +21,7 @@ Y0 = torch.tensor([[2.0, 0.0]])
 T = torch.linspace(0.0, 25.0, 1000)
 
 
+@pytest.mark.slow
 def test_odeint_equals_torchdiffeq_on_the_spiral_with_its_defaults() -> None:
     ours = neuralode_lm.odeint(spiral, Y0, T)
     reference = torchdiffeq.odeint(spiral, Y0, T)
@@ -31,6 +32,7 @@ def test_odeint_equals_torchdiffeq_on_the_spiral_with_its_defaults() -> None:
     assert float((loose - reference).abs().max()) > 1e-3
 
 
+@pytest.mark.slow
 def test_odeint_passes_tolerances_method_and_options_like_torchdiffeq() -> None:
     ours, stats = neuralode_lm.odeint(
         spiral, Y0, T, rtol=1e-5, atol=1e-6, method="bosh3", return_stats=True
@@ -65,6 +67,7 @@ def test_odeint_has_no_step_cap_unless_asked_like_torchdiffeq() -> None:
 
 
 @pytest.mark.parametrize(("start", "end", "count"), [(0, 1, 1000), (0, 25, 1000), (3, 7, 333)])
+@pytest.mark.slow
 def test_a_step_size_read_off_a_float32_linspace_steps_once_per_interval(
     start: float, end: float, count: int
 ) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import re
 
+import pytest
 import yaml
 
 from experiments.cli.commands import ALIASES, compare_parser, given_options, train_parser
@@ -76,6 +77,7 @@ def test_train_compare_and_eval_share_the_short_options():
     assert options["compare"] - options["train"] == set(ONLY_COMPARE)
 
 
+@pytest.mark.slow
 def test_a_short_option_means_its_dotted_option():
     def given(command: str, *argv: str) -> dict:
         config = ["--config", "c.yaml"] if command == "train" else []

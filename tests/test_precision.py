@@ -77,6 +77,7 @@ def _loss_and_grads(
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
+@pytest.mark.slow
 def test_bf16_forward_backward_is_finite_and_close_to_fp32(family: str) -> None:
     tokens = torch.randint(0, V, (4, 12), generator=torch.Generator().manual_seed(1))
     loss32, grads32, aux32, _ = _loss_and_grads(FAMILIES[family], tokens, bf16=False)
@@ -120,6 +121,7 @@ def test_solver_state_stays_fp32_under_autocast(adjoint: bool) -> None:
     assert torch.isfinite(field.linear.weight.grad).all() and stats.nfe_backward > 0
 
 
+@pytest.mark.slow
 def test_bf16_adjoint_gradient_matches_direct_backpropagation() -> None:
     """The adjoint solves the same (autocast) field backwards: its gradient agrees with
     backpropagation through the forward solve's own operations."""
@@ -136,6 +138,7 @@ def test_bf16_adjoint_gradient_matches_direct_backpropagation() -> None:
     assert torch.allclose(grads[0], grads[1], rtol=0.03, atol=0.03 * grads[0].abs().max())
 
 
+@pytest.mark.slow
 def test_bf16_mixed_reaches_the_lightning_trainer(tmp_path, tiny_config) -> None:
     seen: list[tuple[bool, torch.dtype]] = []
     config = parse_config(

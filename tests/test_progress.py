@@ -106,6 +106,7 @@ def test_read_progress_is_none_until_written_or_when_unreadable(tmp_path):
     assert read_progress(path) == {"step": 3}
 
 
+@pytest.mark.slow
 def test_training_keeps_a_progress_file_in_the_run_folder(tmp_path, tiny_config):
     values = tiny_config(tmp_path, "run", trainer={"max_steps": 6, "val_every": 3})
     result = train(parse_config(values))

@@ -109,6 +109,7 @@ def test_stateful_batching_carries_detached_state_along_contiguous_streams(gramm
         LMTask(BigramLM(grammar_data.tokenizer.vocab_size), OptimConfig(), stateful=True)
 
 
+@pytest.mark.slow
 def test_stateful_evaluation_scores_every_token_once_whatever_the_window(grammar_data):
     model = LSTMLM(grammar_data.tokenizer.vocab_size, embed_dim=8, hidden_dim=8).eval()
     short = perplexity(

@@ -81,6 +81,7 @@ def test_a_pickled_checkpoint_runs_nothing_on_resume(tmp_path, tiny_config, caps
 
 
 @pytest.mark.parametrize("options", [{}, {"weights_only": False}])
+@pytest.mark.slow
 def test_load_from_checkpoint_is_weights_only(trained, tmp_path, options):
     task = LMTask.load_from_checkpoint(trained / "checkpoints" / "last.ckpt", **options)
     assert type(task.model).__name__ == "ODETransformerLM"
@@ -161,6 +162,7 @@ def test_a_users_own_class_loads_through_itself_only(tmp_path):
 
 
 @pytest.mark.parametrize("name", ["../escaped", "/tmp/absolute-run", ".", "..", "", "a/b", ".x"])
+@pytest.mark.slow
 def test_unsafe_run_names_are_refused_before_anything_is_written(
     tmp_path, tiny_config, capsys, name
 ):
@@ -198,6 +200,7 @@ def test_overwrite_refuses_a_folder_odelm_did_not_make(tmp_path, tiny_config, ca
     assert found == ["config.yaml", "important.txt", "src", "src/main.py"]
 
 
+@pytest.mark.slow
 def test_overwrite_replaces_only_the_files_odelm_made(trained, tmp_path, capsys):
     run = _copy(trained, tmp_path)
     (run / "notes.txt").write_text("mine")

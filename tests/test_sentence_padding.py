@@ -57,6 +57,7 @@ def test_augmented_ode_gpt2_is_invariant_within_tolerance_and_exactly_per_positi
     assert ppls == pytest.approx([ppls[0]] * 4, rel=1e-5)
 
 
+@pytest.mark.slow
 def test_lstm_is_invariant_with_right_padding_and_refuses_left(grammar_data):
     torch.manual_seed(0)
     model = build_model("lstm", grammar_data.tokenizer.vocab_size, embed_dim=16, hidden_dim=16)

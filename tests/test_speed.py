@@ -71,6 +71,7 @@ def test_results_table_shows_mfu_beside_tokens_per_second() -> None:
     assert "| 1000 | 12.5% |" in table and "matrix-product peak" in table
 
 
+@pytest.mark.slow
 def test_the_utilisation_peak_counts_cpu_time_so_a_busy_core_does_not_change_it(
     monkeypatch,
 ) -> None:

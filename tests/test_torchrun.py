@@ -90,6 +90,7 @@ def test_outside_torchrun_nothing_waits(tmp_path, monkeypatch) -> None:
         pass
 
 
+@pytest.mark.slow
 def test_fewer_validation_batches_than_processes_is_one_line() -> None:
     from types import SimpleNamespace
 

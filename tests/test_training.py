@@ -156,6 +156,7 @@ def test_unwritable_output_dir_fails_before_training(tmp_path, tiny_config):
         train(parse_config(tiny_config(blocker)))
 
 
+@pytest.mark.slow
 def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, tiny_config):
     values = tiny_config(tmp_path, "nan", optim={"lr": 1e6, "grad_clip": None})
     values["trainer"].update(max_steps=200, checkpoint_every=1)

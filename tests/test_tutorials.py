@@ -26,6 +26,7 @@ def test_there_are_two_tutorials_with_code():
 @pytest.mark.parametrize(
     "name", ["rk-transformer", pytest.param("solver-facade", marks=pytest.mark.slow)]
 )
+@pytest.mark.slow
 def test_tutorial_runs(name, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     page = TUTORIALS / f"{name}.md"
