@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from pytorch_lightning.callbacks import Callback
 from torch import nn
 from torch.utils.data import DataLoader
 
@@ -28,11 +27,12 @@ from experiments.training.speed import BATCH, BPTT, SGD, VOCAB, batches, bench_t
 from experiments.training.task import StreamWindow
 from experiments.training.train import build_trainer, lightning_settings
 from odelm.contract import detach_state
+from odelm.lightning import pl
 
 STATEFUL = {"lstm": True, "transformer": False}
 
 
-class StepClock(Callback):
+class StepClock(pl.Callback):
     """Seconds between consecutive training-batch starts."""
 
     def __init__(self) -> None:

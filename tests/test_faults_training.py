@@ -41,7 +41,7 @@ KILLER = textwrap.dedent(
     """
     import os, sys
     from pathlib import Path
-    import pytorch_lightning as pl
+    from odelm.lightning import pl
     import experiments.training.checkpoints as checkpoints
     import experiments.training.train as training
     from experiments.training.config import load_config

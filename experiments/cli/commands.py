@@ -195,7 +195,8 @@ def cmd_train(args: Namespace) -> int:
     if not command["verbose"]:
         quiet_lightning()
     if command["quiet"]:
-        logging.getLogger("pytorch_lightning").setLevel(logging.ERROR)
+        for name in ("pytorch_lightning", "lightning.pytorch"):  # whichever odelm chose
+            logging.getLogger(name).setLevel(logging.ERROR)
         config.trainer.progress_bar = False
     done = config.run_dir / RESULT_FILE
     finished = done.is_file() and not command["overwrite"]

@@ -29,12 +29,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import pytorch_lightning as pl
 import torch
-from lightning_fabric.plugins.io.torch_io import TorchCheckpointIO
-from pytorch_lightning.callbacks import Callback, Checkpoint
 
 from odelm.errors import OdelmError
+from odelm.lightning import pl
+
+Callback, Checkpoint, TorchCheckpointIO = pl.Callback, pl.callbacks.Checkpoint, pl.plugins.TorchCheckpointIO
 
 BEST_FILE = "best.ckpt"
 LAST_FILE = "last.ckpt"

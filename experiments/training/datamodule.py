@@ -24,8 +24,8 @@ from experiments.data.registry import CorpusError
 from experiments.data.tokenization import LMData, Tokenizer
 from experiments.training.config import DataConfig
 from experiments.training.config_checks import ConfigError
-from experiments.training.spellings import FollowsTrainer, lightning_bases
 from odelm.errors import OdelmError
+from odelm.lightning import pl
 
 
 class StatefulDistributedError(OdelmError, ValueError):
@@ -103,7 +103,7 @@ class SeededResumableSampler(Sampler[int]):
         return max(1, self.size // self.world_size)
 
 
-class LMDataModule(FollowsTrainer, *lightning_bases("LightningDataModule")):  # type: ignore[misc]
+class LMDataModule(pl.LightningDataModule):
     """Training batches in a resumable seeded order; validation and test windows in a fixed
     order. Build one from a corpus name with
     [`from_corpus`][experiments.training.datamodule.LMDataModule.from_corpus]; with ``data=None``

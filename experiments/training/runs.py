@@ -25,13 +25,10 @@ import os
 from pathlib import Path
 from typing import Any
 
-from pytorch_lightning.loggers import CSVLogger
-from pytorch_lightning.loggers.csv_logs import ExperimentWriter
-from pytorch_lightning.loggers.logger import rank_zero_experiment
-
 from experiments.models.schema import hashed_spelling
 from experiments.training.config import ConfigError, RunConfig, load_run_config
 from odelm.errors import OdelmError
+from odelm.lightning import pl
 
 CONFIG_FILE = "config.yaml"
 IDENTITY_EXCLUDED = frozenset(
@@ -131,7 +128,7 @@ def write_json(path: Path, values: dict[str, Any]) -> None:
     os.replace(partial, path)
 
 
-class _HistoryWriter(ExperimentWriter):
+class _HistoryWriter(pl.loggers.csv_logs.ExperimentWriter):
     """Lightning's CSV writer, keeping the rows logged before ``keep_before``."""
 
     def __init__(self, log_dir: str, keep_before: int | None) -> None:
@@ -158,7 +155,7 @@ class _HistoryWriter(ExperimentWriter):
         self.metrics_keys = sorted(header)
 
 
-class HistoryCSVLogger(CSVLogger):
+class HistoryCSVLogger(pl.loggers.CSVLogger):
     """``CSVLogger`` that resumes ``metrics.csv`` at step ``keep_before`` instead of erasing it."""
 
     def __init__(self, *args: Any, keep_before: int | None = None, **kwargs: Any) -> None:
@@ -166,8 +163,8 @@ class HistoryCSVLogger(CSVLogger):
         self.keep_before = keep_before
 
     @property
-    @rank_zero_experiment
-    def experiment(self) -> ExperimentWriter:
+    @pl.loggers.logger.rank_zero_experiment
+    def experiment(self) -> pl.loggers.csv_logs.ExperimentWriter:
         if self._experiment is None:
             self._fs.makedirs(self.root_dir, exist_ok=True)
             self._experiment = _HistoryWriter(self.log_dir, self.keep_before)

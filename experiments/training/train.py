@@ -26,10 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import pytorch_lightning as pl
 import yaml
-from lightning_fabric.utilities.exceptions import MisconfigurationException
-from pytorch_lightning.callbacks import Callback, EarlyStopping, LearningRateMonitor
 from torch import nn
 
 from experiments.data.loading import load_data
@@ -61,6 +58,9 @@ from experiments.training.threads import set_threads
 from experiments.training.throughput import ThroughputMeter, peak_memory_mb
 from neuralode_lm.solvers import SolverError
 from odelm.errors import OdelmError
+from odelm.lightning import check_trainer, pl
+
+Callback, MisconfigurationException = pl.Callback, pl.utilities.exceptions.MisconfigurationException
 
 RESULT_FILE = "result.json"
 
@@ -225,11 +225,11 @@ def build_trainer(
     extra.append(ProgressFile(run_dir / PROGRESS_FILE))  # read by odelm compare's status lines
     if cfg.early_stopping_patience:
         extra.append(
-            EarlyStopping(monitor="val/ppl", mode="min", patience=cfg.early_stopping_patience)
+            pl.callbacks.EarlyStopping(monitor="val/ppl", mode="min", patience=cfg.early_stopping_patience)
         )
     loggers = build_loggers(cfg.logger, run_dir, config.name, keep_csv_before=keep_logs_before)
     if loggers:
-        extra.append(LearningRateMonitor(logging_interval="step"))
+        extra.append(pl.callbacks.LearningRateMonitor(logging_interval="step"))
     # The constructor reports unknown accelerator, strategy and precision names as ValueError.
     with lightning_settings(rejected=(MisconfigurationException, ValueError)):
         trainer = pl.Trainer(
@@ -278,7 +278,9 @@ def resume_point(run_dir: Path) -> tuple[Path | None, int | None]:
 def fit(
     trainer: pl.Trainer, task: LMTask, datamodule: LMDataModule, ckpt_path: Path | None
 ) -> None:
-    """``trainer.fit``, with Lightning's configuration and solver errors as one-line errors."""
+    """``trainer.fit``, with Lightning's configuration and solver errors as one-line errors
+    (``trainer`` must be the chosen Lightning package's: ``odelm.lightning``)."""
+    check_trainer(trainer)
     try:
         with lightning_settings():
             trainer.fit(task, datamodule=datamodule, ckpt_path=ckpt_path)
