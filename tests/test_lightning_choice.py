@@ -17,8 +17,9 @@ import torch
 
 from experiments.training.config import OptimConfig
 from experiments.training.datamodule import LMDataModule
+from experiments.training.progress import step_description
 from experiments.training.task import LMTask
-from experiments.training.train import fit as odelm_fit
+from experiments.training.trainer import fit as odelm_fit
 from ode_transformer import ODETransformerLM
 from ode_transformer.presets import config_from_preset
 from odelm import lightning as choice
@@ -96,9 +97,7 @@ def test_the_other_packages_trainer_is_one_clear_line():
 @pytest.mark.slow
 def test_the_progress_bar_counts_steps_with_a_step_budget():
     bar = pl.callbacks.TQDMProgressBar()
-    trainer, _, _ = tiny_fit(max_steps=5, enable_progress_bar=True, callbacks=[bar])
+    tiny_fit(max_steps=5, enable_progress_bar=True, callbacks=[bar])
     assert bar.train_progress_bar.desc.startswith("Epoch 0 · step 5/5")
     by_epochs = pl.Trainer(max_epochs=1, logger=False)
-    from experiments.training.progress import step_description
-
     assert step_description(by_epochs) == []  # an epoch budget keeps Lightning's bar

@@ -60,4 +60,3 @@ def test_fit_config_trains_the_yaml_model(fitted):
     assert math.isfinite(ppl) and 1.0 < ppl < 2 * cli.datamodule.vocab_size
     saved = (root / "config.yaml").read_text()  # LightningCLI's record of the run's config
     assert "architecture: ode_transformer.lm:ODETransformerLM" in saved
-

@@ -20,7 +20,7 @@ from typing import Any
 import yaml
 from jsonargparse import ArgumentParser
 
-from experiments.training.config_checks import ConfigError, config_error, type_name
+from experiments.config_errors import ConfigError, config_error, type_name
 
 FAMILIES = ("ode_transformer", "neuralode_lm", "reference")
 SKIPPED = frozenset({"vocab_size", "embeddings"})

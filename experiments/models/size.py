@@ -14,7 +14,7 @@ import math
 import os
 from typing import Any
 
-from experiments.training.config_checks import ConfigError
+from experiments.config_errors import ConfigError
 
 BYTES_PER_PARAMETER = 16
 

@@ -30,11 +30,17 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
+from experiments.training import runfolder
 from odelm.errors import OdelmError
 from odelm.lightning import pl
 
-Callback, Checkpoint, TorchCheckpointIO = pl.Callback, pl.callbacks.Checkpoint, pl.plugins.TorchCheckpointIO
+Callback, Checkpoint, TorchCheckpointIO = (
+    pl.Callback,
+    pl.callbacks.Checkpoint,
+    pl.plugins.TorchCheckpointIO,
+)
 
 BEST_FILE = "best.ckpt"
 LAST_FILE = "last.ckpt"
@@ -232,3 +238,34 @@ class CheckpointAverager(Callback):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.snapshots = deque(state_dict["snapshots"], maxlen=self.n)
+
+
+def resume_point(run_dir: Path) -> tuple[Path | None, int | None]:
+    """``last.ckpt`` and its step when the run has one (checked readable), else (None, None).
+
+    Partial files left by a process killed mid-write are removed (by global rank 0).
+    """
+    folder = run_dir / "checkpoints"
+    for partial in [] if runfolder.is_worker_process() else folder.glob("*.partial"):
+        partial.unlink(missing_ok=True)
+    last = folder / LAST_FILE
+    if not last.is_file():
+        return None, None
+    step = read_checkpoint(last).get("global_step")
+    if not isinstance(step, int):
+        raise CorruptCheckpointError(f"{last} has no global_step; delete it or use --overwrite")
+    return last, step
+
+
+def select_weights(
+    model: nn.Module, checkpoint: RunCheckpoint, averager: CheckpointAverager | None
+) -> str:
+    """Load the weights the run reports into ``model``; returns how they were chosen."""
+    if averager and averager.snapshots:
+        model.load_state_dict(averager.average())
+        return f"average of last {len(averager.snapshots)} validations"
+    if checkpoint.best_model_path is not None:
+        state = read_checkpoint(checkpoint.best_model_path)["state_dict"]
+        model.load_state_dict({k.removeprefix("model."): v for k, v in state.items()})
+        return "best validation"
+    return "last"

@@ -39,7 +39,9 @@ def build_loggers(
                     "(or choose csv / tensorboard)"
                 )
             loggers.append(
-                pl.loggers.WandbLogger(name=run_name, save_dir=str(run_dir), offline=True, project="odelm")
+                pl.loggers.WandbLogger(
+                    name=run_name, save_dir=str(run_dir), offline=True, project="odelm"
+                )
             )
         else:
             raise ConfigError(f"trainer.logger {name!r} is not one of {', '.join(LOGGERS)}")

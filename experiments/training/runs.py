@@ -25,12 +25,18 @@ import os
 from pathlib import Path
 from typing import Any
 
+import torch
+from torch import nn
+
+from experiments.data.tokenization import LMData, Tokenizer
 from experiments.models.schema import hashed_spelling
 from experiments.training.config import ConfigError, RunConfig, load_run_config
 from odelm.errors import OdelmError
 from odelm.lightning import pl
 
 CONFIG_FILE = "config.yaml"
+MODEL_DIR = "model"
+RESULT_FILE = "result.json"
 IDENTITY_EXCLUDED = frozenset(
     {
         "name",
@@ -169,3 +175,18 @@ class HistoryCSVLogger(pl.loggers.CSVLogger):
             self._fs.makedirs(self.root_dir, exist_ok=True)
             self._experiment = _HistoryWriter(self.log_dir, self.keep_before)
         return self._experiment
+
+
+def split_checksums(data: LMData) -> dict[str, str]:
+    """SHA-256 of each split's token ids (int64) under the run's tokenizer."""
+    return {
+        name: hashlib.sha256(split.ids.to(torch.int64).numpy().tobytes()).hexdigest()
+        for name, split in sorted(data.splits.items())
+    }
+
+
+def save_run_model(model: nn.Module, run_dir: Path, tokenizer: Tokenizer) -> None:
+    """Write the run's final model to ``RUN/model``, tagged with its tokenizer's fingerprint."""
+    model.save_pretrained(  # type: ignore[operator]
+        run_dir / MODEL_DIR, metadata={"tokenizer": tokenizer.fingerprint()}
+    )
