@@ -1,6 +1,6 @@
-"""Config errors as one line each: the one error class of a bad config, and jsonargparse's
-messages turned into one line naming the key. A leaf: it imports no module of
-``experiments``, so every layer may raise ``ConfigError``."""
+"""Config errors as one line each: jsonargparse's messages turned into one
+``odelm.errors.ConfigError`` (the one error of a bad config) naming the key. A leaf: it
+imports no module of ``experiments``, so every layer may import it."""
 
 from __future__ import annotations
 
@@ -11,11 +11,7 @@ import typing
 from collections.abc import Callable
 from typing import Any
 
-from odelm.errors import OdelmError
-
-
-class ConfigError(OdelmError, ValueError):
-    """A config has an unknown key, a wrong type or an invalid value."""
+from odelm.errors import ConfigError
 
 
 def config_error(

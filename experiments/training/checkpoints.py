@@ -34,6 +34,7 @@ from torch import nn
 
 from experiments.training import runfolder
 from odelm.errors import OdelmError
+from odelm.files import atomic_write
 from odelm.lightning import pl
 
 Callback, Checkpoint, TorchCheckpointIO = (
@@ -65,16 +66,14 @@ def atomic_save(obj: Any, path: str | Path) -> None:
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(path.name + ".partial")
     try:
         # A Python file object makes a failed write an OSError with its errno instead of
         # a C++ stream error from torch's own writer.
-        with partial.open("wb") as handle:
+        with atomic_write(path) as partial, partial.open("wb") as handle:
             torch.save(obj, handle)
             handle.flush()
             os.fsync(handle.fileno())
     except BaseException as error:
-        partial.unlink(missing_ok=True)
         if _is_disk_full(error):
             raise DiskFullError(
                 errno.ENOSPC,
@@ -82,7 +81,6 @@ def atomic_save(obj: Any, path: str | Path) -> None:
                 "choose another out_dir (the previous file is kept)",
             ) from None
         raise
-    os.replace(partial, path)
 
 
 @contextmanager

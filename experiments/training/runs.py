@@ -21,7 +21,6 @@ from __future__ import annotations
 import csv
 import hashlib
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +31,7 @@ from experiments.data.tokenization import LMData, Tokenizer
 from experiments.models.schema import hashed_spelling
 from experiments.training.config import ConfigError, RunConfig, load_run_config
 from odelm.errors import OdelmError
+from odelm.files import atomic_write
 from odelm.lightning import pl
 
 CONFIG_FILE = "config.yaml"
@@ -129,9 +129,8 @@ def check_same_config(run_dir: Path, config: RunConfig) -> None:
 
 def write_json(path: Path, values: dict[str, Any]) -> None:
     """Write JSON atomically (a temporary file renamed into place)."""
-    partial = path.with_name(path.name + ".partial")
-    partial.write_text(json.dumps(values, indent=2))
-    os.replace(partial, path)
+    with atomic_write(path) as partial:
+        partial.write_text(json.dumps(values, indent=2))
 
 
 class _HistoryWriter(pl.loggers.csv_logs.ExperimentWriter):
@@ -152,12 +151,10 @@ class _HistoryWriter(pl.loggers.csv_logs.ExperimentWriter):
             reader = csv.DictReader(handle)
             header = list(reader.fieldnames or [])
             rows = [row for row in reader if int(row["step"]) < self.keep_before]
-        partial = path.with_name(path.name + ".partial")
-        with partial.open("w", newline="") as handle:
+        with atomic_write(path) as partial, partial.open("w", newline="") as handle:
             writer = csv.DictWriter(handle, fieldnames=header)
             writer.writeheader()
             writer.writerows(rows)
-        os.replace(partial, path)
         self.metrics_keys = sorted(header)
 
 

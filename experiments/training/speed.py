@@ -40,7 +40,7 @@ SPEED_MODELS: dict[str, dict[str, Any]] = {
         "dropout": 0.2,
         "input_dropout": 0.2,
         "init_range": 0.1,
-        "tie_weights": True,
+        "tie_embeddings": True,
     },
     "transformer": {
         "family": "reference",
