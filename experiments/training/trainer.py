@@ -1,6 +1,5 @@
-"""The Lightning side of a run: its trainer and callbacks (``build_trainer``), the model and
-task fitted under them (``fit_run``, resuming from ``last.ckpt``), and the weights the run
-reports (``experiments.training.checkpoints.select_weights``: best, averaged or last)."""
+"""The Lightning side of a run: its trainer and callbacks (``build_trainer``), and the model
+and task fitted under them (``fit_run``, resuming from ``last.ckpt``)."""
 
 from __future__ import annotations
 
