@@ -1,7 +1,7 @@
 """``odelm bench harness-throughput``: the library's training loop against a plain PyTorch
 loop on the same model and batches, in one process, alternating.
 
-The library side is the trainer a run gets (``experiments.training.train.build_trainer``: its
+The library side is the trainer a run gets (``experiments.training.trainer.build_trainer``: its
 loggers, callbacks, per-step logging and gradient clipping) fitting an ``LMTask``; its
 step time is the interval between consecutive batch starts, so everything the loop does
 per step counts. The plain side is the reference example's loop (pytorch/examples
@@ -19,20 +19,20 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from pytorch_lightning.callbacks import Callback
 from torch import nn
 from torch.utils.data import DataLoader
 
 from experiments.training.config import RunConfig, TrainerConfig
 from experiments.training.speed import BATCH, BPTT, SGD, VOCAB, batches, bench_threads, build_task
 from experiments.training.task import StreamWindow
-from experiments.training.train import build_trainer, lightning_settings
+from experiments.training.trainer import build_trainer, lightning_settings
 from odelm.contract import detach_state
+from odelm.lightning import pl
 
 STATEFUL = {"lstm": True, "transformer": False}
 
 
-class StepClock(Callback):
+class StepClock(pl.Callback):
     """Seconds between consecutive training-batch starts."""
 
     def __init__(self) -> None:

@@ -4,7 +4,8 @@
     python examples/lightning_cli.py fit --config examples/lightning_cli.yaml --trainer.max_steps 50
     python examples/lightning_cli.py fit --print_config   # every key, with its default
 
-``pytorch_lightning.cli.LightningCLI`` takes the same classes and file.
+With ``ODELM_LIGHTNING=pytorch_lightning`` (``odelm.lightning``), use
+``pytorch_lightning.cli.LightningCLI`` instead.
 """
 
 from __future__ import annotations

@@ -49,8 +49,9 @@ TimeConditioning = Literal["none", "concat", "film", "weights", "hypernetwork"]
 CausalMode = Literal["shared", "prefix"]
 """``node-transformer``'s solves: one per batch, or every prefix alone in evaluation."""
 
-RENAMED = {"num_layers": "n_layers", "n_blocks": "n_layers"}
+RENAMED = {"num_layers": "n_layers", "n_blocks": "n_layers", "tie_weights": "tie_embeddings"}
 """Model keys of odelm 0.3 and before, and the one name each has now."""
+WHAT = {"n_layers": "the layer count", "tie_embeddings": "tying the output to the embedding"}
 
 
 def check_renamed(options: dict[str, Any], where: str = "") -> None:
@@ -58,7 +59,7 @@ def check_renamed(options: dict[str, Any], where: str = "") -> None:
     for old, new in RENAMED.items():
         if old in options:
             raise ModelConfigError(
-                f"{where}{old} was renamed {new} (one name for the layer count in every model); "
+                f"{where}{old} was renamed {new} (one name for {WHAT[new]} in every model); "
                 f"write {new}: {options[old]!r}"
             )
 
@@ -106,8 +107,8 @@ class LSTMConfig(_Config):
         n_layers: stacked LSTM layers
         dropout: dropout on the LSTM outputs and between layers
         input_dropout: dropout on the embeddings (word_language_model uses dropout for both)
-        tie_weights: the output projection shares the embedding matrix (needs its input
-            width to equal embed_dim)
+        tie_embeddings: the output projection shares the embedding matrix (needs its
+            input width to equal embed_dim)
         init_range: embedding and output weights uniform in [-init_range, init_range], zero
             bias (null: PyTorch's defaults)
         embeddings: initial embedding matrix [vocab, embed_dim] (Python API only)
@@ -119,7 +120,7 @@ class LSTMConfig(_Config):
     n_layers: int = 1
     dropout: float = 0.1
     input_dropout: float = 0.0
-    tie_weights: bool = False
+    tie_embeddings: bool = False
     init_range: float | None = None
     embeddings: torch.Tensor | None = None
     freeze_embeddings: bool = False

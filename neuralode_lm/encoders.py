@@ -106,18 +106,18 @@ class LSTMEncoder(nn.Module):
         return self.forward_with_state(tokens)[0]
 
     def tie_output(self, projection: nn.Linear) -> None:
-        """Apply ``init_range`` and ``tie_weights`` to the output projection of an LM."""
+        """Apply ``init_range`` and ``tie_embeddings`` to the output projection of an LM."""
         config = self.config
         if config.init_range is not None:
             nn.init.uniform_(projection.weight, -config.init_range, config.init_range)
             if projection.bias is not None:
                 nn.init.zeros_(projection.bias)
-        if config.tie_weights:
+        if config.tie_embeddings:
             if projection.in_features != config.embed_dim:
                 raise ModelConfigError(
-                    f"tie_weights needs the output projection's input width "
+                    f"tie_embeddings needs the output projection's input width "
                     f"({projection.in_features}) to equal embed_dim ({config.embed_dim}); "
-                    "set embed_dim to that width or tie_weights to false"
+                    "set embed_dim to that width or tie_embeddings to false"
                 )
             projection.weight = self.embedding.weight
 

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from odelm.errors import OdelmError
+from odelm.errors import ConfigError
 
 __all__ = ["ModelConfigError"]
 
-
-class ModelConfigError(OdelmError, ValueError):
-    """A model, head or field option is out of range, unknown, or contradicts another."""
+ModelConfigError = ConfigError
+"""A model, head or field option is out of range, unknown, or contradicts another."""

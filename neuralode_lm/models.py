@@ -61,7 +61,7 @@ class LSTMLM(PretrainedMixin, HuggingFaceLM):
     """The report's LSTM baseline: 300-d embedding, 300-unit LSTM, dropout 0.1, linear.
 
     Options are [`LSTMConfig`][neuralode_lm.LSTMConfig] fields (or ``config=``), e.g.
-    ``tie_weights=True`` to share the embedding with the output layer. Stateful: pass
+    ``tie_embeddings=True`` to share the embedding with the output layer. Stateful: pass
     ``state`` (``None`` for a fresh stream) and read the next one from ``aux["state"]``.
     """
 
@@ -96,7 +96,7 @@ class LSTMLM(PretrainedMixin, HuggingFaceLM):
 
     @property
     def output_layer(self) -> nn.Linear:
-        """The linear softmax layer (tied to the embedding with ``tie_weights``)."""
+        """The linear softmax layer (tied to the embedding with ``tie_embeddings``)."""
         return self.head
 
     def block_modules(self) -> list[nn.Module]:
@@ -223,7 +223,7 @@ class ODELSTM(_ODELanguageModel):
     ([`ODEHeadConfig`][neuralode_lm.ODEHeadConfig]: ``field``, ``integration_time``,
     ``solver``, ``augment_dim``, ``augment_init``, ``kinetic_weight``, ``jacobian_weight``,
     ``reconstruction`` and, for the causal head, ``exact_causal_eval``).
-    ``tie_weights=True`` shares the embedding with the head's readout, which needs the ODE
+    ``tie_embeddings=True`` shares the embedding with the head's readout, which needs the ODE
     state's width (``hidden_dim + augment_dim``) to equal ``embed_dim``. Stateful like
     ``LSTMLM``.
     """

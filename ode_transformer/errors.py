@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from odelm.errors import OdelmError
+from odelm.errors import ConfigError
 
-
-class ODETransformerConfigError(OdelmError, ValueError):
-    """An ODE Transformer part is named wrongly or sized impossibly (tableau, block, layer,
-    stack, preset or config); the message names the valid choices."""
+ODETransformerConfigError = ConfigError
+"""An ODE Transformer part is named wrongly or sized impossibly (tableau, block, layer,
+stack, preset or config); the message names the valid choices."""

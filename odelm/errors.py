@@ -12,3 +12,10 @@ from __future__ import annotations
 
 class OdelmError(Exception):
     """An error the user can act on: the message says what was wrong and how to fix it."""
+
+
+class ConfigError(OdelmError, ValueError):
+    """The one error of a bad config, in every package: a key or constructor argument is
+    unknown, out of range, of the wrong type, or contradicts another; the message names it
+    and what it must be (``ModelConfigError``, ``SolverConfigError`` and
+    ``ODETransformerConfigError`` are its older names)."""

@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from odelm.errors import OdelmError
+from odelm.files import atomic_write
 from odelm.hub import MODEL_TYPES, resolve
 
 if TYPE_CHECKING:
@@ -195,15 +196,15 @@ class PretrainedMixin:
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         config = {**self.model_spec(), "metadata": _json_ready(metadata or {}, "metadata")}
-        partial = directory / (WEIGHTS_FILE + ".partial")
-        with _no_space_named(partial, directory, WEIGHTS_FILE):
-            save_model(self, str(partial))  # type: ignore[arg-type]
-        config["weights_sha256"] = file_sha256(partial)
-        os.replace(partial, directory / WEIGHTS_FILE)
-        partial = directory / (CONFIG_FILE + ".partial")
-        with _no_space_named(partial, directory, CONFIG_FILE):
+        with atomic_write(directory / WEIGHTS_FILE) as partial:
+            with _no_space_named(directory, WEIGHTS_FILE):
+                save_model(self, str(partial))  # type: ignore[arg-type]
+            config["weights_sha256"] = file_sha256(partial)
+        with (
+            atomic_write(directory / CONFIG_FILE) as partial,
+            _no_space_named(directory, CONFIG_FILE),
+        ):
             partial.write_text(json.dumps(config, indent=2) + "\n")
-        os.replace(partial, directory / CONFIG_FILE)
 
     @classmethod
     def from_pretrained(
@@ -225,13 +226,12 @@ class PretrainedMixin:
 
 
 @contextlib.contextmanager
-def _no_space_named(partial: Path, directory: Path, name: str) -> Iterator[None]:
+def _no_space_named(directory: Path, name: str) -> Iterator[None]:
     """A full disk while writing ``name`` (safetensors reports it as its own error) becomes
-    [`ModelDiskFullError`][odelm.pretrained.ModelDiskFullError]; the partial file is removed."""
+    [`ModelDiskFullError`][odelm.pretrained.ModelDiskFullError]."""
     try:
         yield
     except Exception as error:
-        partial.unlink(missing_ok=True)
         full = getattr(error, "errno", None) in (errno.ENOSPC, errno.EDQUOT)
         if full or "No space left on device" in str(error):
             raise ModelDiskFullError(

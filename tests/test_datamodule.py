@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 
 import pytest
-import pytorch_lightning as pl
 import torch
 
 from experiments.evaluation.evaluate import EvalSettings, perplexity
@@ -14,6 +13,7 @@ from experiments.training.config import ConfigError, DataConfig, OptimConfig, Ru
 from experiments.training.datamodule import LMDataModule, SeededResumableSampler
 from experiments.training.task import LMTask
 from experiments.training.train import prepare_data
+from odelm.lightning import pl
 
 TINY = {
     "family": "ode_transformer",

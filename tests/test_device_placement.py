@@ -128,10 +128,12 @@ def test_after_fit_the_test_evaluation_and_peak_memory_use_the_training_device(
 ) -> None:
     # Lightning moves the module to the CPU after fitting on a GPU; here training "ran" on
     # meta (the strategy's root device after fit) so a CPU model would show the fault.
+    from experiments.training import result as result_module
     from experiments.training import train as train_module
+    from experiments.training import trainer as trainer_module
     from experiments.training.config import parse_config
 
-    real_fit, seen = train_module.fit, {}
+    real_fit, seen = trainer_module.fit, {}
 
     def fit(trainer: Any, *args: Any) -> None:
         real_fit(trainer, *args)
@@ -146,9 +148,9 @@ def test_after_fit_the_test_evaluation_and_peak_memory_use_the_training_device(
         seen["peak_memory"] = device
         raise _Stop
 
-    monkeypatch.setattr(train_module, "fit", fit)
-    monkeypatch.setattr(train_module, "evaluate", evaluate)
-    monkeypatch.setattr(train_module, "peak_memory_mb", peak_memory_mb)
+    monkeypatch.setattr(trainer_module, "fit", fit)
+    monkeypatch.setattr(result_module, "evaluate", evaluate)
+    monkeypatch.setattr(result_module, "peak_memory_mb", peak_memory_mb)
     config = parse_config(tiny_config(tmp_path, "run", trainer={"max_steps": 2, "val_every": 2}))
     with pytest.raises(_Stop):
         train_module.train(config)

@@ -170,7 +170,7 @@ DISK_FULL = {
         _safetensors_full,
         "while writing model.safetensors",
     ),
-    "result": ("experiments.training.train", "write_json", _json_full, "writing "),
+    "result": ("experiments.training.result", "write_json", _json_full, "writing "),
 }
 
 

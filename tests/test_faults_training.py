@@ -41,8 +41,9 @@ KILLER = textwrap.dedent(
     """
     import os, sys
     from pathlib import Path
-    import pytorch_lightning as pl
+    from odelm.lightning import pl
     import experiments.training.checkpoints as checkpoints
+    import experiments.training.result as result
     import experiments.training.train as training
     from experiments.training.config import load_config
 
@@ -76,7 +77,7 @@ KILLER = textwrap.dedent(
 
     checkpoints.atomic_save = save
     if point == "before-result":
-        training.evaluate = lambda *args, **kwargs: kill()
+        result.evaluate = lambda *args, **kwargs: kill()
     training.train(load_config(config_file), callbacks=[Killer()])
     sys.exit(3)
     """

@@ -9,7 +9,6 @@ import math
 from pathlib import Path
 
 import pytest
-import pytorch_lightning as pl
 import torch
 import yaml
 
@@ -22,6 +21,7 @@ from experiments.training.datamodule import LMDataModule
 from experiments.training.loggers import build_loggers
 from experiments.training.task import LMTask
 from experiments.training.train import train
+from odelm.lightning import pl
 
 TINY = {
     "family": "ode_transformer",

@@ -8,11 +8,13 @@ from typing import Any
 
 import pytest
 import torch
-from pytorch_lightning.callbacks import Callback
 
 from experiments.training.config import ConfigError, parse_config
 from experiments.training.kernels import matmul_precision
 from experiments.training.train import train
+from odelm.lightning import pl
+
+Callback = pl.Callback
 
 
 def test_the_setting_holds_inside_and_is_restored_after() -> None:

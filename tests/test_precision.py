@@ -165,13 +165,13 @@ def test_bf16_mixed_reaches_the_lightning_trainer(tmp_path, tiny_config) -> None
         hook_model.append(model)
         return model
 
-    import experiments.training.train as train_module
+    import experiments.training.trainer as trainer_module
 
-    original, train_module.build_model = train_module.build_model, capture
+    original, trainer_module.build_model = trainer_module.build_model, capture
     try:
         result = train(config)
     finally:
-        train_module.build_model = original
+        trainer_module.build_model = original
     training = [dtype for in_training, dtype in seen if in_training]
     assert training and set(training) == {torch.bfloat16}  # training ran under autocast
     assert result["steps"] == 4 and 1.0 < result["test_ppl"] < float("inf")

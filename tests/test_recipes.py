@@ -63,15 +63,15 @@ def test_recipes_lie_under_the_config_and_epochs_convert_exactly() -> None:
 
 
 def test_weight_tying_shares_one_parameter() -> None:
-    tied = LSTMLM(50, embed_dim=16, hidden_dim=16, tie_weights=True, init_range=0.1)
+    tied = LSTMLM(50, embed_dim=16, hidden_dim=16, tie_embeddings=True, init_range=0.1)
     assert tied.head.weight is tied.encoder.embedding.weight
     assert tied.head.weight.abs().max() <= 0.1 and torch.all(tied.head.bias == 0)
     untied = LSTMLM(50, embed_dim=16, hidden_dim=16)
     assert count_parameters(untied) - count_parameters(tied) == 50 * 16
-    ode = ODELSTM(50, embed_dim=20, hidden_dim=12, augment_dim=8, tie_weights=True)
+    ode = ODELSTM(50, embed_dim=20, hidden_dim=12, augment_dim=8, tie_embeddings=True)
     assert ode.head.proj.weight is ode.encoder.embedding.weight
     with pytest.raises(ValueError, match=r"input width \(12\) to equal embed_dim \(16\)"):
-        LSTMLM(50, embed_dim=16, hidden_dim=12, tie_weights=True)
+        LSTMLM(50, embed_dim=16, hidden_dim=12, tie_embeddings=True)
 
 
 @pytest.fixture

@@ -1,5 +1,7 @@
-"""Structure rules of issues 9 and 17, as tests: no module over 400 lines, no import circle,
-packages import only downwards in the layering (``odelm`` at the bottom)."""
+"""Structure rules of issues 9, 17 and 32, as tests: no module over 400 lines, no import
+circle, packages import only downwards in the layering (``odelm`` at the bottom), and so do
+``experiments``' sub-packages; no harness module imports more than 10 of its modules.
+Imports inside functions and under ``if TYPE_CHECKING:`` count like any other."""
 
 from __future__ import annotations
 
@@ -22,17 +24,10 @@ MODULES = {
 
 
 def _imports(name: str, path: Path) -> set[str]:
-    """Library modules that ``name`` imports anywhere, deferred imports inside functions
-    included, ``if TYPE_CHECKING:`` blocks excluded (``from x import y`` counts ``x.y`` when
-    that is a module, else ``x``)."""
-    tree = ast.parse(path.read_text())
-    type_only = {
-        id(child)
-        for node in ast.walk(tree)
-        if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING"
-        for child in ast.walk(node)
-    }
-    nodes = [node for node in ast.walk(tree) if id(node) not in type_only]
+    """Library modules that ``name`` imports anywhere, deferred imports inside functions and
+    type-only imports (``if TYPE_CHECKING:``) included (``from x import y`` counts ``x.y``
+    when that is a module, else ``x``)."""
+    nodes = list(ast.walk(ast.parse(path.read_text())))
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found: set[str] = set()
     for node in nodes:
@@ -122,3 +117,50 @@ def test_packages_import_only_downwards():
     edges = {name: _imports(name, path) for name, path in MODULES.items()}
     assert "odelm.contract" in edges["experiments.training.task"]  # the walk sees the shared pieces
     assert _upward_imports(edges) == []
+
+
+SUBPACKAGES = ("data", "models", "training", "evaluation", "comparison", "cli")
+"""``experiments``' sub-packages, bottom first: corpora and batches, a model from a config,
+a training run (config, Lightning task, run folder), evaluation of models and trained runs,
+grids of runs, the command line. A sub-package imports only itself and those before it;
+the top-level modules (``config_errors``, ``reference``) are leaves every layer may import,
+``__main__`` sits above ``cli``."""
+KNOWN_UPWARD = {
+    "experiments.training.result -> experiments.evaluation.evaluate",
+    "experiments.training.throughput -> experiments.evaluation.flops",
+}
+"""A run's test perplexity and CPU FLOP count use evaluation's counter and evaluator, which
+the published results cite by path (``experiments/evaluation/flops.py``): the two imports
+left to move (issue 32)."""
+
+
+def _harness_level(module: str) -> int:
+    parts = module.split(".")
+    if parts[0] != "experiments" or len(parts) == 1:
+        return -1  # another package (packages_import_only_downwards) or the package itself
+    if parts[1] in SUBPACKAGES:
+        return SUBPACKAGES.index(parts[1])
+    return len(SUBPACKAGES) if parts[1] == "__main__" else -1  # a top-level leaf
+
+
+def test_experiments_subpackages_import_only_downwards():
+    harness = {name: path for name, path in MODULES.items() if name.startswith("experiments.")}
+    upward = {
+        f"{name} -> {target}"
+        for name, path in harness.items()
+        for target in _imports(name, path)
+        if _harness_level(target) > _harness_level(name) >= 0
+    }
+    assert upward == KNOWN_UPWARD
+    for leaf in ("experiments.config_errors", "experiments.reference"):
+        assert not {t for t in _imports(leaf, MODULES[leaf]) if t.startswith("experiments")}
+
+
+@pytest.mark.parametrize("name", sorted(n for n in MODULES if n.startswith("experiments.")))
+def test_no_harness_module_imports_more_than_10_of_its_modules(name):
+    own = sorted(
+        target
+        for target in _imports(name, MODULES[name])
+        if target.startswith("experiments.") and MODULES[target].name != "__init__.py"
+    )
+    assert len(own) <= 10, f"{name} imports {len(own)} harness modules: {', '.join(own)}"

@@ -13,7 +13,6 @@ import time
 from pathlib import Path
 
 import pytest
-import pytorch_lightning as pl
 import torch
 import yaml
 
@@ -25,6 +24,7 @@ from experiments.training.config import ConfigError, parse_config
 from experiments.training.runfolder import RUN_MARKER, RunFilesChangedError
 from experiments.training.task import NonFiniteLossError
 from experiments.training.train import OutputDirError, train
+from odelm.lightning import pl
 
 
 @pytest.mark.slow

@@ -13,6 +13,7 @@ from jsonargparse import Namespace, get_loader
 
 from experiments.cli.parser import Parser, epilog
 from experiments.comparison.launchers import LAUNCH_KEYS, add_launch_options, launch_settings
+from experiments.config_errors import ConfigError, key_type
 from experiments.data.corpora import CORPUS_NAMES
 from experiments.models.schema import model_keys_help, resolved_model_comment
 from experiments.training.config import (
@@ -24,8 +25,7 @@ from experiments.training.config import (
     merge,
     parse_config,
 )
-from experiments.training.config_checks import ConfigError, check_threads, key_type
-from experiments.training.threads import set_threads
+from experiments.training.threads import check_threads, set_threads
 
 # Short flags kept beside the dotted options they stand for (``--max-steps`` is
 # ``--trainer.max_steps``): the settings a user changes most from the shell, the same on
@@ -195,7 +195,8 @@ def cmd_train(args: Namespace) -> int:
     if not command["verbose"]:
         quiet_lightning()
     if command["quiet"]:
-        logging.getLogger("pytorch_lightning").setLevel(logging.ERROR)
+        for name in ("pytorch_lightning", "lightning.pytorch"):  # whichever odelm chose
+            logging.getLogger(name).setLevel(logging.ERROR)
         config.trainer.progress_bar = False
     done = config.run_dir / RESULT_FILE
     finished = done.is_file() and not command["overwrite"]

@@ -17,8 +17,8 @@ from typing import Any
 from jsonargparse import ArgumentParser, Namespace
 
 from experiments.cli.parser import Parser, epilog
+from experiments.config_errors import config_error, key_type, type_name
 from experiments.training.config import RunConfig
-from experiments.training.config_checks import config_error, key_type, type_name
 from odelm.errors import OdelmError
 
 RUN_COMMANDS = ("train", "compare")
@@ -84,7 +84,7 @@ def subcommands() -> dict[str, tuple[Callable[[], Parser], Handler, str]]:
             "the README's verdict table, rebuilt from the grids' results.csv",
         ),
         "discretize": (
-            discretize.discretize_parser,
+            tools.discretize_parser,
             discretize.cmd_discretize,
             "evaluate a trained vector field under many discretisations",
         ),

@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from experiments.training.config_checks import SEED_MAX as DATA_SEED_MAX
-from experiments.training.config_checks import ConfigError, check_threads
+from experiments.training.config_checks import ConfigError
+from experiments.training.threads import check_threads
 from odelm import decoding
 from odelm.errors import OdelmError
 

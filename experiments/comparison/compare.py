@@ -47,8 +47,7 @@ from experiments.training.runfolder import (
     check_run_name,
     claim_folder,
 )
-from experiments.training.runs import config_changes
-from experiments.training.train import RESULT_FILE
+from experiments.training.runs import RESULT_FILE, config_changes
 from odelm.errors import OdelmError
 
 GRIDS_DIR = Path(__file__).parents[1] / "configs" / "grids"

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import pooch
 
 from odelm.errors import OdelmError
+from odelm.files import atomic_write
 
 if TYPE_CHECKING:
     from experiments.data.registry import CorpusSpec
@@ -53,9 +54,8 @@ def read_manifest(folder: Path) -> tuple[str | None, dict[str, str]]:
 
 def write_manifest(folder: Path, archive_sha256: str | None, files: dict[str, str]) -> None:
     """Record verified file hashes atomically (write a temporary file, then rename)."""
-    staged = folder / f"{MANIFEST}.part"
-    staged.write_text(json.dumps({"archive_sha256": archive_sha256, "files": files}, indent=1))
-    os.replace(staged, folder / MANIFEST)
+    with atomic_write(folder / MANIFEST, suffix=".part") as staged:
+        staged.write_text(json.dumps({"archive_sha256": archive_sha256, "files": files}, indent=1))
 
 
 def expected_sha256(spec: CorpusSpec, path: Path) -> str | None:

@@ -29,8 +29,6 @@ from typing import Any
 import torch
 from jsonargparse import Namespace
 
-from experiments.cli import values
-from experiments.cli.parser import Parser
 from experiments.data.batching import lm_nll
 from experiments.evaluation.depth_curve import (
     extrapolation,
@@ -314,42 +312,3 @@ def cmd_discretize(args: Namespace) -> int:
     else:
         print(table + f"\n[discretize] table and plot in {out}")
     return 0
-
-
-def discretize_parser() -> Parser:
-    """The options of ``odelm discretize``."""
-    parser = Parser()
-    parser.add_argument("run", help="a run directory of a node-transformer or ODE Transformer")
-    parser.add_argument("--json", action="store_true", help="one JSON object per line")
-    parser.add_argument("--max-batches", type=int, default=4, help="test batches to evaluate")
-    parser.add_argument("--batch-size", type=int, default=16, help="sequences per test batch")
-    parser.add_argument(
-        "--steps", type=int, nargs="+", help="fixed-grid step counts (default: 1 2 4 8)"
-    )
-    parser.add_argument(
-        "--dtype", default="float64", choices=["float32", "float64"], help="evaluation precision"
-    )
-    parser.add_argument(
-        "--plot",
-        action="store_true",
-        help="also the test-time depth curve: depth.png (test perplexity against NFE per "
-        "token, training depth marked, 2x and 4x the training steps) and depth.json",
-    )
-    parser.add_argument(
-        "--out",
-        type=values.folder,
-        help="folder for discretize.md/.png, made when missing (default: RUN_DIR/discretize)",
-    )
-    parser.add_argument(
-        "--num-threads",
-        type=values.threads,
-        help="torch CPU threads, 1..this machine's CPUs (default: torch's)",
-    )
-    parser.add_argument(
-        "--device",
-        type=values.device,
-        default="cpu",
-        help="where the model runs: cpu, auto (cuda when a GPU is visible, else cpu), cuda "
-        "or cuda:N",
-    )
-    return parser

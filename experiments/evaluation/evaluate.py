@@ -10,23 +10,15 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-import typing
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from torch import nn
 
-from experiments.data.batching import (
-    evaluation_windows,
-    lm_nll,
-    sentence_batches,
-    stateful_evaluation_windows,
-)
+from experiments.data.batching import lm_nll
 from experiments.data.tokenization import LMData
 from experiments.evaluation.flops import counting_flops
-from experiments.training.config import DataConfig, EvalConfig, RunConfig
-from experiments.training.config_checks import RANGES, ConfigError, check_range
+from experiments.training.datamodule import EvalSettings, evaluation_batches
 from odelm.contract import call_model, check_stateful
 from odelm.errors import OdelmError
 
@@ -42,92 +34,6 @@ def window_length(model: nn.Module, requested: int) -> int:
     """The evaluation window, cropped to the model's positions (one is the context token)."""
     limit = getattr(model, "max_positions", None)
     return min(requested, limit - 1) if limit else requested
-
-
-DATA_KEYS = {
-    "mode": "batching",
-    "window": "eval_window",
-    "batch_size": "eval_batch_size",
-    "padding_side": "padding_side",
-    "stateful": "stateful",
-}
-"""The key of the run config's ``data:`` section that gives each batching setting."""
-
-
-@dataclass(frozen=True)
-class EvalSettings(EvalConfig):
-    """How a split is evaluated: the run config's ``eval:`` section (BLEU and decoding)
-    plus the evaluation batching its ``data:`` section gives (``DATA_KEYS``).
-
-    Attributes:
-        mode: stream (BPTT-style windows of ``window`` tokens) or sentences (each line
-            alone, padded on ``padding_side``), matching how the model was trained
-        window: tokens per evaluation window (cropped to the model's positions)
-        batch_size: evaluation rows (contiguous streams when ``stateful``)
-        padding_side: right or left padding of sentence batches (left only for models
-            that take the attention mask)
-        stateful: carry a stateful model's state across the windows of each stream
-    """
-
-    mode: Literal["stream", "sentences"] = "stream"
-    window: int = 128
-    batch_size: int = 16
-    padding_side: Literal["left", "right"] = "right"
-    stateful: bool = False
-
-    @classmethod
-    def from_config(cls, config: RunConfig | DataConfig) -> EvalSettings:
-        """The settings a run config gives (a ``data:`` section alone: BLEU's defaults)."""
-        data = config.data if isinstance(config, RunConfig) else config
-        bleu = dataclasses.asdict(config.eval) if isinstance(config, RunConfig) else {}
-        return cls(**bleu, **{name: getattr(data, key) for name, key in DATA_KEYS.items()})
-
-    def with_overrides(self, *, flags: bool = False, **given: Any) -> EvalSettings:
-        """These settings with those ``given`` (None keeps this one), each checked as its
-        config key is; errors name the setting, or its command-line flag with ``flags``."""
-        given = {key: value for key, value in given.items() if value is not None}
-        types = typing.get_type_hints(EvalSettings)
-        for key, value in given.items():
-            label = "--" + key.replace("_", "-") if flags else key
-            if key not in types:
-                raise ConfigError(f"unknown evaluation setting {label}; valid: {', '.join(types)}")
-            choices = typing.get_args(types[key])
-            if choices and value not in choices:
-                raise ConfigError(f"{label} must be one of {', '.join(choices)}, got {value!r}")
-            ranged = f"data.{DATA_KEYS[key]}" if key in DATA_KEYS else f"eval.{key}"
-            if ranged in RANGES:
-                check_range(ranged, value, label)
-        return dataclasses.replace(self, **given)
-
-
-def evaluation_batches(
-    data: LMData, split: str, settings: EvalSettings = EvalSettings()
-) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
-    """Batches in which every token of ``split`` is predicted exactly once.
-
-    ``stream``: non-overlapping windows of the token stream (an ``<eos>`` before the first
-    token gives it a context); with ``stateful``, consecutive windows of ``batch_size``
-    contiguous rows, for a model that carries its state from one to the next.
-    ``sentences``: each line alone, after an ``<eos>``, padded (right by default; left only
-    for models that take the attention mask).
-    """
-    eos, batch_size = data.tokenizer.eos_id, settings.batch_size
-    if settings.stateful:
-        return stateful_evaluation_windows(data.split(split).ids, eos, batch_size, settings.window)
-    if settings.mode == "sentences":
-        sentences = data.split(split).sentences
-        return sentence_batches(sentences, batch_size, eos, side=settings.padding_side)
-    if settings.mode != "stream":
-        raise ValueError(f"unknown evaluation mode {settings.mode!r}; valid: stream, sentences")
-    windows = evaluation_windows(data.split(split).ids, eos, settings.window)
-    # All windows but the last have one length: batch them, then the remainder alone.
-    last_differs = windows[-1].numel() != windows[0].numel()
-    groups = [windows[:-1], windows[-1:]] if last_differs else [windows]
-    return [
-        (torch.stack(group[i : i + batch_size]), None)
-        for group in groups
-        for i in range(0, len(group), batch_size)
-    ]
 
 
 @torch.no_grad()

@@ -27,7 +27,6 @@ match the model's vocabulary. Each failure is one [`OdelmError`][odelm.errors.Od
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from dataclasses import dataclass
@@ -50,13 +49,12 @@ from experiments.data.tokenization import (
 from experiments.evaluation.devices import resolve_device
 from experiments.training.config import RunConfig, load_run_config
 from experiments.training.runfolder import COMPARISON_MARKER, verify_run_files
+from experiments.training.runs import CONFIG_FILE, MODEL_DIR, split_checksums
 from odelm.contract import model_device
 from odelm.errors import OdelmError
 from odelm.pretrained import load_pretrained, read_config
 
-MODEL_DIR = "model"
 TOKENIZER_FILE = "tokenizer"
-CONFIG_FILE = "config.yaml"
 UNK = "<unk>"  # the out-of-vocabulary word of PTB-style corpora
 
 
@@ -70,29 +68,6 @@ class CorruptTokenizerError(OdelmError, ValueError):
 
 class DataChangedError(OdelmError, ValueError):
     """A split of the run's corpus differs from the one the run was trained and tested on."""
-
-
-def split_checksums(data: LMData) -> dict[str, str]:
-    """SHA-256 of each split's token ids (int64) under the run's tokenizer."""
-    return {
-        name: hashlib.sha256(split.ids.to(torch.int64).numpy().tobytes()).hexdigest()
-        for name, split in sorted(data.splits.items())
-    }
-
-
-def save_run_model(model: nn.Module, run_dir: Path, tokenizer: Tokenizer) -> None:
-    """Write the run's final model to ``RUN/model``, tagged with its tokenizer's fingerprint,
-    and the tokenizer's Hugging Face files (``tokenizer.json``, ``tokenizer_config.json``) in
-    ``RUN`` and ``RUN/model``: ``AutoTokenizer.from_pretrained(RUN)``, and
-    ``pipeline("text-generation", model=RUN/model)`` finds its tokenizer."""
-    from experiments.data.hf_tokenizer import save_hf_tokenizer
-
-    model.save_pretrained(  # type: ignore[operator]
-        run_dir / MODEL_DIR, metadata={"tokenizer": tokenizer.fingerprint()}
-    )
-    limit = getattr(model, "max_positions", None)
-    for folder in (run_dir, run_dir / MODEL_DIR):  # RUN/model alone is a Hugging Face folder too
-        save_hf_tokenizer(tokenizer, folder, limit if isinstance(limit, int) else None)
 
 
 def detokenize(tokenizer: Tokenizer, ids: list[int]) -> str:

@@ -13,9 +13,9 @@ from typing import Any
 
 from torch import nn
 
+from experiments.config_errors import ConfigError
 from experiments.models.schema import FAMILIES, check_model, model_label, schema_keys, schemas
 from experiments.models.size import check_model_size
-from experiments.training.config_checks import ConfigError
 
 __all__ = ["FAMILIES", "build_model", "count_parameters", "depth_kind", "model_keys"]
 

@@ -20,7 +20,7 @@ from typing import Any
 import yaml
 from jsonargparse import ArgumentParser
 
-from experiments.training.config_checks import ConfigError, config_error, type_name
+from experiments.config_errors import ConfigError, config_error, type_name
 
 FAMILIES = ("ode_transformer", "neuralode_lm", "reference")
 SKIPPED = frozenset({"vocab_size", "embeddings"})
@@ -156,8 +156,8 @@ def resolved_model_comment(spec: dict[str, Any]) -> str:
 
 
 HASHED_SPELLINGS = {
-    "neuralode_lm lstm": {"n_layers": "num_layers"},
-    "neuralode_lm ode-lstm": {"n_layers": "num_layers"},
+    "neuralode_lm lstm": {"n_layers": "num_layers", "tie_embeddings": "tie_weights"},
+    "neuralode_lm ode-lstm": {"n_layers": "num_layers", "tie_embeddings": "tie_weights"},
     "neuralode_lm node-transformer": {"n_layers": "n_blocks"},
 }
 """Keys renamed since odelm 0.3, hashed under their old spelling so that a run's identity

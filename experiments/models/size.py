@@ -14,7 +14,7 @@ import math
 import os
 from typing import Any
 
-from experiments.training.config_checks import ConfigError
+from experiments.config_errors import ConfigError
 
 BYTES_PER_PARAMETER = 16
 
@@ -60,7 +60,7 @@ def estimate_parameters(
         e, h, n = (_int(sizes, key) for key in ("embed_dim", "hidden_dim", "n_layers"))
         if None in (e, h, n):
             return None
-        tied = sizes.get("tie_weights") is True
+        tied = sizes.get("tie_embeddings") is True
         return vocab_size * e + n * 4 * h * h + (0 if tied else vocab_size * h)
     elif family == "neuralode_lm" and name == "node-transformer":
         sizes = {**keys["neuralode_lm: node-transformer"], **options}

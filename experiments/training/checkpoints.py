@@ -29,12 +29,19 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import pytorch_lightning as pl
 import torch
-from lightning_fabric.plugins.io.torch_io import TorchCheckpointIO
-from pytorch_lightning.callbacks import Callback, Checkpoint
+from torch import nn
 
+from experiments.training import runfolder
 from odelm.errors import OdelmError
+from odelm.files import atomic_write
+from odelm.lightning import pl
+
+Callback, Checkpoint, TorchCheckpointIO = (
+    pl.Callback,
+    pl.callbacks.Checkpoint,
+    pl.plugins.TorchCheckpointIO,
+)
 
 BEST_FILE = "best.ckpt"
 LAST_FILE = "last.ckpt"
@@ -59,16 +66,14 @@ def atomic_save(obj: Any, path: str | Path) -> None:
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(path.name + ".partial")
     try:
         # A Python file object makes a failed write an OSError with its errno instead of
         # a C++ stream error from torch's own writer.
-        with partial.open("wb") as handle:
+        with atomic_write(path) as partial, partial.open("wb") as handle:
             torch.save(obj, handle)
             handle.flush()
             os.fsync(handle.fileno())
     except BaseException as error:
-        partial.unlink(missing_ok=True)
         if _is_disk_full(error):
             raise DiskFullError(
                 errno.ENOSPC,
@@ -76,7 +81,6 @@ def atomic_save(obj: Any, path: str | Path) -> None:
                 "choose another out_dir (the previous file is kept)",
             ) from None
         raise
-    os.replace(partial, path)
 
 
 @contextmanager
@@ -232,3 +236,34 @@ class CheckpointAverager(Callback):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.snapshots = deque(state_dict["snapshots"], maxlen=self.n)
+
+
+def resume_point(run_dir: Path) -> tuple[Path | None, int | None]:
+    """``last.ckpt`` and its step when the run has one (checked readable), else (None, None).
+
+    Partial files left by a process killed mid-write are removed (by global rank 0).
+    """
+    folder = run_dir / "checkpoints"
+    for partial in [] if runfolder.is_worker_process() else folder.glob("*.partial"):
+        partial.unlink(missing_ok=True)
+    last = folder / LAST_FILE
+    if not last.is_file():
+        return None, None
+    step = read_checkpoint(last).get("global_step")
+    if not isinstance(step, int):
+        raise CorruptCheckpointError(f"{last} has no global_step; delete it or use --overwrite")
+    return last, step
+
+
+def select_weights(
+    model: nn.Module, checkpoint: RunCheckpoint, averager: CheckpointAverager | None
+) -> str:
+    """Load the weights the run reports into ``model``; returns how they were chosen."""
+    if averager and averager.snapshots:
+        model.load_state_dict(averager.average())
+        return f"average of last {len(averager.snapshots)} validations"
+    if checkpoint.best_model_path is not None:
+        state = read_checkpoint(checkpoint.best_model_path)["state_dict"]
+        model.load_state_dict({k.removeprefix("model."): v for k, v in state.items()})
+        return "best validation"
+    return "last"

@@ -19,16 +19,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-from jsonargparse import ArgumentParser, get_loader
+from jsonargparse import ArgumentParser
 
+from experiments.config_errors import ConfigError, config_error
 from experiments.models.schema import check_model, current_spelling
-from experiments.training.config_checks import (
-    ConfigError,
-    check_values,
-    config_error,
-    resolve_max_time,
-)
+from experiments.training.config_checks import RANGES, check_range, resolve_max_time
+from experiments.training.yamlfiles import Replace, load_yaml, merge  # noqa: F401 (re-exported)
 
 
 @dataclass
@@ -307,25 +303,6 @@ def parse_config(values: dict[str, Any], *, where: str = "config") -> RunConfig:
     return config
 
 
-class Replace(dict):
-    """A mapping that ``merge`` puts in place of the one under its key instead of
-    merging into it: ``--model '{...}'`` replaces the file's model section."""
-
-
-def merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
-    """Recursive dict merge: ``override`` wins, nested mappings merge (a ``Replace``
-    mapping replaces)."""
-    merged = dict(base)
-    for key, value in override.items():
-        if isinstance(value, Replace):
-            merged[key] = dict(value)
-        elif isinstance(value, dict) and isinstance(merged.get(key), dict):
-            merged[key] = merge(merged[key], value)
-        else:
-            merged[key] = value
-    return merged
-
-
 def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> RunConfig:
     """Read a YAML run config (``base: other.yaml`` inherits from another file)."""
     values = load_yaml(path)
@@ -350,27 +327,41 @@ def load_run_config(path: str | Path) -> RunConfig:
     return parse_config(values, where=str(path))
 
 
-def load_yaml(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
-    """A YAML mapping, with ``base:`` files merged underneath (paths relative to the file);
-    a file that is its own base, through any chain, is an error naming the chain."""
-    path = Path(path)
-    if path.resolve() in _seen:
-        chain = " -> ".join(str(p) for p in (*_seen, path.resolve()))
-        raise ConfigError(f"base: files form a cycle ({chain}); remove one base: line")
-    if not path.is_file():
-        raise ConfigError(f"config file {path} does not exist")
-    try:
-        values = get_loader("yaml")(path.read_text()) or {}  # YAML 1.2 numbers: 1e-3
-    except yaml.YAMLError as error:
-        mark = getattr(error, "problem_mark", None)
-        where = f"{path}, line {mark.line + 1} column {mark.column + 1}" if mark else str(path)
-        problem = getattr(error, "problem", None) or str(error).splitlines()[0]
-        raise ConfigError(f"YAML syntax error in {where}: {problem}") from None
-    if not isinstance(values, dict):
-        raise ConfigError(f"{path} must hold a YAML mapping at the top level")
-    base = values.pop("base", None)
-    if base is not None and not isinstance(base, str):
-        raise ConfigError(f"base: in {path} must be a file name, got {base!r}")
-    if base:
-        values = merge(load_yaml(path.parent / base, (*_seen, path.resolve())), values)
-    return values
+def check_values(config: RunConfig) -> None:
+    """The checks types cannot say: ranges, budgets and combinations (the choices are the
+    config's ``Literal`` types, which jsonargparse checks)."""
+    for key, value in _ranged_values(config).items():
+        check_range(key, value)
+    for index, beta in enumerate(config.optim.betas):
+        check_range("optim.betas", beta, f"optim.betas[{index}]")
+    for name in config.trainer.logger:
+        if name not in ("csv", "tensorboard", "wandb"):
+            raise ConfigError(f"trainer.logger {name!r} is not one of csv, tensorboard, wandb")
+    if len(config.optim.betas) != 2:
+        raise ConfigError(f"optim.betas must hold two numbers, got {config.optim.betas}")
+    if config.optim.anneal_factor <= 1 or config.optim.anneal_patience < 1:
+        raise ConfigError(
+            "optim.anneal_factor must be > 1 (the lr is divided by it) and "
+            f"optim.anneal_patience >= 1, got {config.optim.anneal_factor} and "
+            f"{config.optim.anneal_patience}"
+        )
+    trainer = config.trainer
+    if trainer.max_steps is None and trainer.max_epochs is None:
+        raise ConfigError("set a budget: trainer.max_steps or trainer.max_epochs (or both)")
+    if isinstance(trainer.val_every, str) and trainer.val_every != "epoch":
+        raise ConfigError(f"trainer.val_every = {trainer.val_every!r}: give steps or 'epoch'")
+    if config.data.stateful and config.data.batching != "stream":
+        raise ConfigError("data.stateful needs data.batching: stream (contiguous streams)")
+    if not config.model:
+        raise ConfigError("the config has no model section; e.g. model: {family: ode_transformer}")
+
+
+def _ranged_values(config: RunConfig) -> dict[str, float | None]:
+    """The value of every key of ``RANGES`` but the betas (None: unset)."""
+    values: dict[str, Any] = {"seed": config.seed}
+    for section in ("data", "optim", "trainer", "eval"):
+        for key, value in dataclasses.asdict(getattr(config, section)).items():
+            values[f"{section}.{key}"] = value
+    if isinstance(config.trainer.val_every, str):
+        values["trainer.val_every"] = None  # "epoch"
+    return {key: values[key] for key in RANGES if key != "optim.betas"}

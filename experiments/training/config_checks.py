@@ -1,119 +1,14 @@
-"""What makes a run config valid beyond its types, and config errors as one line each.
-
-jsonargparse checks types (choices are ``Literal`` types); the checks here name ranges,
-budgets and combinations of settings, and turn jsonargparse's messages into one line naming
-the key.
-"""
+"""What makes a run config valid beyond its types: the range of every numeric setting, the
+wall-time budget, the thread count (jsonargparse checks types; choices are ``Literal``
+types). Errors are ``experiments.config_errors.ConfigError``, one line each."""
 
 from __future__ import annotations
 
 import dataclasses
-import os
 import re
-import types
-import typing
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from odelm.errors import OdelmError
-
-if TYPE_CHECKING:
-    from experiments.training.config import RunConfig
-
-
-class ConfigError(OdelmError, ValueError):
-    """A config has an unknown key, a wrong type or an invalid value."""
-
-
-def config_error(
-    error: Exception, label: Callable[[str], str], values: Any, schema: type
-) -> ConfigError:
-    """jsonargparse's error as one line naming the key (``label(key)``), what it must be
-    and what it got (looked up in ``values``, the given mapping, when there is one)."""
-    text = str(error)
-    unknown = re.search(r"Group '([\w.]+)' does not accept option '([^']+)'", text)
-    unknown = unknown or re.search(r"()Option '([^']+)' is not accepted", text)
-    if unknown:
-        section, key = unknown.groups()
-        section_schema = key_type(schema, section) if section else schema
-        valid = ", ".join(f.name for f in dataclasses.fields(section_schema))
-        where = f"{section}.{key}" if section else key
-        return ConfigError(f"unknown key {label(where)}; valid keys in {label(section)}: {valid}")
-    wrong = re.search(r'Parser key "([^"]+)"', text)
-    if wrong:
-        key = wrong[1]
-        value = _lookup(values, key)
-        if value is _MISSING:
-            given = re.search(r"(?:Got|Given) value: (.*)", text)
-            value = given[1] if given else None
-        expected = type_name(key_type(schema, key))
-        return ConfigError(
-            f"{label(key)} must be {expected}, got {value!r} ({type(value).__name__})"
-        )
-    return ConfigError(text.splitlines()[0])
-
-
-_MISSING = object()
-
-
-def _lookup(values: Any, key: str) -> Any:
-    for part in key.split("."):
-        if not isinstance(values, dict) or part not in values:
-            return _MISSING
-        values = values[part]
-    return values
-
-
-def key_type(schema: Any, key: str) -> Any:
-    """The type of a dotted config key in a dataclass schema (``optim.lr`` -> float)."""
-    for part in key.split("."):
-        schema = typing.get_type_hints(schema)[part]
-    return schema
-
-
-def type_name(annotation: Any, short: bool = False) -> str:
-    """A type as people read it: ``one of a, b``, ``int or null``, ``float``; ``short`` (help
-    lines): ``{a,b}``, ``int | None``."""
-    args = typing.get_args(annotation)
-    if typing.get_origin(annotation) is typing.Literal:
-        choices = [str(arg) for arg in args]
-        return "{" + ",".join(choices) + "}" if short else "one of " + ", ".join(choices)
-    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
-        return (" | " if short else " or ").join(type_name(arg, short) for arg in args)
-    if annotation is type(None):
-        return "None" if short else "null"
-    if typing.get_origin(annotation) is not None:
-        return str(annotation).replace("typing.", "")
-    return getattr(annotation, "__name__", str(annotation))
-
-
-def check_values(config: RunConfig) -> None:
-    """The checks types cannot say: ranges, budgets and combinations (the choices are the
-    config's ``Literal`` types, which jsonargparse checks)."""
-    for key, value in _ranged_values(config).items():
-        check_range(key, value)
-    for index, beta in enumerate(config.optim.betas):
-        check_range("optim.betas", beta, f"optim.betas[{index}]")
-    for name in config.trainer.logger:
-        if name not in ("csv", "tensorboard", "wandb"):
-            raise ConfigError(f"trainer.logger {name!r} is not one of csv, tensorboard, wandb")
-    if len(config.optim.betas) != 2:
-        raise ConfigError(f"optim.betas must hold two numbers, got {config.optim.betas}")
-    if config.optim.anneal_factor <= 1 or config.optim.anneal_patience < 1:
-        raise ConfigError(
-            "optim.anneal_factor must be > 1 (the lr is divided by it) and "
-            f"optim.anneal_patience >= 1, got {config.optim.anneal_factor} and "
-            f"{config.optim.anneal_patience}"
-        )
-    trainer = config.trainer
-    if trainer.max_steps is None and trainer.max_epochs is None:
-        raise ConfigError("set a budget: trainer.max_steps or trainer.max_epochs (or both)")
-    if isinstance(trainer.val_every, str) and trainer.val_every != "epoch":
-        raise ConfigError(f"trainer.val_every = {trainer.val_every!r}: give steps or 'epoch'")
-    if config.data.stateful and config.data.batching != "stream":
-        raise ConfigError("data.stateful needs data.batching: stream (contiguous streams)")
-    if not config.model:
-        raise ConfigError("the config has no model section; e.g. model: {family: ode_transformer}")
+from experiments.config_errors import ConfigError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -224,33 +119,3 @@ def resolve_max_time(trainer: Any) -> Any:
             f"{trainer.max_time_s!r} disagree; give one of them"
         )
     return dataclasses.replace(trainer, max_time_s=total, max_time=None)
-
-
-MAX_THREADS = os.cpu_count() or 1
-"""The most CPU threads a process may ask for: this machine's logical CPUs (torch starts a
-thread pool of the size asked; a hundred thousand threads fail far from the cause)."""
-
-
-def check_threads(value: int | None, label: str = "trainer.num_threads") -> None:
-    """Raise ``ConfigError`` naming ``label`` unless ``value`` is None (the thread policy's
-    choice) or a thread count within 1..``MAX_THREADS``. Checked where threads are set,
-    not when a config is read: a run trained on a larger machine still loads."""
-    if value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_THREADS:
-        unset = " or null" if label.startswith("trainer.") else ""
-        raise ConfigError(
-            f"{label} = {value!r} is out of range; it must be in [1, {MAX_THREADS}]{unset} "
-            f"({MAX_THREADS} is this machine's CPU count)"
-        )
-
-
-def _ranged_values(config: RunConfig) -> dict[str, float | None]:
-    """The value of every key of ``RANGES`` but the betas (None: unset)."""
-    values: dict[str, Any] = {"seed": config.seed}
-    for section in ("data", "optim", "trainer", "eval"):
-        for key, value in dataclasses.asdict(getattr(config, section)).items():
-            values[f"{section}.{key}"] = value
-    if isinstance(config.trainer.val_every, str):
-        values["trainer.val_every"] = None  # "epoch"
-    return {key: values[key] for key in RANGES if key != "optim.betas"}

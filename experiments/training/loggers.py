@@ -11,38 +11,37 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-from pytorch_lightning.loggers import Logger, TensorBoardLogger
-
 from experiments.training.config import ConfigError
+from odelm.lightning import pl
 
 LOGGERS = ("csv", "tensorboard", "wandb")
 
 
 def build_loggers(
     names: list[str], run_dir: Path, run_name: str, keep_csv_before: int | None = None
-) -> list[Logger]:
+) -> list[pl.loggers.Logger]:
     """One Lightning logger per name in ``names`` (see ``LOGGERS``); a resumed run's CSV
     keeps its rows logged before step ``keep_csv_before``."""
     from experiments.training.runs import HistoryCSVLogger
 
-    loggers: list[Logger] = []
+    loggers: list[pl.loggers.Logger] = []
     for name in names:
         if name == "csv":
             loggers.append(
                 HistoryCSVLogger(run_dir, name="logs", version="", keep_before=keep_csv_before)
             )
         elif name == "tensorboard":
-            loggers.append(TensorBoardLogger(run_dir, name="tensorboard", version=""))
+            loggers.append(pl.loggers.TensorBoardLogger(run_dir, name="tensorboard", version=""))
         elif name == "wandb":
             if importlib.util.find_spec("wandb") is None:
                 raise ConfigError(
                     "trainer.logger wandb needs the wandb package: pip install wandb "
                     "(or choose csv / tensorboard)"
                 )
-            from pytorch_lightning.loggers import WandbLogger
-
             loggers.append(
-                WandbLogger(name=run_name, save_dir=str(run_dir), offline=True, project="odelm")
+                pl.loggers.WandbLogger(
+                    name=run_name, save_dir=str(run_dir), offline=True, project="odelm"
+                )
             )
         else:
             raise ConfigError(f"trainer.logger {name!r} is not one of {', '.join(LOGGERS)}")

@@ -23,9 +23,10 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
-from pytorch_lightning.callbacks import Callback, Timer
-
 from experiments.training.runs import write_json
+from odelm.lightning import pl
+
+Callback, Timer = pl.Callback, pl.callbacks.Timer
 
 PROGRESS_FILE = Path("logs") / "progress.json"
 WRITE_EVERY_S = 2.0
@@ -85,6 +86,34 @@ class ProgressFile(Callback):
         self.path.parent.mkdir(parents=True, exist_ok=True)
         write_json(self.path, values)
         self._written = now
+
+
+class StepDescription(Callback):
+    """The training bar's description counts steps (``Epoch 0 · step 40/200``; Lightning's
+    Rich bar reads ``Epoch 0/-2`` under a step budget), set after each batch through the
+    bar's public tqdm bar or Rich ``Progress``."""
+
+    def on_train_batch_end(self, trainer: Any, *args: Any) -> None:
+        bar = trainer.progress_bar_callback
+        text = f"Epoch {trainer.current_epoch} · step {trainer.global_step}/{trainer.max_steps}"
+        if isinstance(bar, pl.callbacks.RichProgressBar):
+            if bar.progress is not None and bar.train_progress_bar_id is not None:
+                style = bar.theme.description
+                description = f"[{style}]{text}" if style else text
+                bar.progress.update(bar.train_progress_bar_id, description=description)
+        elif isinstance(bar, pl.callbacks.TQDMProgressBar) and bar.is_enabled:
+            bar.train_progress_bar.set_description(text)
+
+
+def step_description(trainer: Any) -> list[Callback]:
+    """``[StepDescription()]`` when ``trainer`` has a progress bar and its budget is in steps
+    (``max_steps``, no ``max_epochs``), else empty: what ``LMTask.configure_callbacks``
+    adds."""
+    if trainer is None or trainer.progress_bar_callback is None:
+        return []
+    if trainer.max_steps is None or trainer.max_steps < 0 or trainer.max_epochs not in (None, -1):
+        return []
+    return [StepDescription()]
 
 
 def _max_time_s(trainer) -> float | None:

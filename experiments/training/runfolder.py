@@ -28,6 +28,7 @@ from typing import Any
 from experiments.training.rankorder import rank_zero_first
 from odelm import __version__
 from odelm.errors import OdelmError
+from odelm.files import atomic_write
 from odelm.pretrained import file_sha256
 
 RUN_MARKER = ".odelm-run"
@@ -102,9 +103,8 @@ def check_not_foreign(folder: Path, marker: str = RUN_MARKER) -> None:
 
 
 def _write_marker(folder: Path, marker: str, values: dict[str, Any]) -> None:
-    partial = folder / (marker + ".partial")
-    partial.write_text(json.dumps({"odelm": __version__, **values}, indent=2) + "\n")
-    os.replace(partial, folder / marker)
+    with atomic_write(folder / marker) as partial:
+        partial.write_text(json.dumps({"odelm": __version__, **values}, indent=2) + "\n")
 
 
 def read_marker(folder: Path, marker: str = RUN_MARKER) -> dict[str, Any]:

@@ -21,19 +21,22 @@ from __future__ import annotations
 import csv
 import hashlib
 import json
-import os
 from pathlib import Path
 from typing import Any
 
-from pytorch_lightning.loggers import CSVLogger
-from pytorch_lightning.loggers.csv_logs import ExperimentWriter
-from pytorch_lightning.loggers.logger import rank_zero_experiment
+import torch
+from torch import nn
 
+from experiments.data.tokenization import LMData, Tokenizer
 from experiments.models.schema import hashed_spelling
 from experiments.training.config import ConfigError, RunConfig, load_run_config
 from odelm.errors import OdelmError
+from odelm.files import atomic_write
+from odelm.lightning import pl
 
 CONFIG_FILE = "config.yaml"
+MODEL_DIR = "model"
+RESULT_FILE = "result.json"
 IDENTITY_EXCLUDED = frozenset(
     {
         "name",
@@ -136,12 +139,11 @@ def check_same_config(run_dir: Path, config: RunConfig) -> None:
 
 def write_json(path: Path, values: dict[str, Any]) -> None:
     """Write JSON atomically (a temporary file renamed into place)."""
-    partial = path.with_name(path.name + ".partial")
-    partial.write_text(json.dumps(values, indent=2))
-    os.replace(partial, path)
+    with atomic_write(path) as partial:
+        partial.write_text(json.dumps(values, indent=2))
 
 
-class _HistoryWriter(ExperimentWriter):
+class _HistoryWriter(pl.loggers.csv_logs.ExperimentWriter):
     """Lightning's CSV writer, keeping the rows logged before ``keep_before``."""
 
     def __init__(self, log_dir: str, keep_before: int | None) -> None:
@@ -159,16 +161,14 @@ class _HistoryWriter(ExperimentWriter):
             reader = csv.DictReader(handle)
             header = list(reader.fieldnames or [])
             rows = [row for row in reader if int(row["step"]) < self.keep_before]
-        partial = path.with_name(path.name + ".partial")
-        with partial.open("w", newline="") as handle:
+        with atomic_write(path) as partial, partial.open("w", newline="") as handle:
             writer = csv.DictWriter(handle, fieldnames=header)
             writer.writeheader()
             writer.writerows(rows)
-        os.replace(partial, path)
         self.metrics_keys = sorted(header)
 
 
-class HistoryCSVLogger(CSVLogger):
+class HistoryCSVLogger(pl.loggers.CSVLogger):
     """``CSVLogger`` that resumes ``metrics.csv`` at step ``keep_before`` instead of erasing it."""
 
     def __init__(self, *args: Any, keep_before: int | None = None, **kwargs: Any) -> None:
@@ -176,9 +176,32 @@ class HistoryCSVLogger(CSVLogger):
         self.keep_before = keep_before
 
     @property
-    @rank_zero_experiment
-    def experiment(self) -> ExperimentWriter:
+    @pl.loggers.logger.rank_zero_experiment
+    def experiment(self) -> pl.loggers.csv_logs.ExperimentWriter:
         if self._experiment is None:
             self._fs.makedirs(self.root_dir, exist_ok=True)
             self._experiment = _HistoryWriter(self.log_dir, self.keep_before)
         return self._experiment
+
+
+def split_checksums(data: LMData) -> dict[str, str]:
+    """SHA-256 of each split's token ids (int64) under the run's tokenizer."""
+    return {
+        name: hashlib.sha256(split.ids.to(torch.int64).numpy().tobytes()).hexdigest()
+        for name, split in sorted(data.splits.items())
+    }
+
+
+def save_run_model(model: nn.Module, run_dir: Path, tokenizer: Tokenizer) -> None:
+    """Write the run's final model to ``RUN/model``, tagged with its tokenizer's fingerprint,
+    and the tokenizer's Hugging Face files (``tokenizer.json``, ``tokenizer_config.json``) in
+    ``RUN`` and ``RUN/model``: ``AutoTokenizer.from_pretrained(RUN)``, and
+    ``pipeline("text-generation", model=RUN/model)`` finds its tokenizer."""
+    from experiments.data.hf_tokenizer import save_hf_tokenizer
+
+    model.save_pretrained(  # type: ignore[operator]
+        run_dir / MODEL_DIR, metadata={"tokenizer": tokenizer.fingerprint()}
+    )
+    limit = getattr(model, "max_positions", None)
+    for folder in (run_dir, run_dir / MODEL_DIR):  # RUN/model alone is a Hugging Face folder too
+        save_hf_tokenizer(tokenizer, folder, limit if isinstance(limit, int) else None)

@@ -18,14 +18,13 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from lightning_fabric.utilities.exceptions import MisconfigurationException
-from pytorch_lightning.plugins.precision import MixedPrecision, Precision
 
 from experiments.models.build import build_model
 from experiments.training.allocator import keep_freed_memory
 from experiments.training.config import OptimConfig
 from experiments.training.task import LMTask
 from odelm.errors import OdelmError
+from odelm.lightning import pl
 from odelm.timing import alternating, medians
 
 VOCAB, BATCH, BPTT = 10_000, 20, 35
@@ -41,7 +40,7 @@ SPEED_MODELS: dict[str, dict[str, Any]] = {
         "dropout": 0.2,
         "input_dropout": 0.2,
         "init_range": 0.1,
-        "tie_weights": True,
+        "tie_embeddings": True,
     },
     "transformer": {
         "family": "reference",
@@ -87,13 +86,13 @@ def bench_threads() -> int:
     return int(os.environ.get("ODELM_BENCH_THREADS", "1"))
 
 
-def precision_plugin(precision: str, device: str = "cpu") -> Precision:
+def precision_plugin(precision: str, device: str = "cpu") -> pl.plugins.precision.Precision:
     """Lightning's precision plugin of a ``trainer.precision`` name."""
     if precision in ("32-true", "32"):
-        return Precision()
+        return pl.plugins.precision.Precision()
     try:
-        return MixedPrecision(precision, device)  # type: ignore[arg-type]
-    except (MisconfigurationException, ValueError) as error:
+        return pl.plugins.precision.MixedPrecision(precision, device)  # type: ignore[arg-type]
+    except (pl.utilities.exceptions.MisconfigurationException, ValueError) as error:
         raise PrecisionNameError(
             f"precision {precision!r} cannot be benchmarked ({error}); use 32-true or bf16-mixed"
         ) from None

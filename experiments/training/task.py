@@ -24,22 +24,23 @@ from experiments.training.compiled import CompiledModel
 from experiments.training.config import OptimConfig
 from experiments.training.datamodule import StreamWindow
 from experiments.training.losses import fused_loss_dtype, fused_training_nll, training_nll
+from experiments.training.progress import step_description
 from experiments.training.recipes import (
     PlateauAnnealer,
     build_optimizer,
     inverse_sqrt_lambda,
 )
-from experiments.training.spellings import FollowsTrainer, lightning_bases, step_progress_bar
 from neuralode_lm.solvers.monitor import loss_scaling
 from odelm.contract import call_model, check_stateful, detach_state
 from odelm.errors import OdelmError
+from odelm.lightning import pl
 
 
 class NonFiniteLossError(OdelmError, FloatingPointError):
     """The training loss became NaN or infinite."""
 
 
-class LMTask(FollowsTrainer, *lightning_bases("LightningModule")):  # type: ignore[misc]
+class LMTask(pl.LightningModule):
     """Trains a contract model with next-token cross-entropy.
 
     ``model`` is a model, or the ``{"architecture", "config"}`` dict of a model that
@@ -93,8 +94,8 @@ class LMTask(FollowsTrainer, *lightning_bases("LightningModule")):  # type: igno
         self.adjoint_nfe = [0, 0]  # the adjoint's backward NFE summed over steps, and steps
 
     def configure_callbacks(self) -> list[Any]:
-        """A progress bar that counts steps when the budget is in steps."""
-        return step_progress_bar(self.trainer)
+        """The progress bar counts steps when the budget is in steps."""
+        return step_description(self.trainer)
 
     def on_fit_start(self) -> None:
         self._fit_started = time.perf_counter()

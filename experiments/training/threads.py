@@ -18,6 +18,8 @@ from pathlib import Path
 
 import torch
 
+from experiments.config_errors import ConfigError
+
 CPU_SYSFS = Path("/sys/devices/system/cpu")
 CGROUP_CPU_MAX = Path("/sys/fs/cgroup/cpu.max")
 
@@ -90,3 +92,22 @@ def set_threads(requested: int | None, runs: int = 1) -> int:
         flush=True,
     )
     return threads
+
+
+MAX_THREADS = os.cpu_count() or 1
+"""The most CPU threads a process may ask for: this machine's logical CPUs (torch starts a
+thread pool of the size asked; a hundred thousand threads fail far from the cause)."""
+
+
+def check_threads(value: int | None, label: str = "trainer.num_threads") -> None:
+    """Raise ``ConfigError`` naming ``label`` unless ``value`` is None (the thread policy's
+    choice) or a thread count within 1..``MAX_THREADS``. Checked where threads are set,
+    not when a config is read: a run trained on a larger machine still loads."""
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_THREADS:
+        unset = " or null" if label.startswith("trainer.") else ""
+        raise ConfigError(
+            f"{label} = {value!r} is out of range; it must be in [1, {MAX_THREADS}]{unset} "
+            f"({MAX_THREADS} is this machine's CPU count)"
+        )

@@ -9,14 +9,14 @@ import time
 from typing import Any
 
 import torch
-from pytorch_lightning.callbacks import Callback
 
 from experiments.evaluation.flops import forward_flops_per_token
 from experiments.training.datamodule import StreamWindow
 from experiments.training.speed import peak_gflops_per_cpu_second
+from odelm.lightning import pl
 
 
-class ThroughputMeter(Callback):
+class ThroughputMeter(pl.Callback):
     """Training tokens per second, logged per step and summed over the run (a resumed
     run's sums travel in the checkpoints); on CPU also the model FLOPs utilisation
     (``train/mfu``): 3 x the forward FLOPs per token of the first training batch

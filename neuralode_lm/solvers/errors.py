@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from odelm.errors import OdelmError
+from odelm.errors import ConfigError, OdelmError
 
 __all__ = [
     "FieldOutputError",
@@ -15,8 +15,8 @@ __all__ = [
 ]
 
 
-class SolverConfigError(OdelmError, ValueError):
-    """A solver option is unknown, out of range, or not offered by the chosen backend."""
+SolverConfigError = ConfigError
+"""A solver option is unknown, out of range, or not offered by the chosen backend."""
 
 
 class UnknownSolverOptionError(SolverConfigError, TypeError):

@@ -1,0 +1,76 @@
+"""Config errors as one line each: jsonargparse's messages turned into one
+``odelm.errors.ConfigError`` (the one error of a bad config) naming the key. A leaf: it
+imports no module of ``experiments``, so every layer may import it."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import types
+import typing
+from collections.abc import Callable
+from typing import Any
+
+from odelm.errors import ConfigError
+
+
+def config_error(
+    error: Exception, label: Callable[[str], str], values: Any, schema: type
+) -> ConfigError:
+    """jsonargparse's error as one line naming the key (``label(key)``), what it must be
+    and what it got (looked up in ``values``, the given mapping, when there is one)."""
+    text = str(error)
+    unknown = re.search(r"Group '([\w.]+)' does not accept option '([^']+)'", text)
+    unknown = unknown or re.search(r"()Option '([^']+)' is not accepted", text)
+    if unknown:
+        section, key = unknown.groups()
+        section_schema = key_type(schema, section) if section else schema
+        valid = ", ".join(f.name for f in dataclasses.fields(section_schema))
+        where = f"{section}.{key}" if section else key
+        return ConfigError(f"unknown key {label(where)}; valid keys in {label(section)}: {valid}")
+    wrong = re.search(r'Parser key "([^"]+)"', text)
+    if wrong:
+        key = wrong[1]
+        value = _lookup(values, key)
+        if value is _MISSING:
+            given = re.search(r"(?:Got|Given) value: (.*)", text)
+            value = given[1] if given else None
+        expected = type_name(key_type(schema, key))
+        return ConfigError(
+            f"{label(key)} must be {expected}, got {value!r} ({type(value).__name__})"
+        )
+    return ConfigError(text.splitlines()[0])
+
+
+_MISSING = object()
+
+
+def _lookup(values: Any, key: str) -> Any:
+    for part in key.split("."):
+        if not isinstance(values, dict) or part not in values:
+            return _MISSING
+        values = values[part]
+    return values
+
+
+def key_type(schema: Any, key: str) -> Any:
+    """The type of a dotted config key in a dataclass schema (``optim.lr`` -> float)."""
+    for part in key.split("."):
+        schema = typing.get_type_hints(schema)[part]
+    return schema
+
+
+def type_name(annotation: Any, short: bool = False) -> str:
+    """A type as people read it: ``one of a, b``, ``int or null``, ``float``; ``short`` (help
+    lines): ``{a,b}``, ``int | None``."""
+    args = typing.get_args(annotation)
+    if typing.get_origin(annotation) is typing.Literal:
+        choices = [str(arg) for arg in args]
+        return "{" + ",".join(choices) + "}" if short else "one of " + ", ".join(choices)
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        return (" | " if short else " or ").join(type_name(arg, short) for arg in args)
+    if annotation is type(None):
+        return "None" if short else "null"
+    if typing.get_origin(annotation) is not None:
+        return str(annotation).replace("typing.", "")
+    return getattr(annotation, "__name__", str(annotation))
