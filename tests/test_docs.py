@@ -66,7 +66,9 @@ def _anchors(doc: Path) -> set[str]:
     text = re.sub(r"```.*?```", "", doc.read_text(), flags=re.DOTALL)
     headings = re.findall(r"^#+ (.+)$", text, re.MULTILINE)
     explicit = set(re.findall(r'<a id="([^"]+)"></a>', text))
-    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in headings} | explicit
+    return {
+        re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in headings
+    } | explicit
 
 
 @pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(ROOT)))

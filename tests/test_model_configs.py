@@ -45,8 +45,10 @@ def test_an_unknown_model_key_is_refused_at_parse_time_naming_the_models_keys(ca
         (
             "block",
             "rk9",
-            "residual, rk2, rk2_gamma1, rk3, rk4, rk4_38, midpoint, euler, rk2_learnable, "
-            "rk2_gate, custom",
+            (
+                "residual, rk2, rk2_gamma1, rk3, rk4, rk4_38, midpoint, euler, rk2_learnable, "
+                "rk2_gate, custom"
+            ),
         ),
         ("stack", "tower", "plain, leapfrog, multistep, dlcl, polynet, macaron"),
         ("positions", "rotary", "learned, sinusoidal"),

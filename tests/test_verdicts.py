@@ -30,7 +30,9 @@ def test_the_short_table_names_the_closest_comparison_and_links_each_claim():
     short = summary(collect(RESULTS))
     row = next(line for line in short.splitlines() if "LSTM encoder" in line)
     assert "head at SGD 5 +185.03* [+178.38, +191.67] p_Holm 0.0024" in row
-    assert "(docs/results/verdicts.md#an-ode-head-improves-on-its-lstm-encoder-node-lm-table-1)" in row
+    assert (
+        "(docs/results/verdicts.md#an-ode-head-improves-on-its-lstm-encoder-node-lm-table-1)" in row
+    )
     page = (RESULTS / PAGE).read_text()
     assert '<a id="an-ode-head-improves-on-its-lstm-encoder-node-lm-table-1"></a>' in page
 

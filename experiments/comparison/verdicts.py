@@ -128,7 +128,10 @@ def _verdict(evidence: list[Evidence]) -> tuple[str, str]:
     else:  # nothing better: refuted where something is worse, else unresolved at this n
         words = "does not hold" if worse else "not shown (no significant difference)"
     kind = KINDS[primary[0].kind].split(",")[0]
-    return words, f"{kind}: {better} of {len(primary)} better, {worse} worse, significant after Holm"
+    return (
+        words,
+        f"{kind}: {better} of {len(primary)} better, {worse} worse, significant after Holm",
+    )
 
 
 def _significant(evidence: Evidence) -> bool:
@@ -211,7 +214,8 @@ def summary(claims: list[dict[str, Any]], page: str = f"docs/results/{PAGE}") ->
         )
     lines += [
         "",
-        NOTE + f" Every comparison, the seed-noise rows and the links to each grid: [{page}]({page}).",
+        NOTE
+        + f" Every comparison, the seed-noise rows and the links to each grid: [{page}]({page}).",
         "",
     ]
     return "\n".join(lines)
