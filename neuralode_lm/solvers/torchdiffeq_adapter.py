@@ -29,12 +29,14 @@ from torchdiffeq._impl.misc import (
     _all_callback_names,
     _check_inputs,
     _flat_to_shape,
+    _null_callback,
+    _PerturbFunc,
 )
 from torchdiffeq._impl.solvers import FixedGridODESolver
 
 from ode_transformer.tableau import TABLEAUX, Tableau, rk_stage_values, weighted_sum
 
-from .config import fixed_grid
+from .config import fixed_grid, grid_marks
 from .errors import StepSizeUnderflowError
 from .monitor import MonitoredField, StepMonitor
 
@@ -59,6 +61,30 @@ class TableauSolver(FixedGridODESolver):
         super().__init__(**options)
         self.tableau = tableau
         self.order = tableau.order()
+
+    def integrate_on(self, grid: torch.Tensor, marks: list[int]) -> torch.Tensor:
+        """``integrate``'s states at ``grid[marks]``, with the grid and the marks given:
+        the same steps and the same states (each requested time is a grid point, where
+        ``integrate``'s readout is the step's end state), without ``integrate``'s reads of
+        the times back to the host (its checks of the grid and its comparisons of grid
+        and requested times: 3 syncs a step and 2 a solve on a GPU)."""
+        solution = torch.empty(
+            len(marks), *self.y0.shape, dtype=self.y0.dtype, device=self.y0.device
+        )
+        solution[0] = self.y0
+        j = 1
+        y0 = self.y0
+        for i in range(len(grid) - 1):
+            t0, t1 = grid[i], grid[i + 1]
+            dt = t1 - t0
+            self.func.callback_step(t0, y0, dt)
+            dy, _ = self._step_func(self.func, t0, dt, t1, y0)
+            y1 = y0 + dy
+            while j < len(marks) and marks[j] == i + 1:
+                solution[j] = y1
+                j += 1
+            y0 = y1
+        return solution
 
     def _step_func(
         self,
@@ -100,6 +126,29 @@ def tableau_odeint(
     solver = TableauSolver(tableau, func=func, y0=y0, rtol=rtol, atol=atol, **options)
     solution = solver.integrate(t)
     return solution if shapes is None else _flat_to_shape(solution, (len(t),), shapes)
+
+
+def _on_host_grid(
+    field: MonitoredField,
+    y0: torch.Tensor,
+    t: torch.Tensor,
+    host_t: list[float],
+    cfg: SolverConfig,
+) -> torch.Tensor:
+    """``tableau_odeint(field, y0, t, ...)`` on the facade's grid, its times known on the
+    host (``host_t``, increasing): the same steps and states without a read back to the
+    host (torchdiffeq's ``_check_inputs`` reads the times three times, ``integrate`` a few
+    times a step). ``y0`` is one tensor and the times increase: ``_check_inputs`` then only
+    adds the ``perturb`` argument and the callbacks, as here."""
+    func = _PerturbFunc(field)
+    for name in _all_callback_names:
+        setattr(func, name, getattr(field, name, _null_callback))
+    grid, marks = grid_marks(t, cfg.step_size, host_t)  # type: ignore[arg-type]  # fixed
+    options = {"grid_constructor": lambda func, y, times: grid}
+    solver = TableauSolver(
+        TABLEAUX[cfg.method], func=func, y0=y0, rtol=cfg.rtol, atol=cfg.atol, **options
+    )
+    return solver.integrate_on(grid, marks)
 
 
 def fixed_solve(method: str, rtol: float, atol: float) -> Solve:
@@ -212,13 +261,22 @@ def run(
     t: torch.Tensor,
     cfg: SolverConfig,
     monitor: StepMonitor,
+    host_t: list[float] | None = None,
 ) -> torch.Tensor:
-    """States at ``t``; steps, outcomes and evaluations reported to ``monitor``."""
+    """States at ``t``; steps, outcomes and evaluations reported to ``monitor``. ``host_t``:
+    the values of ``t`` known on the host (checked, increasing), for a fixed grid built
+    and stepped without reading the times back from the device."""
     field.callback_step = monitor.on_step
     field.callback_step_adjoint = monitor.on_step
     try:
-        states = _fixed(field, y0, t, cfg) if cfg.fixed else _adaptive(field, y0, t, cfg, monitor)
+        if not cfg.fixed:
+            states = _adaptive(field, y0, t, cfg, monitor)
+        elif host_t is not None and cfg.adjoint_kind == "direct" and cfg.method not in NATIVE:
+            states = _on_host_grid(field, y0, t, host_t, cfg)
+        else:
+            states = _fixed(field, y0, t, cfg)
     except AssertionError as error:  # torchdiffeq's own checks, e.g. "underflow in dt"
+        monitor.flush()  # a check kept on the device that failed first explains it better
         raise monitor.fail(StepSizeUnderflowError, f"torchdiffeq stopped: {error}") from error
     if cfg.fixed:
         monitor.set_step_counts(monitor.steps, 0)
