@@ -5,7 +5,13 @@
 device mismatch or a non-fake-input error. Runs on a CPU-only build (``tests/fake_cuda.py``
 supplies indexing and the values read back to the host). ``torch.tensor(data,
 device="cuda")`` shows as a CPU tensor (``aten.lift_fresh``): a copy from the host at each
-call, which the ODE heads' ``[0, T]`` no longer make."""
+call, which the ODE heads' ``[0, T]`` no longer make.
+
+Generation too: ``odelm.decoding.generate`` (greedy, whose ``argmax`` reads nothing back) of
+every family, and with the per-stage KV cache of ode_transformer and node-transformer.
+Sampling and beam search are not run here: ``multinomial`` and beam search's ranking need
+values a fake tensor lacks beyond what ``recorded_reads`` replays (the sampled ids are made
+on the device and never read back, so they would need fake values of their own)."""
 
 from __future__ import annotations
 
@@ -104,3 +110,43 @@ def test_a_tensor_made_on_the_cpu_inside_a_forward_is_caught() -> None:
         tokens = torch.empty(2, 6, dtype=torch.long, device="cuda")
         with fake_cuda(), pytest.raises(RuntimeError, match="cuda:0 and cpu"):
             model(tokens)
+
+
+def _fake_cuda_generate(spec: dict[str, Any], **options: Any) -> tuple[Any, DeviceLog]:
+    """``odelm.decoding.generate`` of ``spec``'s model on fake CUDA, as on the CPU: greedy
+    decoding reads no value back (``argmax`` stays on the device), so the only values
+    replayed are those the model's own forwards read (the ODE heads' one check a solve)."""
+    from odelm.decoding import generate
+
+    torch.manual_seed(0)
+    model = build_model(spec, VOCAB).eval()
+    prompt = torch.randint(0, VOCAB, (2, 3))
+    with recorded_reads() as reads:
+        real = generate(model, prompt, 3, **options)
+    with torch.no_grad(), FakeTensorMode(allow_non_fake_inputs=False):
+        to_fake_cuda(model)
+        fake_prompt = torch.empty(prompt.shape, dtype=prompt.dtype, device="cuda")
+        with fake_cuda(reads), DeviceLog() as log:
+            out = generate(model, fake_prompt, 3, **options)
+    assert out.shape == real.shape == (2, 6)
+    return out, log
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_every_family_generates_greedily_on_cuda(name: str) -> None:
+    out, log = _fake_cuda_generate(FAMILIES[name])
+    assert isinstance(out, FakeTensor) and out.device == torch.device("cuda", 0)
+    off_cuda = {op: devices for op, devices in log.devices.items() if devices != {"cuda"}}
+    assert log.devices and off_cuda == {}
+
+
+@pytest.mark.parametrize("name", ["ode_transformer rk2", "node-transformer"])
+def test_a_cached_family_generates_with_its_per_stage_cache_on_cuda(name: str) -> None:
+    from odelm.decoding import StepFunction
+
+    spec = FAMILIES[name]
+    assert StepFunction(build_model(spec, VOCAB)).cached  # the KV cache path, not recomputation
+    for use_cache in (True, False):
+        out, log = _fake_cuda_generate(spec, use_cache=use_cache)
+        off_cuda = {op: devices for op, devices in log.devices.items() if devices != {"cuda"}}
+        assert out.device.type == "cuda" and off_cuda == {}
