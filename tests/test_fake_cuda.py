@@ -9,9 +9,9 @@ call, which the ODE heads' ``[0, T]`` no longer make.
 
 Generation too: ``odelm.decoding.generate`` (greedy, whose ``argmax`` reads nothing back) of
 every family, and with the per-stage KV cache of ode_transformer and node-transformer.
-Sampling and beam search are not run here: ``multinomial`` and beam search's ranking need
-values a fake tensor lacks beyond what ``recorded_reads`` replays (the sampled ids are made
-on the device and never read back, so they would need fake values of their own)."""
+Sampling (top-k, top-p) and beam search run for two families: beam search reads its scores
+back every step (replayed from the real run, as the ODE heads' checks are) and copies its
+result from the host once, at the end."""
 
 from __future__ import annotations
 
@@ -121,13 +121,17 @@ def _fake_cuda_generate(spec: dict[str, Any], **options: Any) -> tuple[Any, Devi
     torch.manual_seed(0)
     model = build_model(spec, VOCAB).eval()
     prompt = torch.randint(0, VOCAB, (2, 3))
+
+    def decode(prompt: torch.Tensor) -> torch.Tensor:  # one call site: reads replay by site
+        return generate(model, prompt, 3, **options)
+
     with recorded_reads() as reads:
-        real = generate(model, prompt, 3, **options)
+        real = decode(prompt)
     with torch.no_grad(), FakeTensorMode(allow_non_fake_inputs=False):
         to_fake_cuda(model)
         fake_prompt = torch.empty(prompt.shape, dtype=prompt.dtype, device="cuda")
         with fake_cuda(reads), DeviceLog() as log:
-            out = generate(model, fake_prompt, 3, **options)
+            out = decode(fake_prompt)
     assert out.shape == real.shape == (2, 6)
     return out, log
 
@@ -150,3 +154,17 @@ def test_a_cached_family_generates_with_its_per_stage_cache_on_cuda(name: str) -
         out, log = _fake_cuda_generate(spec, use_cache=use_cache)
         off_cuda = {op: devices for op, devices in log.devices.items() if devices != {"cuda"}}
         assert out.device.type == "cuda" and off_cuda == {}
+
+
+STRATEGIES = {"sample": {"strategy": "sample", "top_k": 5, "top_p": 0.9},
+              "beam": {"strategy": "beam", "num_beams": 2}}  # fmt: skip
+
+
+@pytest.mark.parametrize("strategy", sorted(STRATEGIES))
+@pytest.mark.parametrize("name", ["ode_transformer rk2", "lstm"])
+def test_sampling_and_beam_search_run_on_cuda(name: str, strategy: str) -> None:
+    out, log = _fake_cuda_generate(FAMILIES[name], **STRATEGIES[strategy])
+    off_cuda = {op: devices for op, devices in log.devices.items() if devices != {"cuda"}}
+    # beam search ranks its finished rows on the host and copies the result back once
+    expected = {"aten.lift_fresh.default": {"cpu"}} if strategy == "beam" else {}
+    assert out.device.type == "cuda" and off_cuda == expected
