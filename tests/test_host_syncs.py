@@ -151,3 +151,34 @@ def test_a_read_added_to_a_forward_is_counted(monkeypatch) -> None:
 
     monkeypatch.setattr(BigramLM, "forward", forward)
     assert len(host_syncs(spec, monkeypatch)) == allowed + 1
+
+
+@pytest.mark.parametrize("step_size", [0.25, 0.05])
+def test_a_fixed_grid_solve_reads_back_once_whatever_its_steps(step_size) -> None:
+    from neuralode_lm.solvers import solve
+
+    with recorded_reads() as reads:
+        solve(lambda s, z: -z, torch.ones(2, 3), 1.0, method="rk4", step_size=step_size)
+    assert len(reads) == 1, reads
+
+
+@pytest.mark.parametrize("method", ["rk4", "euler", "rk4_38", "dopri5"])
+def test_checks_kept_on_the_device_still_name_the_step_that_went_wrong(method) -> None:
+    from neuralode_lm.solvers import NonFiniteStateError, solve
+
+    calls = {"n": 0}
+
+    def field(s: torch.Tensor, z: torch.Tensor) -> torch.Tensor:  # NaN from the 6th evaluation
+        calls["n"] += 1
+        return -z * (float("nan") if calls["n"] > 5 else 1.0)
+
+    step = {"euler": 7, "dopri5": 2}.get(method, 3)  # as when each step was read back
+    nfe = {"euler": 6}.get(method, 8)
+    fixed = {} if method == "dopri5" else {"step_size": 0.1 if method == "euler" else 0.25}
+    with pytest.raises(NonFiniteStateError, match="the vector field returned non-finite") as error:
+        solve(field, torch.ones(2, 3), 1.0, method=method, **fixed)
+    assert (error.value.steps, error.value.nfe) == (step, nfe)
+    assert f"(forward solve, step {step}, NFE {nfe}," in str(error.value)
+    with pytest.raises(NonFiniteStateError, match="the initial state y0") as error:
+        solve(lambda s, z: -z, torch.full((2, 3), float("nan")), 1.0, method=method, **fixed)
+    assert (error.value.steps, error.value.nfe, error.value.last_step_size) == (0, 0, None)
