@@ -138,17 +138,41 @@ def _on_host_grid(
     """``tableau_odeint(field, y0, t, ...)`` on the facade's grid, its times known on the
     host (``host_t``, increasing): the same steps and states without a read back to the
     host (torchdiffeq's ``_check_inputs`` reads the times three times, ``integrate`` a few
-    times a step). ``y0`` is one tensor and the times increase: ``_check_inputs`` then only
-    adds the ``perturb`` argument and the callbacks, as here."""
+    times a step)."""
+    return _host_grid_solve(t, host_t, cfg)(_checked(field), y0, t, {})
+
+
+def _checked(field: MonitoredField) -> Any:
+    """``field`` as torchdiffeq's ``_check_inputs`` prepares it for one tensor ``y0`` and
+    increasing times (its ``perturb`` argument and the callbacks; nothing else applies),
+    without its reads of the times."""
     func = _PerturbFunc(field)
     for name in _all_callback_names:
         setattr(func, name, getattr(field, name, _null_callback))
+    for name in _all_adjoint_callback_names:
+        if hasattr(field, name):
+            setattr(func, name, getattr(field, name))
+    return func
+
+
+def _host_grid_solve(t: torch.Tensor, host_t: list[float], cfg: SolverConfig) -> Solve:
+    """The forward ``fixed_solve`` of a tableau on the grid of ``t`` built from ``host_t``
+    (``TableauSolver.integrate_on``: no read back to the host)."""
     grid, marks = grid_marks(t, cfg.step_size, host_t)  # type: ignore[arg-type]  # fixed
-    options = {"grid_constructor": lambda func, y, times: grid}
-    solver = TableauSolver(
-        TABLEAUX[cfg.method], func=func, y0=y0, rtol=cfg.rtol, atol=cfg.atol, **options
-    )
-    return solver.integrate_on(grid, marks)
+    tableau = TABLEAUX[cfg.method]
+
+    def solve(func: Any, y0: Any, t: torch.Tensor, options: dict[str, Any]) -> Any:
+        solver = TableauSolver(
+            tableau,
+            func=func,
+            y0=y0,
+            rtol=cfg.rtol,
+            atol=cfg.atol,
+            grid_constructor=lambda func, y, times: grid,
+        )
+        return solver.integrate_on(grid, marks)
+
+    return solve
 
 
 def fixed_solve(method: str, rtol: float, atol: float) -> Solve:
@@ -274,7 +298,7 @@ def run(
         elif host_t is not None and cfg.adjoint_kind == "direct" and cfg.method not in NATIVE:
             states = _on_host_grid(field, y0, t, host_t, cfg)
         else:
-            states = _fixed(field, y0, t, cfg)
+            states = _fixed(field, y0, t, cfg, host_t)
     except AssertionError as error:  # torchdiffeq's own checks, e.g. "underflow in dt"
         monitor.flush()  # a check kept on the device that failed first explains it better
         raise monitor.fail(StepSizeUnderflowError, f"torchdiffeq stopped: {error}") from error
@@ -312,9 +336,17 @@ def _adaptive(
     )
 
 
-def _fixed(field: MonitoredField, y0: torch.Tensor, t: torch.Tensor, cfg: SolverConfig) -> Any:
+def _fixed(
+    field: MonitoredField,
+    y0: torch.Tensor,
+    t: torch.Tensor,
+    cfg: SolverConfig,
+    host_t: list[float] | None = None,
+) -> Any:
     """A fixed-grid solve on the facade's grid (``fixed_grid``: torchdiffeq's own grid would
-    interpolate readouts between grid points; this one steps onto every requested time)."""
+    interpolate readouts between grid points; this one steps onto every requested time).
+    An adjoint's forward solve of a tableau, its times known on the host (``host_t``), is
+    prepared and stepped without reading them back (``_on_host_grid``)."""
     options = {"grid_constructor": lambda func, y, times: fixed_grid(times, cfg.step_size)}
     forward = fixed_solve(cfg.method, cfg.rtol, cfg.atol)
     if cfg.adjoint_kind == "direct":
@@ -323,9 +355,12 @@ def _fixed(field: MonitoredField, y0: torch.Tensor, t: torch.Tensor, cfg: Solver
     adjoint_rtol, adjoint_atol = cfg.adjoint_rtol or cfg.rtol, cfg.adjoint_atol or cfg.atol
     # torchdiffeq.odeint_adjoint's own preparation of the field, then its algorithm with the
     # fixed-grid solves of ``fixed_solve`` (torchdiffeq's own for NATIVE names)
-    _, func, y0, t, _, _, _, _, _, _ = _check_inputs(
-        field, y0, t, cfg.rtol, cfg.atol, cfg.method, options, None, {cfg.method: TableauSolver}
-    )
+    if host_t is not None and cfg.method not in NATIVE:
+        func, forward = _checked(field), _host_grid_solve(t, host_t, cfg)
+    else:
+        _, func, y0, t, _, _, _, _, _, _ = _check_inputs(
+            field, y0, t, cfg.rtol, cfg.atol, cfg.method, options, None, {cfg.method: TableauSolver}
+        )
     backward = fixed_solve(adjoint_method, adjoint_rtol, adjoint_atol)
     return FixedGridAdjoint.apply(
         func, y0, t, forward, backward, options, dict(options), *_params(field)
