@@ -158,7 +158,7 @@ class _ODEHead(nn.Module):
         return torch.cat([z, a], dim=-1)
 
     def _integrate(
-        self, z0: torch.Tensor, times: torch.Tensor, solver: SolverConfig | None = None
+        self, z0: torch.Tensor, times: torch.Tensor | float, solver: SolverConfig | None = None
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Solve from ``z0`` ``[N, width]``; states ``[len(times), N, width]`` and the reg."""
         kinetic, jacobian = self.kinetic_weight > 0, self.jacobian_weight > 0
@@ -257,10 +257,10 @@ class CausalODEHead(_ODEHead):
         self._check(hidden, mask)
         batch, length, _ = hidden.shape
         z0 = self._augment(hidden, hidden, mask).reshape(batch * length, self.width)
-        # [0, T] made on the device: torch.tensor would copy it from the host every call
-        times = torch.linspace(0.0, self.integration_time, 2, dtype=z0.dtype, device=z0.device)
+        # [0, T] as a number: the facade makes it on the device and grids it on the host,
+        # with no copy from the host and no read back (issue 30)
         solver = self.solver if self.training else self.eval_solver
-        states, reg = self._integrate(z0, times, solver)
+        states, reg = self._integrate(z0, self.integration_time, solver)
         logits = self.proj(states[-1]).view(batch, length, self.vocab_size)
         return logits, self._aux(reg)
 

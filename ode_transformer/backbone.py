@@ -27,6 +27,12 @@ class TokenInputError(OdelmError, ValueError):
     """A token tensor the model cannot embed (wrong shape, dtype, range or length)."""
 
 
+HOST_CHECKED_DEVICES: tuple[str, ...] = ("cpu",)
+"""Device types whose token range ``check_tokens`` reads back to the host (a clear
+``TokenInputError`` naming the range); on any other device (CUDA) the range is asserted on
+the device (``torch._assert_async``), with no host sync (issue 30)."""
+
+
 def check_tokens(
     tokens: torch.Tensor, vocab_size: int, max_positions: int, offset: int = 0
 ) -> None:
@@ -46,6 +52,15 @@ def check_tokens(
     if torch.compiler.is_compiling():
         return
     if not tokens.numel():
+        return
+    if tokens.device.type not in HOST_CHECKED_DEVICES:
+        # On a GPU a read back to the host would stall the queue every forward: the range
+        # is asserted on the device instead; a bad id stops at the next host sync with
+        # this message (CUDA reports it as a device-side assert).
+        low, high = torch.aminmax(tokens)
+        torch._assert_async(
+            (low >= 0) & (high < vocab_size), f"token ids must lie in [0, {vocab_size})"
+        )
         return
     low, high = torch.stack(torch.aminmax(tokens)).tolist()  # one read back to the host
     if low < 0 or high >= vocab_size:

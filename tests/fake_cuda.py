@@ -4,8 +4,8 @@ the CPU (a device mismatch raises) without a GPU.
 
 Two things a CPU build of PyTorch cannot do with fake CUDA tensors are supplied here, by
 patching ``FakeTensor``'s Python methods while ``fake_cuda`` is active: Python indexing
-(``x[:, 1:]``) and ``contiguous``, whose Python bindings set a CUDA device guard first,
-are done by the aten ops they stand for; and a read of a value back to the host
+(``x[:, 1:]``), ``contiguous`` and ``new_tensor``, whose Python bindings set a CUDA device
+guard first, are done by the aten ops they stand for; and a read of a value back to the host
 (``.item()``, ``bool(t)``, ``float(t)``, which a fake tensor has no value for) is answered
 with the value the same forward read at the same place in the code on real CPU tensors
 (``recorded_reads``), so the fake forward takes the control flow of the real one.
@@ -120,6 +120,12 @@ def _setitem(self: torch.Tensor, index: Any, value: Any) -> None:
         torch.ops.aten.copy_.default(x, value)
 
 
+def _new_tensor(self: torch.Tensor, data: Any, dtype: Any = None, device: Any = None,
+                requires_grad: bool = False) -> torch.Tensor:  # fmt: skip
+    out = torch.tensor(data, dtype=dtype or self.dtype, device=device or self.device)
+    return out.requires_grad_(requires_grad)
+
+
 def _contiguous(self: torch.Tensor, memory_format: Any = torch.contiguous_format) -> Any:
     if self.is_contiguous(memory_format=memory_format):
         return self
@@ -143,7 +149,9 @@ def fake_cuda(reads: Reads | None = None) -> Iterator[dict[str, int]]:
         return pending.pop(0)[1]
 
     methods = {name: replay for name in READS}
-    methods.update(__getitem__=_getitem, __setitem__=_setitem, contiguous=_contiguous)
+    methods.update(
+        __getitem__=_getitem, __setitem__=_setitem, contiguous=_contiguous, new_tensor=_new_tensor
+    )
     with _patched(FakeTensor, methods):
         yield counts
 

@@ -5,7 +5,13 @@
 device mismatch or a non-fake-input error. Runs on a CPU-only build (``tests/fake_cuda.py``
 supplies indexing and the values read back to the host). ``torch.tensor(data,
 device="cuda")`` shows as a CPU tensor (``aten.lift_fresh``): a copy from the host at each
-call, which the ODE heads' ``[0, T]`` no longer make."""
+call, which the ODE heads' ``[0, T]`` no longer make.
+
+Generation too: ``odelm.decoding.generate`` (greedy, whose ``argmax`` reads nothing back) of
+every family, and with the per-stage KV cache of ode_transformer and node-transformer.
+Sampling (top-k, top-p) and beam search run for two families: beam search reads its scores
+back every step (replayed from the real run, as the ODE heads' checks are) and copies its
+result from the host once, at the end."""
 
 from __future__ import annotations
 
@@ -104,3 +110,61 @@ def test_a_tensor_made_on_the_cpu_inside_a_forward_is_caught() -> None:
         tokens = torch.empty(2, 6, dtype=torch.long, device="cuda")
         with fake_cuda(), pytest.raises(RuntimeError, match="cuda:0 and cpu"):
             model(tokens)
+
+
+def _fake_cuda_generate(spec: dict[str, Any], **options: Any) -> tuple[Any, DeviceLog]:
+    """``odelm.decoding.generate`` of ``spec``'s model on fake CUDA, as on the CPU: greedy
+    decoding reads no value back (``argmax`` stays on the device), so the only values
+    replayed are those the model's own forwards read (the ODE heads' one check a solve)."""
+    from odelm.decoding import generate
+
+    torch.manual_seed(0)
+    model = build_model(spec, VOCAB).eval()
+    prompt = torch.randint(0, VOCAB, (2, 3))
+
+    def decode(prompt: torch.Tensor) -> torch.Tensor:  # one call site: reads replay by site
+        return generate(model, prompt, 3, **options)
+
+    with recorded_reads() as reads:
+        real = decode(prompt)
+    with torch.no_grad(), FakeTensorMode(allow_non_fake_inputs=False):
+        to_fake_cuda(model)
+        fake_prompt = torch.empty(prompt.shape, dtype=prompt.dtype, device="cuda")
+        with fake_cuda(reads), DeviceLog() as log:
+            out = decode(fake_prompt)
+    assert out.shape == real.shape == (2, 6)
+    return out, log
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_every_family_generates_greedily_on_cuda(name: str) -> None:
+    out, log = _fake_cuda_generate(FAMILIES[name])
+    assert isinstance(out, FakeTensor) and out.device == torch.device("cuda", 0)
+    off_cuda = {op: devices for op, devices in log.devices.items() if devices != {"cuda"}}
+    assert log.devices and off_cuda == {}
+
+
+@pytest.mark.parametrize("name", ["ode_transformer rk2", "node-transformer"])
+def test_a_cached_family_generates_with_its_per_stage_cache_on_cuda(name: str) -> None:
+    from odelm.decoding import StepFunction
+
+    spec = FAMILIES[name]
+    assert StepFunction(build_model(spec, VOCAB)).cached  # the KV cache path, not recomputation
+    for use_cache in (True, False):
+        out, log = _fake_cuda_generate(spec, use_cache=use_cache)
+        off_cuda = {op: devices for op, devices in log.devices.items() if devices != {"cuda"}}
+        assert out.device.type == "cuda" and off_cuda == {}
+
+
+STRATEGIES = {"sample": {"strategy": "sample", "top_k": 5, "top_p": 0.9},
+              "beam": {"strategy": "beam", "num_beams": 2}}  # fmt: skip
+
+
+@pytest.mark.parametrize("strategy", sorted(STRATEGIES))
+@pytest.mark.parametrize("name", ["ode_transformer rk2", "lstm"])
+def test_sampling_and_beam_search_run_on_cuda(name: str, strategy: str) -> None:
+    out, log = _fake_cuda_generate(FAMILIES[name], **STRATEGIES[strategy])
+    off_cuda = {op: devices for op, devices in log.devices.items() if devices != {"cuda"}}
+    # beam search ranks its finished rows on the host and copies the result back once
+    expected = {"aten.lift_fresh.default": {"cpu"}} if strategy == "beam" else {}
+    assert out.device.type == "cuda" and off_cuda == expected

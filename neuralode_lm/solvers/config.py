@@ -10,6 +10,8 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
+import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -139,7 +141,9 @@ class SolverConfig:
         return self.method in FIXED_METHODS
 
 
-def fixed_grid(t: torch.Tensor, step_size: float) -> torch.Tensor:
+def fixed_grid(
+    t: torch.Tensor, step_size: float, host: Sequence[float] | None = None
+) -> torch.Tensor:
     """The grid of fixed-grid methods, the same for every backend.
 
     Each interval ``[t_i, t_{i+1}]`` between consecutive requested times is split into the
@@ -149,34 +153,70 @@ def fixed_grid(t: torch.Tensor, step_size: float) -> torch.Tensor:
     least as times are often built in float32, so an interval within a few such ulps (at
     most a tenth of a step) of ``n * step_size`` takes ``n`` steps. A ``step_size`` read off
     a float32 ``torch.linspace`` thus steps once per interval, as the user meant.
+
+    ``host``: the values of ``t`` as the host knows them (each exactly ``t``'s), so that the
+    grid is built on ``t``'s device without reading ``t`` back (no host sync); without it
+    the times are read back once.
     """
-    ulp = _time_ulp(t)
-    pieces = [t[:1]]
-    for start, end in itertools.pairwise(t):
-        steps = _interval_steps(start, end, step_size, ulp)
-        piece = torch.linspace(float(start), float(end), steps + 1, dtype=t.dtype, device=t.device)
-        piece[-1] = end
+    return grid_marks(t, step_size, host)[0]
+
+
+def grid_marks(
+    t: torch.Tensor, step_size: float, host: Sequence[float] | None = None
+) -> tuple[torch.Tensor, list[int]]:
+    """``fixed_grid(t, step_size, host)`` and the index in it of each time of ``t``."""
+    values = list(host) if host is not None else t.tolist()  # the one read of the times
+    ulp = _time_ulp(values, t.dtype)
+    pieces, marks = [t[:1]], [0]
+    for i, (start, end) in enumerate(itertools.pairwise(values)):
+        steps = _interval_steps(start, end, step_size, ulp, t.dtype)
+        piece = torch.linspace(start, end, steps + 1, dtype=t.dtype, device=t.device)
+        piece[-1] = t[i + 1]
         pieces.append(piece[1:])
-    return torch.cat(pieces)
+        marks.append(marks[-1] + steps)
+    return torch.cat(pieces), marks
 
 
-def grid_steps(t: torch.Tensor, step_size: float) -> int:
+def grid_steps(
+    t: torch.Tensor | Sequence[float], step_size: float, dtype: torch.dtype | None = None
+) -> int:
     """The number of steps of ``fixed_grid(t, step_size)``, counted without building it (a
-    tiny ``step_size`` is refused before a huge grid is allocated)."""
-    ulp = _time_ulp(t)
-    return sum(_interval_steps(a, b, step_size, ulp) for a, b in itertools.pairwise(t))
+    tiny ``step_size`` is refused before a huge grid is allocated). ``t`` may be the times'
+    values on the host, of ``dtype`` (default: float32)."""
+    if isinstance(t, torch.Tensor):
+        values, dtype = t.tolist(), t.dtype
+    else:
+        values, dtype = list(t), dtype or torch.float32
+    ulp = _time_ulp(values, dtype)
+    return sum(_interval_steps(a, b, step_size, ulp, dtype) for a, b in itertools.pairwise(values))
 
 
-def _time_ulp(t: torch.Tensor) -> float:
+def rounded(value: float, dtype: torch.dtype) -> float:
+    """``value`` rounded to ``dtype`` on the host (no tensor, so no sync): the value a
+    tensor of ``dtype`` made from it holds."""
+    code = {torch.float32: "f", torch.float16: "e"}.get(dtype)
+    if dtype == torch.float64 or not math.isfinite(value):
+        return float(value)
+    if code is None:  # bfloat16: a CPU tensor, never a device's
+        return float(torch.tensor(value, dtype=dtype))
+    try:
+        return float(struct.unpack(code, struct.pack(code, value))[0])
+    except OverflowError:
+        return math.copysign(math.inf, value)
+
+
+def _time_ulp(values: Sequence[float], dtype: torch.dtype) -> float:
     """The rounding of the times: an ulp of the largest, in float32 at least."""
-    eps = max(torch.finfo(t.dtype).eps, torch.finfo(torch.float32).eps)
-    return eps * max(abs(float(t[0])), abs(float(t[-1])))
+    eps = max(torch.finfo(dtype).eps, torch.finfo(torch.float32).eps)
+    return eps * max(abs(values[0]), abs(values[-1]))
 
 
-def _interval_steps(start: torch.Tensor, end: torch.Tensor, step_size: float, ulp: float) -> int:
+def _interval_steps(
+    start: float, end: float, step_size: float, ulp: float, dtype: torch.dtype
+) -> int:
     """The fewest equal steps no longer than ``step_size`` (up to rounding, see
-    ``fixed_grid``) from ``start`` to ``end``."""
-    ratio = abs(float(end - start)) / step_size  # the adjoint's backward solve runs t1 -> t0
+    ``fixed_grid``) from ``start`` to ``end``, whose difference is taken in ``dtype``."""
+    ratio = abs(rounded(end - start, dtype)) / step_size  # the adjoint runs t1 -> t0
     slack = min(0.1, max(1e-12 * ratio, 2 * (1 + ratio) * ulp / step_size))
     return max(1, math.ceil(ratio - slack))
 

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import importlib
+import itertools
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 from torch import nn
 
-from .config import FIXED_METHODS, SolverConfig, grid_steps
+from .config import FIXED_METHODS, SolverConfig, grid_steps, rounded
 from .errors import MaxStepsExceeded, NonFiniteStateError, SolverConfigError
 from .monitor import MonitoredField, SolverStats, StepMonitor, autocast_state, loss_scaled
 
@@ -70,16 +72,24 @@ def solve(
         raise ValueError(f"y0 must have a feature dimension and elements, got shape {y0.shape}")
     stats = SolverStats(backend=cfg.backend, method=cfg.method, adjoint=cfg.adjoint_kind)
     monitor = StepMonitor(stats, cfg.max_num_steps)
-    if not bool(torch.isfinite(y0).all()):
-        raise monitor.fail(NonFiniteStateError, "the initial state y0 has non-finite values")
+    # torchdiffeq: the forward solve's checks stay on the device and are read back once,
+    # after it (``StepMonitor.defer``; an adaptive solve that goes wrong stops in
+    # torchdiffeq's own checks first, and the checks kept here then explain it)
+    on_device = cfg.backend == "torchdiffeq"
+    monitor.defer = on_device
+    y0_bad = torch.isfinite(y0).all().logical_not()
+    if on_device:
+        monitor.check_later(y0_bad, NonFiniteStateError, _Y0_NON_FINITE, steps=0, nfe=0)
+    elif bool(y0_bad):
+        raise monitor.fail(NonFiniteStateError, _Y0_NON_FINITE)
     if cfg.adjoint_kind != "direct" and not isinstance(field, nn.Module):
         raise TypeError("the adjoint needs the field to be an nn.Module (to find its parameters)")
     autocast = autocast_state(y0.device.type)
     if autocast is not None and y0.dtype in (torch.float16, torch.bfloat16):
         y0 = y0.float()  # mixed precision: the solver's state stays fp32
-    times = _as_time(t, y0)
+    times, host = _as_time(t, y0)
     if cfg.fixed and cfg.max_num_steps is not None:
-        steps = grid_steps(times, cfg.step_size)  # type: ignore[arg-type]  # checked: fixed has one
+        steps = grid_steps(host, cfg.step_size, times.dtype)  # type: ignore[arg-type]  # fixed has one
         if steps > cfg.max_num_steps:
             raise monitor.fail(
                 MaxStepsExceeded,
@@ -87,14 +97,21 @@ def solve(
                 f"max_num_steps={cfg.max_num_steps}",
             )
     adapter = _adapter(cfg.backend)
+    where = {"host_t": host} if on_device else {}  # torchdiffeq grids on the host's times
     if autocast is None:
-        states = adapter.run(MonitoredField(field, monitor, y0.shape), y0, times, cfg, monitor)
+        monitored = MonitoredField(field, monitor, y0.shape)
+        states = adapter.run(monitored, y0, times, cfg, monitor, **where)
     else:  # mixed precision: the field under autocast, the solver outside (MonitoredField)
         with torch.autocast(autocast[0], enabled=False):
             monitored = MonitoredField(field, monitor, y0.shape, autocast)
-            states = adapter.run(monitored, y0, times, cfg, monitor)
-    if not bool(torch.isfinite(states[-1]).all()):
-        raise monitor.fail(NonFiniteStateError, "the final state is non-finite")
+            states = adapter.run(monitored, y0, times, cfg, monitor, **where)
+    final_bad = torch.isfinite(states[-1]).all().logical_not()
+    if on_device:
+        nfe, steps = stats.nfe_forward, monitor.steps
+        monitor.check_later(final_bad, NonFiniteStateError, _FINAL_NON_FINITE, steps, nfe)
+        monitor.flush()  # a fixed grid's one read back to the host
+    elif bool(final_bad):
+        raise monitor.fail(NonFiniteStateError, _FINAL_NON_FINITE)
     if cfg.adjoint_kind != "direct" and isinstance(field, nn.Module):
         states = loss_scaled(states, field)  # under a GradScaler, an overflow skips the step
     monitor.enter_backward()
@@ -164,21 +181,38 @@ def _adapter(backend: str) -> Any:
         ) from error
 
 
-def _as_time(t: torch.Tensor | Sequence[float] | float, y0: torch.Tensor) -> torch.Tensor:
+_Y0_NON_FINITE = "the initial state y0 has non-finite values"
+_FINAL_NON_FINITE = "the final state is non-finite"
+
+
+def _as_time(
+    t: torch.Tensor | Sequence[float] | float, y0: torch.Tensor
+) -> tuple[torch.Tensor, list[float]]:
+    """The times on ``y0``'s device and in its dtype, and their values on the host, checked.
+
+    A number ``S`` (``[0, S]``) or a sequence of numbers is known on the host: it is checked
+    and later gridded there, with no read back from the device (``[0, S]`` is also made on
+    the device, not copied from the host). A tensor is read back once."""
     if isinstance(t, (int, float)):
-        t = [0.0, float(t)]
-    t = torch.as_tensor(t, dtype=y0.dtype, device=y0.device)
-    if t.dim() != 1 or t.numel() < 2:
-        raise SolverConfigError(
-            f"t must be a 1-D tensor of at least two times [t0, ..., t1], got shape {tuple(t.shape)}"
-        )
-    if not bool(torch.isfinite(t).all()):
-        raise SolverConfigError(f"t must be finite, got {t.tolist()}")
-    if not bool((t[1:] > t[:-1]).all()):
-        if t.numel() == 2 and float(t[1] - t[0]) == 0.0:
+        times = torch.zeros(2, dtype=y0.dtype, device=y0.device)
+        times[1] = float(t)  # a fill on the device, not a copy from the host
+        host = [0.0, rounded(float(t), y0.dtype)]
+    else:
+        on_host = not isinstance(t, torch.Tensor)
+        times = torch.as_tensor(t, dtype=y0.dtype, device=y0.device)
+        if times.dim() != 1 or times.numel() < 2:
             raise SolverConfigError(
-                f"the integration interval has zero length (t0 = t1 = {float(t[0])}); "
+                "t must be a 1-D tensor of at least two times [t0, ..., t1], got shape "
+                f"{tuple(times.shape)}"
+            )
+        host = [rounded(float(v), y0.dtype) for v in t] if on_host else times.tolist()  # type: ignore[union-attr]
+    if not all(math.isfinite(v) for v in host):
+        raise SolverConfigError(f"t must be finite, got {host}")
+    if not all(b > a for a, b in itertools.pairwise(host)):
+        if len(host) == 2 and host[1] - host[0] == 0.0:
+            raise SolverConfigError(
+                f"the integration interval has zero length (t0 = t1 = {host[0]}); "
                 "integrate over s in [0, S] with S > 0"
             )
-        raise SolverConfigError(f"t must be strictly increasing, got {t.tolist()}")
-    return t
+        raise SolverConfigError(f"t must be strictly increasing, got {host}")
+    return times, host

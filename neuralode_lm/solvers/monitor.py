@@ -79,6 +79,12 @@ class StepMonitor:
         self.last_dt: torch.Tensor | float | None = None
         self.last_running: torch.Tensor | None = None
         self.last_output: torch.Tensor | None = None
+        self.defer = False
+        """Whether forward steps are checked on the device and read back once, in
+        ``flush``, which the facade calls after the solve and the adapter when the backend
+        stops it (torchdiffeq's own per-step checks of an adaptive solve); else each step
+        reads its check back before the next one (and every backward step does)."""
+        self._pending: list[tuple[torch.Tensor, Callable[[list[bool]], SolverError]]] = []
 
     def enter_backward(self) -> None:
         """From now on evaluations and steps belong to the backward pass."""
@@ -108,16 +114,72 @@ class StepMonitor:
         self.steps += 1
         self.note_step_size(dt)
         if self.max_num_steps is not None and self.steps > self.max_num_steps:
+            self.flush()  # a non-finite state may be why the steps ran out
             raise self.fail(MaxStepsExceeded, f"more than max_num_steps={self.max_num_steps} steps")
         states = y if isinstance(y, (tuple, list)) else (y,)
         t, dt = t.detach(), dt.detach()
-        dt_ok = torch.isfinite(dt) & (dt != 0) & (t + dt != t)
+        dt_ok = (torch.isfinite(dt) & (dt != 0) & (t + dt != t)).all()
         finite = torch.stack([torch.isfinite(s).all() for s in states]).all()
-        if bool(dt_ok & finite):  # the one read back to the host of a good step
+        if self.phase == "backward" and _loss_scaling[0]:
+            bad = (
+                dt_ok.logical_not()
+            )  # a scaled gradient overflowed: the GradScaler skips this step
+        else:
+            bad = (dt_ok & finite).logical_not()
+        out = self.last_output
+        out_bad = finite.new_zeros(()) if out is None else torch.isfinite(out).all().logical_not()
+        # flags: bad step, the field's last output, the state, the step size non-finite
+        flags = torch.stack(
+            [bad, out_bad, finite.logical_not(), torch.isfinite(dt).all().logical_not()]
+        )
+        self._pending.append((flags, self._step_error(self.steps, self.nfe, dt)))
+        if not (self.defer and self.phase == "forward"):
+            self.flush()  # the one read back to the host of a good step
+
+    def _step_error(
+        self, step: int, nfe: int, dt: torch.Tensor
+    ) -> Callable[[list[bool]], SolverError]:
+        def error(flags: list[bool]) -> SolverError:
+            _, out_bad, state_bad, dt_bad = flags
+            self.steps, self.last_dt, self.last_running = step, dt, None
+            if out_bad:
+                reason = "the vector field returned non-finite values"
+                return self.fail(NonFiniteStateError, reason, nfe=nfe)
+            if state_bad:
+                return self.fail(NonFiniteStateError, "the state became non-finite", nfe=nfe)
+            if dt_bad:
+                return self.fail(NonFiniteStateError, "the step size became non-finite", nfe=nfe)
+            return self.fail(StepSizeUnderflowError, "the step size underflowed to zero", nfe=nfe)
+
+        return error
+
+    def check_later(
+        self, bad: torch.Tensor, kind: type[SolverError], reason: str, steps: int, nfe: int
+    ) -> None:
+        """Raise ``kind(reason)`` at the next ``flush`` if the 0-dim bool ``bad`` is true
+        there (a check kept on the device until then), as at ``steps`` and ``nfe``."""
+
+        def error(flags: list[bool]) -> SolverError:
+            self.steps = steps
+            if steps == 0:
+                self.last_dt = None
+            return self.fail(kind, reason, nfe=nfe)
+
+        self._pending.append((bad.reshape(1), error))
+
+    def flush(self) -> None:
+        """Read every pending check back to the host at once (one sync) and raise the error
+        of the first that failed."""
+        if not self._pending:
             return
-        if self.phase == "backward" and bool(dt_ok) and _loss_scaling[0]:
-            return  # a scaled gradient overflowed: the GradScaler skips this step
-        raise self.diagnose(states)
+        pending, self._pending = self._pending, []
+        values = torch.cat([flags for flags, _ in pending]).tolist()
+        at = 0
+        for flags, error in pending:
+            these = values[at : at + flags.numel()]
+            at += flags.numel()
+            if these[0]:
+                raise error(these)
 
     def record_outcome(self, accepted: bool) -> None:
         """Count one forward step as accepted or rejected."""
@@ -145,13 +207,15 @@ class StepMonitor:
             dt = float(dt.min()) if dt.numel() else None
         return dt
 
-    def fail(self, kind: type[SolverError], reason: str) -> SolverError:
-        """The error ``kind`` naming the phase, step, NFE, last step size and a remedy."""
+    def fail(self, kind: type[SolverError], reason: str, nfe: int | None = None) -> SolverError:
+        """The error ``kind`` naming the phase, step, NFE (``nfe``, or the count so far),
+        last step size and a remedy."""
         dt = self._last_dt()
+        nfe = self.nfe if nfe is None else nfe
         return kind(
-            f"{reason} ({self.phase} solve, step {self.steps}, NFE {self.nfe}, "
+            f"{reason} ({self.phase} solve, step {self.steps}, NFE {nfe}, "
             f"last step size {dt if dt is None else f'{dt:.3g}'}); {kind.advice}",
-            nfe=self.nfe,
+            nfe=nfe,
             steps=self.steps,
             last_step_size=dt,
             phase=self.phase,

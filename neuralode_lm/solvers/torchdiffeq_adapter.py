@@ -29,12 +29,14 @@ from torchdiffeq._impl.misc import (
     _all_callback_names,
     _check_inputs,
     _flat_to_shape,
+    _null_callback,
+    _PerturbFunc,
 )
 from torchdiffeq._impl.solvers import FixedGridODESolver
 
 from ode_transformer.tableau import TABLEAUX, Tableau, rk_stage_values, weighted_sum
 
-from .config import fixed_grid
+from .config import fixed_grid, grid_marks
 from .errors import StepSizeUnderflowError
 from .monitor import MonitoredField, StepMonitor
 
@@ -59,6 +61,30 @@ class TableauSolver(FixedGridODESolver):
         super().__init__(**options)
         self.tableau = tableau
         self.order = tableau.order()
+
+    def integrate_on(self, grid: torch.Tensor, marks: list[int]) -> torch.Tensor:
+        """``integrate``'s states at ``grid[marks]``, with the grid and the marks given:
+        the same steps and the same states (each requested time is a grid point, where
+        ``integrate``'s readout is the step's end state), without ``integrate``'s reads of
+        the times back to the host (its checks of the grid and its comparisons of grid
+        and requested times: 3 syncs a step and 2 a solve on a GPU)."""
+        solution = torch.empty(
+            len(marks), *self.y0.shape, dtype=self.y0.dtype, device=self.y0.device
+        )
+        solution[0] = self.y0
+        j = 1
+        y0 = self.y0
+        for i in range(len(grid) - 1):
+            t0, t1 = grid[i], grid[i + 1]
+            dt = t1 - t0
+            self.func.callback_step(t0, y0, dt)
+            dy, _ = self._step_func(self.func, t0, dt, t1, y0)
+            y1 = y0 + dy
+            while j < len(marks) and marks[j] == i + 1:
+                solution[j] = y1
+                j += 1
+            y0 = y1
+        return solution
 
     def _step_func(
         self,
@@ -100,6 +126,53 @@ def tableau_odeint(
     solver = TableauSolver(tableau, func=func, y0=y0, rtol=rtol, atol=atol, **options)
     solution = solver.integrate(t)
     return solution if shapes is None else _flat_to_shape(solution, (len(t),), shapes)
+
+
+def _on_host_grid(
+    field: MonitoredField,
+    y0: torch.Tensor,
+    t: torch.Tensor,
+    host_t: list[float],
+    cfg: SolverConfig,
+) -> torch.Tensor:
+    """``tableau_odeint(field, y0, t, ...)`` on the facade's grid, its times known on the
+    host (``host_t``, increasing): the same steps and states without a read back to the
+    host (torchdiffeq's ``_check_inputs`` reads the times three times, ``integrate`` a few
+    times a step)."""
+    return _host_grid_solve(t, host_t, cfg)(_checked(field), y0, t, {})
+
+
+def _checked(field: MonitoredField) -> Any:
+    """``field`` as torchdiffeq's ``_check_inputs`` prepares it for one tensor ``y0`` and
+    increasing times (its ``perturb`` argument and the callbacks; nothing else applies),
+    without its reads of the times."""
+    func = _PerturbFunc(field)
+    for name in _all_callback_names:
+        setattr(func, name, getattr(field, name, _null_callback))
+    for name in _all_adjoint_callback_names:
+        if hasattr(field, name):
+            setattr(func, name, getattr(field, name))
+    return func
+
+
+def _host_grid_solve(t: torch.Tensor, host_t: list[float], cfg: SolverConfig) -> Solve:
+    """The forward ``fixed_solve`` of a tableau on the grid of ``t`` built from ``host_t``
+    (``TableauSolver.integrate_on``: no read back to the host)."""
+    grid, marks = grid_marks(t, cfg.step_size, host_t)  # type: ignore[arg-type]  # fixed
+    tableau = TABLEAUX[cfg.method]
+
+    def solve(func: Any, y0: Any, t: torch.Tensor, options: dict[str, Any]) -> Any:
+        solver = TableauSolver(
+            tableau,
+            func=func,
+            y0=y0,
+            rtol=cfg.rtol,
+            atol=cfg.atol,
+            grid_constructor=lambda func, y, times: grid,
+        )
+        return solver.integrate_on(grid, marks)
+
+    return solve
 
 
 def fixed_solve(method: str, rtol: float, atol: float) -> Solve:
@@ -212,13 +285,22 @@ def run(
     t: torch.Tensor,
     cfg: SolverConfig,
     monitor: StepMonitor,
+    host_t: list[float] | None = None,
 ) -> torch.Tensor:
-    """States at ``t``; steps, outcomes and evaluations reported to ``monitor``."""
+    """States at ``t``; steps, outcomes and evaluations reported to ``monitor``. ``host_t``:
+    the values of ``t`` known on the host (checked, increasing), for a fixed grid built
+    and stepped without reading the times back from the device."""
     field.callback_step = monitor.on_step
     field.callback_step_adjoint = monitor.on_step
     try:
-        states = _fixed(field, y0, t, cfg) if cfg.fixed else _adaptive(field, y0, t, cfg, monitor)
+        if not cfg.fixed:
+            states = _adaptive(field, y0, t, cfg, monitor)
+        elif host_t is not None and cfg.adjoint_kind == "direct" and cfg.method not in NATIVE:
+            states = _on_host_grid(field, y0, t, host_t, cfg)
+        else:
+            states = _fixed(field, y0, t, cfg, host_t)
     except AssertionError as error:  # torchdiffeq's own checks, e.g. "underflow in dt"
+        monitor.flush()  # a check kept on the device that failed first explains it better
         raise monitor.fail(StepSizeUnderflowError, f"torchdiffeq stopped: {error}") from error
     if cfg.fixed:
         monitor.set_step_counts(monitor.steps, 0)
@@ -254,9 +336,17 @@ def _adaptive(
     )
 
 
-def _fixed(field: MonitoredField, y0: torch.Tensor, t: torch.Tensor, cfg: SolverConfig) -> Any:
+def _fixed(
+    field: MonitoredField,
+    y0: torch.Tensor,
+    t: torch.Tensor,
+    cfg: SolverConfig,
+    host_t: list[float] | None = None,
+) -> Any:
     """A fixed-grid solve on the facade's grid (``fixed_grid``: torchdiffeq's own grid would
-    interpolate readouts between grid points; this one steps onto every requested time)."""
+    interpolate readouts between grid points; this one steps onto every requested time).
+    An adjoint's forward solve of a tableau, its times known on the host (``host_t``), is
+    prepared and stepped without reading them back (``_on_host_grid``)."""
     options = {"grid_constructor": lambda func, y, times: fixed_grid(times, cfg.step_size)}
     forward = fixed_solve(cfg.method, cfg.rtol, cfg.atol)
     if cfg.adjoint_kind == "direct":
@@ -265,9 +355,12 @@ def _fixed(field: MonitoredField, y0: torch.Tensor, t: torch.Tensor, cfg: Solver
     adjoint_rtol, adjoint_atol = cfg.adjoint_rtol or cfg.rtol, cfg.adjoint_atol or cfg.atol
     # torchdiffeq.odeint_adjoint's own preparation of the field, then its algorithm with the
     # fixed-grid solves of ``fixed_solve`` (torchdiffeq's own for NATIVE names)
-    _, func, y0, t, _, _, _, _, _, _ = _check_inputs(
-        field, y0, t, cfg.rtol, cfg.atol, cfg.method, options, None, {cfg.method: TableauSolver}
-    )
+    if host_t is not None and cfg.method not in NATIVE:
+        func, forward = _checked(field), _host_grid_solve(t, host_t, cfg)
+    else:
+        _, func, y0, t, _, _, _, _, _, _ = _check_inputs(
+            field, y0, t, cfg.rtol, cfg.atol, cfg.method, options, None, {cfg.method: TableauSolver}
+        )
     backward = fixed_solve(adjoint_method, adjoint_rtol, adjoint_atol)
     return FixedGridAdjoint.apply(
         func, y0, t, forward, backward, options, dict(options), *_params(field)
