@@ -9,6 +9,7 @@ library's own loader.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,10 @@ DOWNLOAD_OPTIONS = ("revision", "cache_dir", "token", "force_download", "local_f
 SAVED_FILES = ["config.json", "model.safetensors"]
 
 
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+"""A Hub repository id, ``owner/name`` (a relative path of two parts that is not a folder)."""
+
+
 def resolve(
     directory: str | os.PathLike[str], map_location: str, options: dict[str, Any]
 ) -> tuple[Path, str, Any]:
@@ -44,7 +49,7 @@ def resolve(
     ``torch_dtype``) casts it; every other option (``config``, ``trust_remote_code``, ...) is
     ignored: loading runs no code from the files whatever is passed."""
     path = Path(directory)
-    if not path.exists() and isinstance(directory, str) and directory.count("/") == 1:
+    if not path.exists() and isinstance(directory, str) and HUB_ID.fullmatch(directory):
         from huggingface_hub import snapshot_download
 
         download = {key: options[key] for key in DOWNLOAD_OPTIONS if options.get(key)}

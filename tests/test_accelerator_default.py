@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from experiments.training.accelerators import lightning_accelerator
 from experiments.training.config import TrainerConfig, parse_config
 from experiments.training.runs import config_sha256, identity
+from experiments.training.trainer import lightning_accelerator
 
 GRIDS = Path(__file__).resolve().parents[1] / "experiments" / "configs" / "grids"
 PINNED = "e237b71472e628877633185169c0b246636e435c8f08ed8799ab69f617b3e856"
@@ -52,9 +52,10 @@ def test_auto_is_a_gpu_where_cuda_sees_one_else_the_cpu(monkeypatch, cuda, expec
 
 
 def test_the_trainer_of_a_default_run_trains_on_this_machines_cpu(tmp_path, tiny_config) -> None:
-    from pytorch_lightning.accelerators import CPUAccelerator
+    from experiments.training.trainer import build_trainer
+    from odelm.lightning import pl
 
-    from experiments.training.train import build_trainer
+    CPUAccelerator = pl.accelerators.CPUAccelerator
 
     config = parse_config(tiny_config(tmp_path, trainer={"logger": []}))
     assert config.trainer.accelerator == "auto" and not torch.cuda.is_available()

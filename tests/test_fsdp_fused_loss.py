@@ -44,7 +44,7 @@ def test_a_model_sharded_by_fully_shard_takes_the_plain_loss_path() -> None:
 
 def test_lightning_refuses_fsdp_on_the_cpu_in_one_line(tmp_path, tiny_config) -> None:
     from experiments.training.config import parse_config
-    from experiments.training.train import TrainerSettingsError, build_trainer
+    from experiments.training.trainer import TrainerSettingsError, build_trainer
 
     config = parse_config(
         tiny_config(

@@ -6,7 +6,6 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from experiments.data.hf_tokenizer import HF_TOKENIZER_FILES
 from experiments.data.tokenization import LMData
 from experiments.evaluation.evaluate import EvalSettings, evaluate
 from experiments.models.build import count_parameters, depth_kind
@@ -71,8 +70,8 @@ def finish_run(config: RunConfig, data: LMData, fitted: FittedRun) -> dict[str, 
         "data_sha256": split_checksums(data),
     }
     check_finite(result, parts.trainer.global_step)
-    save_run_model(model, run_dir, data.tokenizer)
-    runfolder.record_run_files(run_dir, [CONFIG_FILE, "tokenizer", "model", *HF_TOKENIZER_FILES])
+    written = save_run_model(model, run_dir, data.tokenizer)
+    runfolder.record_run_files(run_dir, [CONFIG_FILE, "tokenizer", *written])
     write_card(config, result)  # RUN/README.md; before result.json: a finished run has one
     write_json(run_dir / RESULT_FILE, result)
     return result

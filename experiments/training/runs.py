@@ -192,12 +192,13 @@ def split_checksums(data: LMData) -> dict[str, str]:
     }
 
 
-def save_run_model(model: nn.Module, run_dir: Path, tokenizer: Tokenizer) -> None:
+def save_run_model(model: nn.Module, run_dir: Path, tokenizer: Tokenizer) -> list[str]:
     """Write the run's final model to ``RUN/model``, tagged with its tokenizer's fingerprint,
     and the tokenizer's Hugging Face files (``tokenizer.json``, ``tokenizer_config.json``) in
     ``RUN`` and ``RUN/model``: ``AutoTokenizer.from_pretrained(RUN)``, and
-    ``pipeline("text-generation", model=RUN/model)`` finds its tokenizer."""
-    from experiments.data.hf_tokenizer import save_hf_tokenizer
+    ``pipeline("text-generation", model=RUN/model)`` finds its tokenizer. Returns the names
+    written in ``RUN``."""
+    from experiments.data.hf_tokenizer import HF_TOKENIZER_FILES, save_hf_tokenizer
 
     model.save_pretrained(  # type: ignore[operator]
         run_dir / MODEL_DIR, metadata={"tokenizer": tokenizer.fingerprint()}
@@ -205,3 +206,4 @@ def save_run_model(model: nn.Module, run_dir: Path, tokenizer: Tokenizer) -> Non
     limit = getattr(model, "max_positions", None)
     for folder in (run_dir, run_dir / MODEL_DIR):  # RUN/model alone is a Hugging Face folder too
         save_hf_tokenizer(tokenizer, folder, limit if isinstance(limit, int) else None)
+    return [MODEL_DIR, *HF_TOKENIZER_FILES]

@@ -9,11 +9,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
 from torch import nn
 
 from experiments.data.tokenization import LMData
 from experiments.models.build import build_model
-from experiments.training.accelerators import lightning_accelerator
 from experiments.training.checkpoints import (
     AtomicCheckpointIO,
     CheckpointAverager,
@@ -50,6 +50,22 @@ class TrainerParts:
     checkpoint: RunCheckpoint
     meter: ThroughputMeter
     averager: CheckpointAverager | None
+
+
+def lightning_accelerator(name: str) -> str:
+    """The accelerator handed to ``pl.Trainer`` for ``trainer.accelerator = name``.
+
+    ``auto`` (the default) is a GPU when CUDA sees one, else the CPU, as ``--device auto`` of
+    ``odelm eval/generate/discretize`` (``experiments.evaluation.devices``); Lightning's own
+    ``auto`` would also take Apple's MPS or a TPU, where the harness is not tested (the pooled
+    perplexity is summed in float64, which MPS lacks). Other names go to Lightning unchanged.
+    The accelerator is where a run computes, not what it computes: ``auto`` is hashed as
+    ``cpu``, the default before ``auto`` (``experiments.training.runs.IDENTITY_RENAMED``), so
+    a run made on the CPU keeps its hash and its folder, and resumes on a GPU.
+    """
+    if str(name).strip().lower() == "auto":
+        return "gpu" if torch.cuda.is_available() else "cpu"
+    return name
 
 
 def build_trainer(
