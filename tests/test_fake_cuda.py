@@ -27,6 +27,8 @@ from torch.utils._pytree import tree_leaves
 from experiments.models.build import build_model
 from tests.fake_cuda import fake_cuda, recorded_reads, to_fake_cuda
 
+pytestmark = pytest.mark.slow  # many small models: the full suite runs them, the fast tier not
+
 RK4 = {"method": "rk4", "step_size": 0.5}
 GPT2 = {"n_layer": 1, "n_embd": 8, "n_head": 2, "n_positions": 16}
 FAMILIES: dict[str, dict[str, Any]] = {

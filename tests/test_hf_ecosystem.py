@@ -28,6 +28,8 @@ from experiments.training.runs import save_run_model
 from experiments.training.task import LMTask
 from ode_transformer import ODETransformerLM
 
+pytestmark = pytest.mark.slow  # many small models: the full suite runs them, the fast tier not
+
 LINES = ["a dog sees this cat", "every small bird sleeps", "some cats see a dog"]
 
 

@@ -23,6 +23,8 @@ from ode_transformer import ODETransformerConfig, ODETransformerLM
 from odelm.hf import MODEL_TYPES, CausalLMOutput, LMOutput, OdelmCache
 from odelm.pretrained import ARCHITECTURES
 
+pytestmark = pytest.mark.slow  # many small models: the full suite runs them, the fast tier not
+
 V = 23
 GPT2_TINY = {"n_embd": 16, "n_layer": 1, "n_head": 2, "n_positions": 32}
 

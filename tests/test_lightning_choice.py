@@ -65,7 +65,11 @@ def test_the_environment_variable_forces_either_package():
     assert choose({ENV: "lightning"}) == "lightning"
     with pytest.raises(LightningChoiceError, match=f"{ENV}='lightnin' names no Lightning"):
         choose({ENV: "lightnin"})
-    # a fresh process: the choice is made when odelm is imported
+
+
+@pytest.mark.slow
+def test_a_fresh_process_takes_the_forced_package():
+    """The choice is made when odelm is imported (a fresh process: about 10 s of imports)."""
     code = (
         "import pytorch_lightning, lightning.pytorch as L\n"
         "from odelm.lightning import NAME, pl\n"
