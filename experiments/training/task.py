@@ -165,7 +165,7 @@ class LMTask(pl.LightningModule):
     def backward(self, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
         """Lightning's backward; under a loss scaler (``16-mixed``) an adjoint's scaled
         gradient that overflows skips the step instead of stopping the run
-        ([`loss_scaling`][neuralode_lm.solvers.monitor.loss_scaling])."""
+        (``neuralode_lm.solvers.monitor.loss_scaling``)."""
         scaler = getattr(self.trainer.precision_plugin, "scaler", None)
         with loss_scaling(scaler is not None):
             super().backward(loss, *args, **kwargs)
