@@ -122,3 +122,31 @@ def test_docstring_cross_references_name_objects_that_exist():
     targets = {t for p in _package_sources() for t in CROSSREF_RE.findall(p.read_text())}
     assert len(targets) > 50  # the converted roles (mkdocs build --strict checks each link)
     assert not sorted(t for t in targets if not _resolves(t))
+
+
+REGISTRY_RES = (
+    re.compile(r"`(?P<name>[A-Z][A-Z_]+)` (?:\(|in )`(?P<path>[\w/]+\.py)`"),
+    re.compile(r"`(?P<path>[\w/]+\.py)` \(`(?P<name>[A-Z][A-Z_]+)`\)"),
+)
+"""A registry named in DESIGN.md's "Where to add things" table: `NAME` (`path/module.py`),
+`NAME` in `path/module.py` or `path/module.py` (`NAME`)."""
+
+
+def test_each_registry_design_names_is_one_collection_in_its_module():
+    """DESIGN.md says each extension point is one registry in one module: every registry its
+    table names is a module-level collection there, and no other module of the packages
+    assigns a collection of the same name (a second, hand-kept list)."""
+    text = (ROOT / "docs" / "DESIGN.md").read_text()
+    table = text.split("## Where to add things", 1)[1].split("\n## ", 1)[0]
+    named = {(m["name"], m["path"]) for r in REGISTRY_RES for m in r.finditer(table)}
+    assert {name for name, _ in named} >= {"TABLEAUX", "STACK_CLASSES", "FIELDS", "SPECS"}
+    for name, path in sorted(named):
+        module = importlib.import_module(path.removesuffix(".py").replace("/", "."))
+        assert isinstance(getattr(module, name), (dict, tuple, list, frozenset, set)), name
+        assigned = re.compile(rf"^{name}\s*(:[^=]+)?=", re.MULTILINE)
+        others = [
+            str(p.relative_to(ROOT))
+            for p in _package_sources()
+            if p != ROOT / path and assigned.search(p.read_text())
+        ]
+        assert others == [], f"{name} is also assigned in {others}"
