@@ -26,6 +26,7 @@ import torch._inductor.config
 from experiments.training.speed import (
     BATCH,
     BPTT,
+    CUDA_PEAK_SIZE,
     PEAK_SHAPE,
     SPEED_MODELS,
     TrainingStep,
@@ -33,6 +34,7 @@ from experiments.training.speed import (
     batches,
     bench_threads,
     build_task,
+    cuda_matmul_gflops,
     matmul_gflops,
 )
 
@@ -82,7 +84,8 @@ def precision_speedup(rounds: int = 20) -> list[dict[str, Any]]:
 
 
 def peak() -> list[dict[str, Any]]:
-    """Matrix-product GFLOP/s, fp32 and bf16 alternating, at 1 and at all threads."""
+    """Matrix-product GFLOP/s, fp32 and bf16 alternating, at 1 and at all threads; on a
+    machine with a CUDA device also the GPU's (``cuda_peak``)."""
     counts = sorted({1, os.cpu_count() or 1})
     records = []
     for threads in counts:
@@ -108,6 +111,36 @@ def peak() -> list[dict[str, Any]]:
                 }
             )
     torch.set_num_threads(bench_threads())
+    return records + (cuda_peak() if torch.cuda.is_available() else [])
+
+
+def cuda_peak(device: str = "cuda") -> list[dict[str, Any]]:
+    """A CUDA device's matrix-product GFLOP/s, fp32 (at the current TF32 setting) and bf16
+    alternating, each product timed with CUDA events (``cuda_matmul_gflops``), medians of 3:
+    the peak a training run on that device divides its model FLOPs utilisation by."""
+    name, n = torch.cuda.get_device_name(device), CUDA_PEAK_SIZE
+    measured: dict[str, list[float]] = {"fp32": [], "bf16": []}
+    for index in range(3):
+        order = [("fp32", torch.float32), ("bf16", torch.bfloat16)]
+        for label, dtype in order if index % 2 == 0 else order[::-1]:
+            measured[label].append(cuda_matmul_gflops(dtype, device))
+    records = []
+    for label, values in measured.items():
+        gflops = sorted(values)[len(values) // 2]
+        print(f"peak {label} on {name}: {gflops:.0f} GFLOP/s")
+        records.append(
+            {
+                "bench": "peak",
+                "metric": f"matmul_gflops {label} cuda",
+                "value": gflops,
+                "target": None,
+                "unit": "GFLOP/s",
+                "better": "higher",
+                "shape": f"{n} x {n} @ {n} x {n}",
+                "device": name,
+                "tf32": torch.backends.cuda.matmul.allow_tf32,
+            }
+        )
     return records
 
 

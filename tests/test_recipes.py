@@ -20,7 +20,12 @@ from experiments.training.config import (
     parse_config,
 )
 from experiments.training.datamodule import LMDataModule
-from experiments.training.recipes import PlateauAnnealer, build_optimizer, training_budget
+from experiments.training.recipes import (
+    PlateauAnnealer,
+    build_optimizer,
+    training_budget,
+    world_size,
+)
 from experiments.training.task import LMTask
 from neuralode_lm import LSTMLM, ODELSTM
 from odelm.contract import StatelessModelError
@@ -60,6 +65,23 @@ def test_recipes_lie_under_the_config_and_epochs_convert_exactly() -> None:
     assert training_budget(budget, 94) == (282, 94)
     assert training_budget(TrainerConfig(max_steps=50, max_epochs=3), 94) == (50, 100)
     assert training_budget(TrainerConfig(max_epochs=3, devices=2, val_every="epoch"), 9) == (15, 5)
+
+
+def test_epoch_budgets_count_the_processes_of_the_run(monkeypatch) -> None:
+    """An epoch is shared out over every process: 2 epochs on 2 processes are half the
+    steps of 1, whether the world comes from the launcher, ``devices: auto`` on CUDA or a
+    list of devices; one process keeps its numbers."""
+    epochs = TrainerConfig(max_steps=None, max_epochs=2, val_every="epoch")
+    assert training_budget(epochs, 94, 1) == training_budget(epochs, 94) == (188, 94)
+    assert training_budget(epochs, 94, 2) == (94, 47)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    for devices in ("auto", -1, "-1", "0,1", "[0, 1]"):
+        config = TrainerConfig(max_steps=None, max_epochs=2, devices=devices)
+        assert world_size(config, {}) == 2 and training_budget(config, 94)[0] == 94
+    assert world_size(TrainerConfig(devices="auto", accelerator="cpu"), {}) == 1
+    assert world_size(TrainerConfig(devices=2, num_nodes=2), {}) == 4
+    assert world_size(TrainerConfig(), {"WORLD_SIZE": "3"}) == 3
 
 
 def test_weight_tying_shares_one_parameter() -> None:

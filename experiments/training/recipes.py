@@ -12,6 +12,8 @@ the recipe's name (``custom`` without one).
 from __future__ import annotations
 
 import math
+import os
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -20,15 +22,44 @@ import torch
 from experiments.training.config import OptimConfig, RunConfig, TrainerConfig
 
 
-def training_budget(trainer: TrainerConfig, batches_per_epoch: int) -> tuple[int, int]:
+def devices_per_node(trainer: TrainerConfig) -> int:
+    """The processes Lightning starts per node for ``trainer.devices``: a count, a list of
+    indices (``"0,1"``), or ``auto``/``-1``: every CUDA device where the run trains on CUDA
+    (``accelerator: cuda``/``gpu``, or ``auto`` with CUDA available), else one (the CPU)."""
+    devices = trainer.devices
+    if isinstance(devices, (list, tuple)):
+        return max(1, len(devices))
+    text = str(devices).strip().strip("[]")
+    if "," in text:
+        return len([part for part in text.split(",") if part.strip()])
+    if text.lstrip("-").isdigit() and int(text) > 0:
+        return int(text)
+    on_cuda = trainer.accelerator in ("cuda", "gpu") or (
+        trainer.accelerator == "auto" and torch.cuda.is_available()
+    )
+    return max(1, torch.cuda.device_count()) if on_cuda else 1
+
+
+def world_size(trainer: TrainerConfig, environ: Mapping[str, str] = os.environ) -> int:
+    """The processes a run trains on: ``WORLD_SIZE`` where a launcher (``torchrun``,
+    Lightning's own DDP children) set it, else ``devices_per_node * num_nodes``."""
+    launched = environ.get("WORLD_SIZE", "")
+    if launched.isdigit() and int(launched) > 0:
+        return int(launched)
+    return max(1, devices_per_node(trainer) * trainer.num_nodes)
+
+
+def training_budget(
+    trainer: TrainerConfig, batches_per_epoch: int, world: int | None = None
+) -> tuple[int, int]:
     """``(max_steps, val_every)`` in optimizer steps.
 
     ``max_epochs`` converts exactly: an epoch is one pass over the training batches, shared
-    out over ``devices * num_nodes`` processes. With both budgets, the first reached ends
-    the run. ``val_every: epoch`` validates once per epoch.
+    out over the run's ``world`` processes (default: ``world_size(trainer)``), each taking
+    every ``world``-th batch. With both budgets, the first reached ends the run.
+    ``val_every: epoch`` validates once per epoch.
     """
-    devices = trainer.devices if isinstance(trainer.devices, int) else 1  # "auto": 1 on CPU
-    world = max(1, devices * trainer.num_nodes)  # Lightning itself refuses 0 devices
+    world = world_size(trainer) if world is None else max(1, world)
     steps_per_epoch = math.ceil(batches_per_epoch / world)
     budgets = [trainer.max_steps] if trainer.max_steps is not None else []
     if trainer.max_epochs is not None:
@@ -37,10 +68,10 @@ def training_budget(trainer: TrainerConfig, batches_per_epoch: int) -> tuple[int
     return min(budgets), val_every
 
 
-def with_budget(config: RunConfig, batches_per_epoch: int) -> RunConfig:
+def with_budget(config: RunConfig, batches_per_epoch: int, world: int | None = None) -> RunConfig:
     """The config with its budget in steps (``max_steps``, ``val_every``; see
     ``training_budget``), for building the trainer; the run's own config keeps its words."""
-    max_steps, val_every = training_budget(config.trainer, batches_per_epoch)
+    max_steps, val_every = training_budget(config.trainer, batches_per_epoch, world)
     trainer = replace(config.trainer, max_steps=max_steps, max_epochs=None, val_every=val_every)
     return replace(config, trainer=trainer)
 

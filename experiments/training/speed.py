@@ -158,6 +158,10 @@ PEAK_SHAPE = (700, 200, 10_000)
 
 _PEAKS: dict[tuple[torch.dtype, int], float] = {}
 _CPU_PEAKS: dict[torch.dtype, float] = {}
+_CUDA_PEAKS: dict[tuple[torch.dtype, str, bool], float] = {}
+
+CUDA_PEAK_SIZE = 8192
+"""``n`` of the ``n x n @ n x n`` product that measures a CUDA device's peak."""
 
 
 def _peak_dtype(precision: str) -> torch.dtype:
@@ -221,3 +225,52 @@ def peak_gflops_per_cpu_second(precision: str = "32-true", repeats: int = 10) ->
             torch.set_num_threads(before)
         _CPU_PEAKS[dtype] = 2 * math.prod(PEAK_SHAPE) / max(fastest, 1e-9) / 1e9
     return _CPU_PEAKS[dtype]
+
+
+def cuda_matmul_gflops(
+    dtype: torch.dtype,
+    device: torch.device | str = "cuda",
+    n: int = CUDA_PEAK_SIZE,
+    repeats: int = 10,
+) -> float:
+    """GFLOP/s of ``torch.matmul`` of ``n x n @ n x n`` in ``dtype`` on a CUDA device, at
+    the current TF32 setting: each product timed with CUDA events after a synchronised
+    warm-up (kernels run asynchronously, so host clocks would time the launch), the fastest
+    of ``repeats``."""
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    for _ in range(2):
+        torch.matmul(a, b)
+    torch.cuda.synchronize(device)
+    fastest = math.inf
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        torch.matmul(a, b)
+        end.record()
+        end.synchronize()
+        fastest = min(fastest, start.elapsed_time(end) / 1e3)
+    del a, b
+    return 2 * n**3 / max(fastest, 1e-9) / 1e9
+
+
+def cuda_peak_gflops(precision: str = "32-true", device: torch.device | str = "cuda") -> float:
+    """A CUDA device's matrix-product peak (GFLOP/s, ``cuda_matmul_gflops``) at a run's
+    precision (bf16 for ``bf16-*``, else fp32 at the current TF32 setting), measured once
+    per process and device."""
+    dtype = _peak_dtype(precision)
+    key = (dtype, str(torch.device(device)), torch.backends.cuda.matmul.allow_tf32)
+    if key not in _CUDA_PEAKS:
+        _CUDA_PEAKS[key] = cuda_matmul_gflops(dtype, device)
+    return _CUDA_PEAKS[key]
+
+
+def training_peak_gflops(precision: str, device: torch.device) -> float | None:
+    """The peak a training run's model FLOPs utilisation divides by, chosen by device
+    type: per CPU-second on the CPU (``peak_gflops_per_cpu_second``), per second on a CUDA
+    device (``cuda_peak_gflops``); None elsewhere."""
+    if device.type == "cpu":
+        return peak_gflops_per_cpu_second(precision)
+    if device.type == "cuda":
+        return cuda_peak_gflops(precision, device)
+    return None
