@@ -37,6 +37,7 @@ def split_card(text: str) -> tuple[dict, str]:
     return yaml.safe_load(match.group(1)), match.group(2)
 
 
+@pytest.mark.slow
 def test_a_finished_run_has_a_hugging_face_model_card(finished):
     run_dir, result = finished
     header, body = split_card((run_dir / CARD_FILE).read_text())

@@ -123,6 +123,7 @@ class _Stop(Exception):
 
 
 @pytest.mark.filterwarnings("ignore:for .*copying from a non-meta parameter")
+@pytest.mark.slow
 def test_after_fit_the_test_evaluation_and_peak_memory_use_the_training_device(
     tmp_path, tiny_config, monkeypatch
 ) -> None:

@@ -116,6 +116,7 @@ def test_train_and_compare_threads_outside_the_machine_s_cpus(tmp_path, capsys):
         check_threads(CPUS + 1)
 
 
+@pytest.mark.slow
 def test_more_beams_than_memory_holds(trained_run, capsys, monkeypatch):
     err = _one_line(
         capsys,

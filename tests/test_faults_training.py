@@ -389,6 +389,7 @@ def test_lightning_configuration_errors_are_one_line(tmp_path, tiny_config, caps
     assert len(err.splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_a_diverging_run_ends_in_one_line_and_writes_no_result(tmp_path, tiny_config, capsys):
     values = tiny_config(tmp_path, "nan", optim={"lr": 1e6, "grad_clip": None})
     config_file = tmp_path / "run.yaml"

@@ -80,6 +80,7 @@ def test_load_from_checkpoint_rebuilds_model_and_optimizer_settings(default_trai
     assert loaded.model.head.weight is loaded.model.token_embedding.weight  # still tied
 
 
+@pytest.mark.slow
 def test_a_run_logs_learning_rate_and_hyperparameters(tmp_path):
     config = parse_config(
         {
