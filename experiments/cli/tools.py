@@ -251,16 +251,5 @@ def discretize_parser() -> Parser:
         type=values.folder,
         help="folder for discretize.md/.png, made when missing (default: RUN_DIR/discretize)",
     )
-    parser.add_argument(
-        "--num-threads",
-        type=values.threads,
-        help="torch CPU threads, 1..this machine's CPUs (default: torch's)",
-    )
-    parser.add_argument(
-        "--device",
-        type=values.device,
-        default="cpu",
-        help="where the model runs: cpu, auto (cuda when a GPU is visible, else cpu), cuda "
-        "or cuda:N",
-    )
+    values.add_placement(parser, "torch's")
     return parser

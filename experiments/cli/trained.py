@@ -115,12 +115,6 @@ def eval_parser() -> Parser:
         help="decoding of continuation BLEU (default: the run's eval setting)",
     )
     parser.add_argument(
-        "--num-threads",
-        type=values.threads,
-        help="torch CPU threads, 1..this machine's CPUs (default: the cores other work leaves "
-        "free, printed)",
-    )
-    parser.add_argument(
         "--allow-noncausal",
         action="store_true",
         help="score a model that sees the tokens it predicts (labelled as such)",
@@ -133,13 +127,7 @@ def eval_parser() -> Parser:
         action="store_true",
         help="score splits that differ from those the run recorded (data_sha256)",
     )
-    parser.add_argument(
-        "--device",
-        type=values.device,
-        default="cpu",
-        help="where the model runs: cpu, auto (cuda when a GPU is visible, else cpu), cuda "
-        "or cuda:N",
-    )
+    values.add_placement(parser, "the cores other work leaves free, printed")
     parser.add_argument("--json", action="store_true", help="one JSON object instead of lines")
     return parser
 
@@ -194,16 +182,5 @@ def generate_parser() -> Parser:
     parser.add_argument(
         "--stop-at-eos", action="store_true", help="stop at the first end of line (<eos>)"
     )
-    parser.add_argument(
-        "--num-threads",
-        type=values.threads,
-        help="torch CPU threads, 1..this machine's CPUs (default: torch's choice)",
-    )
-    parser.add_argument(
-        "--device",
-        type=values.device,
-        default="cpu",
-        help="where the model runs: cpu, auto (cuda when a GPU is visible, else cpu), cuda "
-        "or cuda:N",
-    )
+    values.add_placement(parser, "torch's choice")
     return parser

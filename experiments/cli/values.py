@@ -83,12 +83,40 @@ folder = _typed("folder", "--out", str, _check_folder)
 """``--out``: a folder, made when missing; an existing file is refused."""
 
 
-def device(text: Any) -> str:
+class _Device:
     """``--device``: ``cpu``, ``auto`` (resolved here), ``cuda`` or ``cuda:N`` on a machine
-    that has it."""
-    from experiments.evaluation.devices import DeviceError, resolve_device
+    that has it. A class so that ``--help`` names the type ``device``, not a function's
+    address."""
 
-    try:
-        return str(resolve_device(str(text)))
-    except DeviceError as error:
-        raise ArgumentTypeError("--device" + str(error).removeprefix("device")) from None
+    __name__ = "device"
+
+    def __call__(self, text: Any) -> str:
+        from experiments.evaluation.devices import DeviceError, resolve_device
+
+        try:
+            return str(resolve_device(str(text)))
+        except DeviceError as error:
+            raise ArgumentTypeError("--device" + str(error).removeprefix("device")) from None
+
+    def __repr__(self) -> str:
+        return "device"
+
+
+device = _Device()
+
+
+def add_placement(parser: Any, threads_default: str) -> None:
+    """``--num-threads`` and ``--device``, the options of every command that loads a trained
+    run (eval, generate, discretize): where the model runs and on how many CPU threads."""
+    parser.add_argument(
+        "--num-threads",
+        type=threads,
+        help=f"torch CPU threads, 1..this machine's CPUs (default: {threads_default})",
+    )
+    parser.add_argument(
+        "--device",
+        type=device,
+        default="cpu",
+        help="where the model runs: cpu, auto (cuda when a GPU is visible, else cpu), cuda "
+        "or cuda:N",
+    )
