@@ -13,13 +13,13 @@ from experiments.data.batching import (
 )
 from experiments.data.corpora import load_corpus
 from experiments.data.tokenization import WordTokenizer, encode_corpus
-from experiments.evaluation.evaluate import (
+from experiments.reference import BigramLM
+from experiments.training.evaluate import (
     EvalSettings,
     NonCausalModelError,
     evaluate,
     perplexity,
 )
-from experiments.reference import BigramLM
 
 
 def test_stream_windows_predict_each_token_once():

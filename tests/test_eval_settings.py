@@ -8,9 +8,9 @@ import dataclasses
 import pytest
 
 import experiments
-from experiments.evaluation.evaluate import EvalSettings, perplexity
 from experiments.training.config import DataConfig, EvalConfig, RunConfig, parse_config
 from experiments.training.config_checks import ConfigError
+from experiments.training.evaluate import EvalSettings, perplexity
 from experiments.training.train import train
 
 

@@ -14,10 +14,10 @@ import yaml
 
 from experiments.data.corpora import load_corpus
 from experiments.data.tokenization import build_tokenizer, encode_corpus
-from experiments.evaluation.evaluate import EvalSettings, perplexity
 from experiments.models.build import build_model
 from experiments.training.config import ConfigError, DataConfig, OptimConfig, parse_config
 from experiments.training.datamodule import LMDataModule
+from experiments.training.evaluate import EvalSettings, perplexity
 from experiments.training.loggers import build_loggers
 from experiments.training.task import LMTask
 from experiments.training.train import train

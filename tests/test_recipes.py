@@ -9,7 +9,6 @@ import torch
 
 from experiments.data.corpora import load_corpus
 from experiments.data.tokenization import WordTokenizer, encode_corpus
-from experiments.evaluation.evaluate import EvalSettings, perplexity
 from experiments.models.build import build_model, count_parameters
 from experiments.reference import BigramLM
 from experiments.training.config import (
@@ -20,6 +19,7 @@ from experiments.training.config import (
     parse_config,
 )
 from experiments.training.datamodule import LMDataModule
+from experiments.training.evaluate import EvalSettings, perplexity
 from experiments.training.recipes import (
     PlateauAnnealer,
     build_optimizer,

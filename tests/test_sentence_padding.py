@@ -7,7 +7,7 @@ import torch
 
 from experiments.data.corpora import load_corpus
 from experiments.data.tokenization import WordTokenizer, encode_corpus
-from experiments.evaluation.evaluate import EvalSettings, perplexity
+from experiments.training.evaluate import EvalSettings, perplexity
 from neuralode_lm import CausalODEHead, build_model
 from odelm.contract import PaddingSideError
 

@@ -9,7 +9,7 @@ trained model produces (the local truncation error), and the whole model is eval
 with every block replaced by that flow or by another tableau.
 
 Each setting reports test perplexity (over ``--max-batches`` evaluation batches), mean
-NFE per forward pass, forward FLOPs per token (``experiments.evaluation.flops``), seconds, the
+NFE per forward pass, forward FLOPs per token (``experiments.models.flops``), seconds, the
 relative distance of the final state from a reference solve (dopri5, rtol 1e-7, in
 float64 by default) and the causal leak: the largest change of an earlier position's
 log-probabilities when the second half of a window changes (exactly 0 on fixed grids;
@@ -36,8 +36,8 @@ from experiments.evaluation.depth_curve import (
     trained_label,
     training_steps,
 )
-from experiments.evaluation.evaluate import EvalSettings, evaluation_batches, window_length
-from experiments.evaluation.flops import forward_flops_per_token
+from experiments.models.flops import forward_flops_per_token
+from experiments.training.evaluate import EvalSettings, evaluation_batches, window_length
 from neuralode_lm.depth_field import FixedGrid
 from neuralode_lm.solvers import solve
 from neuralode_lm.transformer import NODETransformerLM
