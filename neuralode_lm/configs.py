@@ -22,6 +22,8 @@ from typing import Any, Literal
 
 import torch
 
+from ode_transformer.layers import check_heads
+
 from .errors import ModelConfigError
 from .solvers.config import ADAPTIVE_METHODS, BACKEND_METHODS, SolverConfig
 
@@ -362,7 +364,9 @@ class NODETransformerConfig(_Config):
     hypernetwork_rank: int | None = None
 
     def __post_init__(self) -> None:
-        _positive_int(self, ("n_layers", "weight_basis", "hypernetwork_rank"))
+        sizes = ("d_model", "n_heads", "d_ff", "n_layers", "max_positions")
+        _positive_int(self, (*sizes, "weight_basis", "hypernetwork_rank"))
+        check_heads(self.d_model, self.n_heads)
         if not self.integration_time > 0:
             raise ModelConfigError(
                 f"integration_time S must be positive, got {self.integration_time!r}"
