@@ -59,7 +59,7 @@ def test_validation_runs_under_a_default_trainer(default_trainer_fit):
     assert trainer.global_step == batches_per_epoch
     # The logged validation perplexity is the exact perplexity of the valid split.
     expected = perplexity(
-        task.model.eval(), data, "valid", EvalSettings(window=data_cfg.eval_window)
+        task.model.eval(), data, "valid", EvalSettings(eval_window=data_cfg.eval_window)
     )
     assert float(trainer.callback_metrics["val/ppl"]) == pytest.approx(expected["ppl"], rel=1e-5)
     assert math.isfinite(expected["ppl"]) and expected["ppl"] < data.tokenizer.vocab_size

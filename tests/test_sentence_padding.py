@@ -28,7 +28,10 @@ def _ppls(model, data, settings) -> list[float]:
     model.eval()
     return [
         perplexity(
-            model, data, "valid", EvalSettings(mode="sentences", batch_size=b, padding_side=side)
+            model,
+            data,
+            "valid",
+            EvalSettings(batching="sentences", eval_batch_size=b, padding_side=side),
         )["ppl"]
         for b, side in settings
     ]

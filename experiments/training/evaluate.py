@@ -43,7 +43,7 @@ def perplexity(
     """Total NLL over every token of ``split`` (each predicted exactly once) and its ratios.
 
     ``settings.stateful``: the model carries its state across consecutive windows of
-    ``batch_size`` contiguous streams (the stateful extension of the contract). The forward
+    ``eval_batch_size`` contiguous streams (the stateful extension of the contract). The forward
     FLOPs per predicted token (``experiments.models.flops``) and the mean NFE are
     measured on the same forward passes, every batch of the split (``flops_sample``).
     """
@@ -51,8 +51,8 @@ def perplexity(
         check_stateful(model)
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
     total_nll, total_tokens, total_flops, nfe, state = 0.0, 0, 0, [], None
-    window = window_length(model, settings.window)
-    batches = evaluation_batches(data, split, dataclasses.replace(settings, window=window))
+    window = window_length(model, settings.eval_window)
+    batches = evaluation_batches(data, split, dataclasses.replace(settings, eval_window=window))
     for tokens, mask in batches:
         tokens = tokens.to(device)
         mask = None if mask is None else mask.to(device)
@@ -140,7 +140,7 @@ def evaluate(
         is_causal=is_causal,
         protocol=data.protocol,
         split=split,
-        mode=settings.mode,
+        mode=settings.batching,
         tokenizer=tokenizer.kind,
     )
     if not is_causal:
