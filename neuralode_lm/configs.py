@@ -15,7 +15,6 @@ One name per concept: the layer count is ``n_layers`` everywhere. The spellings 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import typing
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -93,7 +92,6 @@ def fields_of(config: Any, names: list[str] | None = None) -> dict[str, Any]:
     }
 
 
-@functools.cache
 def _choices(cls: type) -> dict[str, tuple[Any, ...]]:
     """The ``Literal`` fields of a config class and their values."""
     return {

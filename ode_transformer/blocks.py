@@ -118,7 +118,7 @@ class RKBlock(nn.Module):
         )
 
 
-def check_block_name(block: str) -> None:
+def check_block_name(block: str | None) -> None:
     """The one check of a block name (``make_block``'s and ``ODETransformerConfig``'s)."""
     if block not in BLOCKS:
         raise ODETransformerConfigError(
