@@ -307,7 +307,7 @@ def step_flops(step: Callable[[], Any]) -> int:
     from torch.utils.flop_counter import FlopCounterMode
 
     try:
-        from experiments.evaluation.flops import ATTENTION_FORMULAS
+        from experiments.models.flops import ATTENTION_FORMULAS
     except ImportError:
         ATTENTION_FORMULAS = {}
     with FlopCounterMode(display=False, custom_mapping=ATTENTION_FORMULAS) as counter:

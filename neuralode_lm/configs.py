@@ -15,12 +15,16 @@ One name per concept: the layer count is ``n_layers`` everywhere. The spellings 
 from __future__ import annotations
 
 import dataclasses
+import typing
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
 
+from ode_transformer.layers import check_heads
+
 from .errors import ModelConfigError
+from .solvers.config import ADAPTIVE_METHODS, BACKEND_METHODS, SolverConfig
 
 __all__ = [
     "RENAMED",
@@ -88,9 +92,46 @@ def fields_of(config: Any, names: list[str] | None = None) -> dict[str, Any]:
     }
 
 
+def _choices(cls: type) -> dict[str, tuple[Any, ...]]:
+    """The ``Literal`` fields of a config class and their values."""
+    return {
+        name: typing.get_args(hint)
+        for name, hint in typing.get_type_hints(cls).items()
+        if typing.get_origin(hint) is Literal
+    }
+
+
+def _positive_int(config: Any, names: tuple[str, ...]) -> None:
+    """``ModelConfigError`` naming the first of ``names`` that is set (not None) but not a
+    positive integer."""
+    for name in names:
+        value = getattr(config, name)
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int) or value < 1
+        ):
+            raise ModelConfigError(f"{name} must be a positive integer, got {value!r}")
+
+
+def _at_least_zero(config: Any, names: tuple[str, ...]) -> None:
+    for name in names:
+        value = getattr(config, name)
+        if not value >= 0:
+            raise ModelConfigError(f"{name} must be >= 0, got {value!r}")
+
+
 class _Config:
-    """``to_dict``: a model config as ``config.json`` holds it (``embeddings`` left to the
-    weights file)."""
+    """What every model config shares: its checks on construction (each class checks its
+    own fields and calls its base's ``__post_init__``; the ``Literal`` choices here, which a
+    run config's parser also enforces) and ``to_dict``: the config as ``config.json`` holds
+    it (``embeddings`` left to the weights file)."""
+
+    def __post_init__(self) -> None:
+        for name, valid in _choices(type(self)).items():
+            value = getattr(self, name)
+            if name != "field" and value not in valid:  # field: a FIELDS name or a module
+                raise ModelConfigError(
+                    f"unknown {name} {value!r}; valid: {', '.join(map(str, valid))}"
+                )
 
     def to_dict(self) -> dict[str, Any]:
         """The config's fields as a dict (an ``embeddings`` tensor left out)."""
@@ -133,6 +174,7 @@ class LSTMConfig(_Config):
                 raise ModelConfigError(f"{name} must be in [0, 1), got {getattr(self, name)}")
         if self.init_range is not None and not self.init_range > 0:
             raise ModelConfigError(f"init_range must be positive or None, got {self.init_range}")
+        super().__post_init__()
 
     @classmethod
     def coerce(cls, config: LSTMConfig | None, options: dict[str, Any]) -> LSTMConfig:
@@ -169,6 +211,36 @@ class ODEHeadConfig(_Config):
     jacobian_weight: float = 0.0
     exact_causal_eval: bool = False
     reconstruction: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.integration_time > 0:
+            raise ModelConfigError(
+                f"integration_time S must be positive (s in [0, S]), got {self.integration_time!r}"
+            )
+        if self.augment_dim is not None and not self.augment_dim >= 0:
+            raise ModelConfigError(f"augment_dim must be >= 0, got {self.augment_dim!r}")
+        _at_least_zero(self, ("kinetic_weight", "jacobian_weight"))
+        if self.reconstruction and self.exact_causal_eval:
+            raise ModelConfigError(
+                "exact_causal_eval applies to the causal head; the reconstruction decoder "
+                "reads the whole sentence and is not causal (drop one of the two options)"
+            )
+        solver = SolverConfig.coerce(self.solver)
+        if self.jacobian_weight > 0 and solver.backend == "torchode" and solver.adjoint:
+            raise ModelConfigError(
+                "the Jacobian regulariser needs autograd inside the field, which torchode's "
+                "per-sample (vmapped) adjoint does not provide; use adjoint=False or "
+                "another backend"
+            )
+        if self.exact_causal_eval and not solver.fixed:
+            torchode = BACKEND_METHODS["torchode"]
+            if solver.method not in torchode:
+                raise ModelConfigError(
+                    f"exact_causal_eval solves each position with its own step control "
+                    f"(torchode), which has no {solver.method!r}; use one of "
+                    f"{', '.join(sorted(torchode & ADAPTIVE_METHODS))} or a fixed-grid method"
+                )
+        super().__post_init__()
 
     def head(self) -> ODEHeadConfig:
         """The head's own part of a model config."""
@@ -288,3 +360,17 @@ class NODETransformerConfig(_Config):
     layer_norm_eps: float = 1e-5
     weight_basis: int | None = None
     hypernetwork_rank: int | None = None
+
+    def __post_init__(self) -> None:
+        sizes = ("d_model", "n_heads", "d_ff", "n_layers", "max_positions")
+        _positive_int(self, (*sizes, "weight_basis", "hypernetwork_rank"))
+        check_heads(self.d_model, self.n_heads)
+        if not self.integration_time > 0:
+            raise ModelConfigError(
+                f"integration_time S must be positive, got {self.integration_time!r}"
+            )
+        _at_least_zero(self, ("kinetic_weight", "jacobian_weight"))
+        for name, mode in (("weight_basis", "weights"), ("hypernetwork_rank", "hypernetwork")):
+            if getattr(self, name) is not None and self.time_conditioning != mode:
+                raise ModelConfigError(f"{name} applies to time_conditioning {mode} only")
+        super().__post_init__()

@@ -65,7 +65,8 @@ class DepthField(nn.Module):
     """``F_theta(s, y)``: the ODE Transformer's ``PreNormAttentionFFN`` (attention then FFN as
     one function, never including the residual), optionally conditioned on ``s``: through
     its norms (``concat``, ``film``) or its weights (``weights`` over ``weight_basis``
-    Legendre polynomials on ``[0, length]``, ``hypernetwork`` of rank ``hypernetwork_rank``)."""
+    Legendre polynomials on ``[0, length]``, ``hypernetwork`` of rank ``hypernetwork_rank``).
+    Its options come checked from [`NODETransformerConfig`][neuralode_lm.NODETransformerConfig]."""
 
     def __init__(
         self,
@@ -81,22 +82,11 @@ class DepthField(nn.Module):
         length: float = 1.0,
     ) -> None:
         super().__init__()
-        if time_conditioning not in TIME_CONDITIONINGS:
-            raise ModelConfigError(
-                f"unknown time_conditioning {time_conditioning!r}; valid: "
-                f"{', '.join(TIME_CONDITIONINGS)}"
-            )
         self.layer = PreNormAttentionFFN(
             d_model, n_heads, d_ff, dropout, dropout, dropout, causal=True, eps=eps
         )
         self.timed: list[_TimedNorm] = []
         self.depth: DepthWeights | None = None
-        for name, value in (
-            ("weight_basis", weight_basis),
-            ("hypernetwork_rank", hypernetwork_rank),
-        ):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ModelConfigError(f"{name} must be a positive integer, got {value!r}")
         size = weight_basis if time_conditioning == "weights" else hypernetwork_rank
         if time_conditioning == "hypernetwork" or (time_conditioning == "weights" and size > 1):
             # weights with K = 1 is the shared field itself: nothing to replace

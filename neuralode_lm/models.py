@@ -178,11 +178,6 @@ class _ODELanguageModel(PretrainedMixin, HuggingFaceLM):
         super().__init__()
         self.vocab_size = vocab_size
         self.encoder = encoder
-        if config.reconstruction and config.exact_causal_eval:
-            raise ModelConfigError(
-                "exact_causal_eval applies to the causal head; the reconstruction decoder "
-                "reads the whole sentence and is not causal (drop one of the two options)"
-            )
         head_class = ReconstructionODEDecoder if config.reconstruction else CausalODEHead
         self.head = head_class(
             encoder.output_dim, vocab_size, field_hidden=field_hidden, **config.head_options()

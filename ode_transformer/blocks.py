@@ -118,17 +118,22 @@ class RKBlock(nn.Module):
         )
 
 
+def check_block_name(block: str | None) -> None:
+    """The one check of a block name (``make_block``'s and ``ODETransformerConfig``'s)."""
+    if block not in BLOCKS:
+        raise ODETransformerConfigError(
+            f"unknown block {block!r}; valid: {', '.join(BLOCKS)} "
+            "(or pass tableau=(A, b) for your own explicit Runge-Kutta method)"
+        )
+
+
 def make_block(
     block: str | Tableau | tuple, f: Callable[..., torch.Tensor], d_model: int | None = None
 ) -> RKBlock:
     """An [`RKBlock`][ode_transformer.RKBlock] from a name in [`BLOCKS`][ode_transformer.BLOCKS] or
     a user tableau (fixed weights)."""
     if isinstance(block, str):
-        if block not in BLOCKS:
-            raise ODETransformerConfigError(
-                f"unknown block {block!r}; valid: {', '.join(BLOCKS)} "
-                "(or pass a tableau (A, b) for your own explicit Runge-Kutta method)"
-            )
+        check_block_name(block)
         tableau, coefficients = BLOCKS[block]
         return RKBlock(f, tableau, coefficients, d_model)
     return RKBlock(f, block, "fixed", d_model)

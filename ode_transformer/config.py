@@ -1,7 +1,9 @@
 """The configuration of an ODE Transformer LM or encoder (Hugging Face ``configuration_*`` style).
 
 A plain dataclass validated on construction: every name (block, sub-layer, stack) and size
-is checked here, once, so the layers that build from it trust their arguments. ``to_dict``
+is checked here, where the config is built; a condition that a public layer also checks
+for its own arguments (the head split, a Macaron layer's even ``d_ff``, a block name) is
+one function both call, so it has one message. ``to_dict``
 / ``from_dict`` round-trip through JSON (``config.json`` beside the weights).
 """
 
@@ -13,9 +15,10 @@ import typing
 from dataclasses import dataclass
 from typing import Literal
 
-from .blocks import BLOCKS
+from .blocks import BLOCKS, check_block_name
 from .errors import ODETransformerConfigError
-from .stacks import STACKS, SUBLAYERS
+from .layers import check_heads
+from .stacks import STACKS, SUBLAYERS, check_macaron_width
 from .tableau import Tableau
 
 POSITIONS = ("learned", "sinusoidal")
@@ -99,11 +102,7 @@ class ODETransformerConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ODETransformerConfigError(f"{name} must be a positive integer, got {value!r}")
-        if self.d_model % self.n_heads != 0:
-            raise ODETransformerConfigError(
-                f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}; each head "
-                "gets d_model / n_heads dimensions, so pick a head count that divides d_model"
-            )
+        check_heads(self.d_model, self.n_heads)
         for name in ("dropout", "attention_dropout", "relu_dropout"):
             value = getattr(self, name)
             if not 0.0 <= value < 1.0:
@@ -126,11 +125,8 @@ class ODETransformerConfig:
             )
             object.__setattr__(self, "tableau", (tableau.A, tableau.b))
             object.__setattr__(self, "block", "custom")
-        elif self.block not in BLOCKS:
-            raise ODETransformerConfigError(
-                f"unknown block {self.block!r}; valid: {', '.join(BLOCKS)} "
-                "(or pass tableau=(A, b) for your own explicit Runge-Kutta method)"
-            )
+        else:
+            check_block_name(self.block)
         for name, valid in _choices().items():
             if name != "block" and getattr(self, name) not in valid:
                 raise ODETransformerConfigError(
@@ -142,10 +138,7 @@ class ODETransformerConfig:
                     "stack='macaron' builds its own FFN/attention/FFN layers; leave "
                     f"block='residual' and sublayer='both' (got {self.block!r}, {self.sublayer!r})"
                 )
-            if self.d_ff % 2 != 0:
-                raise ODETransformerConfigError(
-                    f"stack='macaron' halves d_ff, which must be even; got {self.d_ff}"
-                )
+            check_macaron_width(self.d_ff)
 
     def to_dict(self) -> dict:
         """JSON-ready dict (the tableau as nested lists)."""

@@ -106,11 +106,7 @@ class MultiHeadSelfAttention(nn.Module):
         self, d_model: int, n_heads: int, attention_dropout: float = 0.0, causal: bool = True
     ) -> None:
         super().__init__()
-        if d_model % n_heads != 0:
-            raise ODETransformerConfigError(
-                f"d_model={d_model} is not divisible by n_heads={n_heads}; choose a head count "
-                f"that divides the model width (e.g. {_divisors_hint(d_model)})"
-            )
+        check_heads(d_model, n_heads)
         self.n_heads = n_heads
         self.causal = causal
         self.attention_dropout = attention_dropout
@@ -256,5 +252,13 @@ class PreNormAttentionFFN(nn.Module):
         return a + self.ffn(y + a)
 
 
-def _divisors_hint(n: int) -> str:
-    return ", ".join(str(h) for h in (1, 2, 4, 8, 16) if n % h == 0)
+def check_heads(d_model: int, n_heads: int) -> None:
+    """The one check that ``n_heads`` splits ``d_model`` (each head gets ``d_model / n_heads``
+    dimensions): the attention layer's and ``ODETransformerConfig``'s."""
+    if d_model % n_heads != 0:
+        hint = ", ".join(str(h) for h in (1, 2, 4, 8, 16) if d_model % h == 0)
+        raise ODETransformerConfigError(
+            f"d_model={d_model} is not divisible by n_heads={n_heads}; each head gets "
+            f"d_model / n_heads dimensions, so choose a head count that divides the model "
+            f"width (e.g. {hint})"
+        )

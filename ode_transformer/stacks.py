@@ -98,6 +98,15 @@ class RKLayer(nn.Module):
         return y + self.increment(y, context)
 
 
+def check_macaron_width(d_ff: int) -> None:
+    """The one check that a Macaron layer can halve ``d_ff`` (the layer's and
+    ``ODETransformerConfig``'s with ``stack='macaron'``)."""
+    if d_ff % 2 != 0:
+        raise ODETransformerConfigError(
+            f"a Macaron layer splits d_ff into two halves, so d_ff must be even; got d_ff={d_ff}"
+        )
+
+
 class MacaronLayer(nn.Module):
     """Strang-Marchuk splitting: ``y1 = y + FFN_a(y)/2``, ``y2 = y1 + SAN(y1)``,
     ``y_next = y2 + FFN_b(y2)/2``; each FFN has inner width ``d_ff / 2`` so the weight
@@ -118,10 +127,7 @@ class MacaronLayer(nn.Module):
         eps: float = 1e-5,
     ) -> None:
         super().__init__()
-        if d_ff % 2 != 0:
-            raise ODETransformerConfigError(
-                f"a Macaron layer splits d_ff into two halves; d_ff={d_ff} is odd"
-            )
+        check_macaron_width(d_ff)
         self.ffn_a = PreNormFFN(d_model, d_ff // 2, dropout, relu_dropout, eps)
         self.attention = PreNormAttention(d_model, n_heads, dropout, attention_dropout, causal, eps)
         self.ffn_b = PreNormFFN(d_model, d_ff // 2, dropout, relu_dropout, eps)

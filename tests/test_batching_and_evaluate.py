@@ -13,13 +13,13 @@ from experiments.data.batching import (
 )
 from experiments.data.corpora import load_corpus
 from experiments.data.tokenization import WordTokenizer, encode_corpus
-from experiments.evaluation.evaluate import (
+from experiments.reference import BigramLM
+from experiments.training.evaluate import (
     EvalSettings,
     NonCausalModelError,
     evaluate,
     perplexity,
 )
-from experiments.reference import BigramLM
 
 
 def test_stream_windows_predict_each_token_once():
@@ -63,7 +63,9 @@ def test_bigram_perplexity_equals_hand_computation(grammar_data):
     stream = torch.cat([torch.tensor([grammar_data.tokenizer.eos_id]), test])
     table = model.table.weight.double().log_softmax(-1)
     expected = math.exp(-table[stream[:-1], stream[1:]].mean().item())
-    result = perplexity(model, grammar_data, "test", EvalSettings(window=50, batch_size=7))
+    result = perplexity(
+        model, grammar_data, "test", EvalSettings(eval_window=50, eval_batch_size=7)
+    )
     assert result["tokens"] == test.numel() == result["words"]
     assert result["ppl"] == pytest.approx(expected, rel=1e-5)
     assert result["ppl_per_word"] == pytest.approx(expected, rel=1e-5)
@@ -92,9 +94,11 @@ def test_sentence_mode_equals_stream_mode_for_a_bigram(grammar_data, side):
     # A bigram sees only the previous token, and every sentence in the stream follows an
     # <eos>, so scoring padded sentences must give exactly the stream's total NLL.
     model = BigramLM.from_counts(grammar_data.split("train").ids, grammar_data.tokenizer.vocab_size)
-    stream = perplexity(model, grammar_data, "valid", EvalSettings(mode="stream", window=40))
+    stream = perplexity(
+        model, grammar_data, "valid", EvalSettings(batching="stream", eval_window=40)
+    )
     sentences = perplexity(
-        model, grammar_data, "valid", EvalSettings(mode="sentences", padding_side=side)
+        model, grammar_data, "valid", EvalSettings(batching="sentences", padding_side=side)
     )
     assert sentences["tokens"] == stream["tokens"]
     assert sentences["nll"] == pytest.approx(stream["nll"], rel=1e-6)

@@ -11,7 +11,7 @@ import sacrebleu
 import torch
 from torch import nn
 
-from experiments.evaluation.bleu import (
+from experiments.models.bleu import (
     continuation_bleu,
     corpus_bleu_score,
     teacher_forced_bleu,

@@ -65,7 +65,7 @@ def test_device_cpu_end_to_end(trained, capsys, tmp_path) -> None:
     assert main(argv) == 0
     assert capsys.readouterr().out.startswith("a dog")
     argv = ["discretize", run, "--device", "cpu", "--json", "--max-batches", "1"]
-    assert main([*argv, "--batch-size", "2", "--steps", "1", "--out", str(tmp_path)]) == 0
+    assert main([*argv, "--eval-batch-size", "2", "--steps", "1", "--out", str(tmp_path)]) == 0
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert rows and all(row["method"] for row in rows)
     assert next(load_run(trained, device="auto").model.parameters()).device.type in (

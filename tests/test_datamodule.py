@@ -7,10 +7,10 @@ import math
 import pytest
 import torch
 
-from experiments.evaluation.evaluate import EvalSettings, perplexity
 from experiments.models.build import build_model
 from experiments.training.config import ConfigError, DataConfig, OptimConfig, RunConfig
 from experiments.training.datamodule import LMDataModule, SeededResumableSampler
+from experiments.training.evaluate import EvalSettings, perplexity
 from experiments.training.task import LMTask
 from experiments.training.train import prepare_data
 from odelm.lightning import pl
@@ -47,7 +47,7 @@ def test_from_corpus_trains_and_tests_under_a_plain_trainer(tmp_path) -> None:
     assert trainer.global_step == 5
     (metrics,) = trainer.test(task, datamodule=datamodule, verbose=False)
     # test/ppl is the exact perplexity of the whole test split, as the harness computes it
-    expected = perplexity(task.model.eval(), datamodule.data, "test", EvalSettings(window=128))
+    expected = perplexity(task.model.eval(), datamodule.data, "test", EvalSettings(eval_window=128))
     assert metrics["test/ppl"] == pytest.approx(expected["ppl"], rel=1e-5)
     assert 1 < metrics["test/ppl"] < datamodule.vocab_size
     assert math.isfinite(metrics["test/nfe"])

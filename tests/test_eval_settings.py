@@ -8,9 +8,9 @@ import dataclasses
 import pytest
 
 import experiments
-from experiments.evaluation.evaluate import EvalSettings, perplexity
 from experiments.training.config import DataConfig, EvalConfig, RunConfig, parse_config
 from experiments.training.config_checks import ConfigError
+from experiments.training.evaluate import EvalSettings, perplexity
 from experiments.training.train import train
 
 
@@ -20,9 +20,9 @@ def test_settings_come_from_the_data_and_eval_sections():
     bleu = EvalConfig(bleu_sentences=7, continuation_sentences=5, prompt_len=2, decode="beam")
     config = RunConfig(data=data, eval=bleu)
     assert EvalSettings.from_config(config) == EvalSettings(
-        mode="sentences",
-        window=40,
-        batch_size=3,
+        batching="sentences",
+        eval_window=40,
+        eval_batch_size=3,
         padding_side="left",
         stateful=True,
         bleu_sentences=7,
@@ -31,7 +31,7 @@ def test_settings_come_from_the_data_and_eval_sections():
         decode="beam",
     )
     batching = EvalSettings.from_config(config.data)  # a data section alone: BLEU's defaults
-    assert (batching.window, batching.bleu_sentences) == (40, EvalSettings().bleu_sentences)
+    assert (batching.eval_window, batching.bleu_sentences) == (40, EvalSettings().bleu_sentences)
     # evaluate()'s defaults are a default run's
     assert EvalSettings() == EvalSettings.from_config(RunConfig())
     assert EvalSettings.from_config(DataConfig()) == EvalSettings()
@@ -40,18 +40,18 @@ def test_settings_come_from_the_data_and_eval_sections():
 def test_settings_are_frozen_and_overrides_are_checked_like_the_config():
     settings = EvalSettings()
     with pytest.raises(dataclasses.FrozenInstanceError):
-        settings.window = 3  # type: ignore[misc]
+        settings.eval_window = 3  # type: ignore[misc]
     assert settings.with_overrides(prompt_len=5, decode=None).prompt_len == 5
     assert settings.with_overrides(decode=None) == settings  # None keeps the setting
-    assert settings.with_overrides(window=64, mode="sentences").mode == "sentences"
+    assert settings.with_overrides(eval_window=64, batching="sentences").batching == "sentences"
     with pytest.raises(ConfigError, match="^unknown evaluation setting prompt_length; valid: "):
         settings.with_overrides(prompt_length=5)
     with pytest.raises(ConfigError, match=r"^decode must be one of greedy, beam, got 'sample'$"):
         settings.with_overrides(decode="sample")
     with pytest.raises(ConfigError, match=r"^--padding-side must be one of left, right"):
         settings.with_overrides(flags=True, padding_side="top")
-    with pytest.raises(ConfigError, match=r"^window = 1 is out of range; it must be >= 2$"):
-        settings.with_overrides(window=1)
+    with pytest.raises(ConfigError, match=r"^eval_window = 1 is out of range; it must be >= 2$"):
+        settings.with_overrides(eval_window=1)
     with pytest.raises(ConfigError, match=r"^--prompt-len = 0 is out of range"):
         settings.with_overrides(flags=True, prompt_len=0)
 

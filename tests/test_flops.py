@@ -8,10 +8,10 @@ import yaml
 from torch import nn
 
 from experiments.comparison.config_flops import grid_flops
-from experiments.evaluation.evaluate import EvalSettings, evaluation_batches, perplexity
-from experiments.evaluation.flops import counting_flops, forward_flops_per_token, is_adaptive
 from experiments.models.build import build_model
+from experiments.models.flops import counting_flops, forward_flops_per_token, is_adaptive
 from experiments.training.config import parse_config
+from experiments.training.evaluate import EvalSettings, evaluation_batches, perplexity
 from experiments.training.train import prepare_data
 
 
@@ -187,14 +187,14 @@ def test_perplexity_measures_flops_and_nfe_on_the_same_batches_over_the_whole_sp
 ):
     data = prepare_data(parse_config(tiny_config(tmp_path)))
     vocab = data.tokenizer.vocab_size
-    batches = evaluation_batches(data, "test", EvalSettings(window=8))
+    batches = evaluation_batches(data, "test", EvalSettings(eval_window=8))
     assert len(batches) > 4  # more batches than the old 4-batch sample
     depths = [VariableDepthLM.depth(ids) for ids, _ in batches]
     flops = sum(
         ids.numel() * (2 * 8 * 8 * k + 2 * 8 * vocab) for (ids, _), k in zip(batches, depths)
     )
     tokens = sum(ids[:, 1:].numel() for ids, _ in batches)
-    scored = perplexity(VariableDepthLM(vocab), data, "test", EvalSettings(window=8))
+    scored = perplexity(VariableDepthLM(vocab), data, "test", EvalSettings(eval_window=8))
     assert scored["nfe"] == pytest.approx(sum(depths) / len(depths))
     assert scored["flops_per_token"] == pytest.approx(flops / tokens)
     assert scored["flops_batches"] == len(batches) and scored["tokens"] == tokens
@@ -236,7 +236,9 @@ def test_grid_flops_recomputes_fixed_compute_runs_and_leaves_adaptive_ones_out(
     }
     # closed form over the run's own test windows: [B, L] each (stream mode, eval_window 64)
     data = prepare_data(parse_config(tiny_config(tmp_path)))
-    batches = evaluation_batches(data, "test", EvalSettings(window=shared["data"]["eval_window"]))
+    batches = evaluation_batches(
+        data, "test", EvalSettings(eval_window=shared["data"]["eval_window"])
+    )
     d, vocab = 16, data.tokenizer.vocab_size
     flops = sum(
         ids.shape[0] * (attention_layer(ids.shape[1], d, 2) + ffn(ids.shape[1], d, 32))
@@ -290,7 +292,7 @@ def test_config_flops_of_depth_dependent_weights_is_the_closed_form(tiny_config,
     config = parse_config(tiny_config(tmp_path, model=node) | {"model": node})
     data = prepare_data(config)
     scored = run_flops(config, data)
-    batches = evaluation_batches(data, "test", EvalSettings(window=config.data.eval_window))
+    batches = evaluation_batches(data, "test", EvalSettings(eval_window=config.data.eval_window))
     shapes = [(3 * d, d), (d, d), (d_ff, d), (d, d_ff)]
     forming = 2 * 2 * sum(o * i + o for o, i in shapes)
     flops = sum(

@@ -14,10 +14,10 @@ import yaml
 
 from experiments.data.corpora import load_corpus
 from experiments.data.tokenization import build_tokenizer, encode_corpus
-from experiments.evaluation.evaluate import EvalSettings, perplexity
 from experiments.models.build import build_model
 from experiments.training.config import ConfigError, DataConfig, OptimConfig, parse_config
 from experiments.training.datamodule import LMDataModule
+from experiments.training.evaluate import EvalSettings, perplexity
 from experiments.training.loggers import build_loggers
 from experiments.training.task import LMTask
 from experiments.training.train import train
@@ -59,7 +59,7 @@ def test_validation_runs_under_a_default_trainer(default_trainer_fit):
     assert trainer.global_step == batches_per_epoch
     # The logged validation perplexity is the exact perplexity of the valid split.
     expected = perplexity(
-        task.model.eval(), data, "valid", EvalSettings(window=data_cfg.eval_window)
+        task.model.eval(), data, "valid", EvalSettings(eval_window=data_cfg.eval_window)
     )
     assert float(trainer.callback_metrics["val/ppl"]) == pytest.approx(expected["ppl"], rel=1e-5)
     assert math.isfinite(expected["ppl"]) and expected["ppl"] < data.tokenizer.vocab_size

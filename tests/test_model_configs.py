@@ -15,7 +15,17 @@ import yaml
 from experiments.cli.commands import train_parser
 from experiments.cli.main import main
 from experiments.models.schema import model_keys_help, schemas
-from neuralode_lm import LSTMLM, ModelConfigError, NODETransformerLM, build_model
+from neuralode_lm import (
+    LSTMLM,
+    ModelConfigError,
+    NODETransformerConfig,
+    NODETransformerLM,
+    ODEGPT2Config,
+    ODEHeadConfig,
+    ODELSTMConfig,
+    build_model,
+)
+from odelm.errors import ConfigError
 from odelm.pretrained import load_pretrained
 
 EXAMPLE = Path(__file__).parents[1] / "experiments" / "configs" / "example.yaml"
@@ -96,6 +106,28 @@ def test_constructors_refuse_old_spellings_with_a_hint():
         build_model("ode-lstm", 20, preset="small")
     assert build_model("lstm", 20, n_layers=3).encoder.lstm.num_layers == 3
     assert len(NODETransformerLM(20, d_model=8, n_heads=2, d_ff=8, n_layers=3).fields) == 3
+
+
+@pytest.mark.parametrize(
+    "config_class, options, message",
+    [
+        (ODEHeadConfig, {"integration_time": 0.0}, "integration_time S must be positive"),
+        (ODELSTMConfig, {"augment_init": "last"}, "unknown augment_init 'last'; valid: zeros"),
+        (ODELSTMConfig, {"kinetic_weight": -1.0}, "kinetic_weight must be >= 0, got -1.0"),
+        (ODELSTMConfig, {"dropout": 1.5}, "dropout must be in [0, 1), got 1.5"),  # LSTMConfig's
+        (ODELSTMConfig, {"reconstruction": True, "exact_causal_eval": True}, "reconstruction"),
+        (ODEGPT2Config, {"exact_causal_eval": True, "solver": {"method": "bosh3"}}, "'bosh3'"),
+        (NODETransformerConfig, {"n_layers": 0}, "n_layers must be a positive integer, got 0"),
+        (NODETransformerConfig, {"d_model": 30, "n_heads": 4}, "d_model=30 is not divisible"),
+        (NODETransformerConfig, {"time_conditioning": "sine"}, "time_conditioning 'sine'"),
+        (NODETransformerConfig, {"weight_basis": 4}, "weight_basis applies to time_conditioning"),
+    ],
+)
+def test_a_bad_option_is_refused_by_its_config_class(config_class, options, message):
+    """The config class refuses it on construction, before any module exists."""
+    with pytest.raises(ConfigError) as refused:
+        config_class(**options)
+    assert message in str(refused.value)
 
 
 def test_model_configs_are_frozen():

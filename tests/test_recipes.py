@@ -9,7 +9,6 @@ import torch
 
 from experiments.data.corpora import load_corpus
 from experiments.data.tokenization import WordTokenizer, encode_corpus
-from experiments.evaluation.evaluate import EvalSettings, perplexity
 from experiments.models.build import build_model, count_parameters
 from experiments.reference import BigramLM
 from experiments.training.config import (
@@ -20,6 +19,7 @@ from experiments.training.config import (
     parse_config,
 )
 from experiments.training.datamodule import LMDataModule
+from experiments.training.evaluate import EvalSettings, perplexity
 from experiments.training.recipes import (
     PlateauAnnealer,
     build_optimizer,
@@ -135,10 +135,10 @@ def test_stateful_batching_carries_detached_state_along_contiguous_streams(gramm
 def test_stateful_evaluation_scores_every_token_once_whatever_the_window(grammar_data):
     model = LSTMLM(grammar_data.tokenizer.vocab_size, embed_dim=8, hidden_dim=8).eval()
     short = perplexity(
-        model, grammar_data, "test", EvalSettings(window=7, batch_size=3, stateful=True)
+        model, grammar_data, "test", EvalSettings(eval_window=7, eval_batch_size=3, stateful=True)
     )
     long = perplexity(
-        model, grammar_data, "test", EvalSettings(window=500, batch_size=3, stateful=True)
+        model, grammar_data, "test", EvalSettings(eval_window=500, eval_batch_size=3, stateful=True)
     )
     assert short["tokens"] == long["tokens"] == grammar_data.split("test").ids.numel()
     assert short["nll"] == pytest.approx(long["nll"], rel=1e-5)

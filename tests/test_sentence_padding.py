@@ -7,7 +7,7 @@ import torch
 
 from experiments.data.corpora import load_corpus
 from experiments.data.tokenization import WordTokenizer, encode_corpus
-from experiments.evaluation.evaluate import EvalSettings, perplexity
+from experiments.training.evaluate import EvalSettings, perplexity
 from neuralode_lm import CausalODEHead, build_model
 from odelm.contract import PaddingSideError
 
@@ -28,7 +28,10 @@ def _ppls(model, data, settings) -> list[float]:
     model.eval()
     return [
         perplexity(
-            model, data, "valid", EvalSettings(mode="sentences", batch_size=b, padding_side=side)
+            model,
+            data,
+            "valid",
+            EvalSettings(batching="sentences", eval_batch_size=b, padding_side=side),
         )["ppl"]
         for b, side in settings
     ]

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 from typing import Any
@@ -233,7 +234,14 @@ def discretize_parser() -> Parser:
     parser.add_argument("run", help="a run directory of a node-transformer or ODE Transformer")
     parser.add_argument("--json", action="store_true", help="one JSON object per line")
     parser.add_argument("--max-batches", type=int, default=4, help="test batches to evaluate")
-    parser.add_argument("--batch-size", type=int, default=16, help="sequences per test batch")
+    parser.add_argument("--eval-batch-size", type=int, default=16, help="sequences per test batch")
+    parser.add_argument(  # its old name, hidden (the commands in docs/results use it)
+        "--batch-size",
+        dest="eval_batch_size",
+        type=int,
+        default=argparse.SUPPRESS,
+        help=argparse.SUPPRESS,
+    )
     parser.add_argument(
         "--steps", type=int, nargs="+", help="fixed-grid step counts (default: 1 2 4 8)"
     )

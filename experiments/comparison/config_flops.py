@@ -21,10 +21,10 @@ import torch
 
 from experiments.comparison.compare import expand_grid
 from experiments.data.tokenization import LMData
-from experiments.evaluation.evaluate import EvalSettings, perplexity
-from experiments.evaluation.flops import is_adaptive
 from experiments.models.build import build_model
+from experiments.models.flops import is_adaptive
 from experiments.training.config import RunConfig, load_yaml, parse_config
+from experiments.training.evaluate import EvalSettings, perplexity
 from experiments.training.train import prepare_data
 
 

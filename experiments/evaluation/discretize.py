@@ -9,7 +9,7 @@ trained model produces (the local truncation error), and the whole model is eval
 with every block replaced by that flow or by another tableau.
 
 Each setting reports test perplexity (over ``--max-batches`` evaluation batches), mean
-NFE per forward pass, forward FLOPs per token (``experiments.evaluation.flops``), seconds, the
+NFE per forward pass, forward FLOPs per token (``experiments.models.flops``), seconds, the
 relative distance of the final state from a reference solve (dopri5, rtol 1e-7, in
 float64 by default) and the causal leak: the largest change of an earlier position's
 log-probabilities when the second half of a window changes (exactly 0 on fixed grids;
@@ -36,8 +36,8 @@ from experiments.evaluation.depth_curve import (
     trained_label,
     training_steps,
 )
-from experiments.evaluation.evaluate import EvalSettings, evaluation_batches, window_length
-from experiments.evaluation.flops import forward_flops_per_token
+from experiments.models.flops import forward_flops_per_token
+from experiments.training.evaluate import EvalSettings, evaluation_batches, window_length
 from neuralode_lm.depth_field import FixedGrid
 from neuralode_lm.solvers import solve
 from neuralode_lm.transformer import NODETransformerLM
@@ -176,7 +176,7 @@ def discretize(
     run_dir: str | Path,
     *,
     max_batches: int = 4,
-    batch_size: int = 16,
+    eval_batch_size: int = 16,
     steps: list[int] | None = None,
     dtype: str = "float64",
     depth: bool = False,
@@ -186,7 +186,7 @@ def discretize(
     of the test-time depth curve too: ``depth_rows``), evaluated on ``device``."""
     from experiments.evaluation.trained import load_run
 
-    counts = [("--max-batches", max_batches), ("--batch-size", batch_size)]
+    counts = [("--max-batches", max_batches), ("--eval-batch-size", eval_batch_size)]
     for flag, value in [*counts, *(("--steps", n) for n in steps or [])]:
         if value < 1:
             raise DiscretizeError(f"{flag} must be >= 1, got {value}")
@@ -207,7 +207,9 @@ def discretize(
             "ODE Transformer LM (plain stack, sublayer both)"
         )
     window = window_length(model, config.data.eval_window)
-    batching = replace(EvalSettings.from_config(config), window=window, batch_size=batch_size)
+    batching = replace(
+        EvalSettings.from_config(config), eval_window=window, eval_batch_size=eval_batch_size
+    )
     where = model_device(model)
     batches = [
         (tokens.to(where), None if mask is None else mask.to(where))
@@ -293,7 +295,7 @@ def cmd_discretize(args: Namespace) -> int:
     rows = discretize(
         args.run,
         max_batches=args.max_batches,
-        batch_size=args.batch_size,
+        eval_batch_size=args.eval_batch_size,
         steps=args.steps,
         dtype=args.dtype,
         depth=args.plot,

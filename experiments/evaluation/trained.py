@@ -148,7 +148,7 @@ class TrainedRun:
     def _text_perplexity(self, texts: Any, per: str, allow_noncausal: bool) -> float:
         """Perplexity of new lines of text (see
         [`perplexity`][experiments.evaluation.trained.TrainedRun.perplexity])."""
-        from experiments.evaluation.evaluate import EvalSettings, NonCausalModelError, perplexity
+        from experiments.training.evaluate import EvalSettings, NonCausalModelError, perplexity
 
         if isinstance(texts, str) or not texts:
             raise ValueError("texts must be a non-empty list of strings (or give split=)")
@@ -185,7 +185,7 @@ class TrainedRun:
         BLEU settings left None keep the run's ``eval`` config; ``data`` is the corpus
         already loaded by [`data`][experiments.evaluation.trained.TrainedRun.data] (default: loaded
         here, from ``data_dir`` if given)."""
-        from experiments.evaluation.evaluate import EvalSettings, evaluate
+        from experiments.training.evaluate import EvalSettings, evaluate
 
         settings = EvalSettings.from_config(self.config).with_overrides(
             bleu_sentences=bleu_sentences,

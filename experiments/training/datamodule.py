@@ -266,34 +266,28 @@ class LMDataModule(pl.LightningDataModule):
         return DataLoader(batches, batch_size=None)
 
 
-DATA_KEYS = {
-    "mode": "batching",
-    "window": "eval_window",
-    "batch_size": "eval_batch_size",
-    "padding_side": "padding_side",
-    "stateful": "stateful",
-}
-"""The key of the run config's ``data:`` section that gives each batching setting."""
+DATA_KEYS = ("batching", "eval_window", "eval_batch_size", "padding_side", "stateful")
+"""The batching settings, named as the run config's ``data:`` section names them."""
 
 
 @dataclasses.dataclass(frozen=True)
 class EvalSettings(EvalConfig):
     """How a split is evaluated: the run config's ``eval:`` section (BLEU and decoding)
-    plus the evaluation batching its ``data:`` section gives (``DATA_KEYS``).
+    plus the evaluation batching of its ``data:`` section (``DATA_KEYS``, the same names).
 
     Attributes:
-        mode: stream (BPTT-style windows of ``window`` tokens) or sentences (each line
-            alone, padded on ``padding_side``), matching how the model was trained
-        window: tokens per evaluation window (cropped to the model's positions)
-        batch_size: evaluation rows (contiguous streams when ``stateful``)
+        batching: stream (BPTT-style windows of ``eval_window`` tokens) or sentences (each
+            line alone, padded on ``padding_side``), matching how the model was trained
+        eval_window: tokens per evaluation window (cropped to the model's positions)
+        eval_batch_size: evaluation rows (contiguous streams when ``stateful``)
         padding_side: right or left padding of sentence batches (left only for models
             that take the attention mask)
         stateful: carry a stateful model's state across the windows of each stream
     """
 
-    mode: Literal["stream", "sentences"] = "stream"
-    window: int = 128
-    batch_size: int = 16
+    batching: Literal["stream", "sentences"] = "stream"
+    eval_window: int = 128
+    eval_batch_size: int = 16
     padding_side: Literal["left", "right"] = "right"
     stateful: bool = False
 
@@ -302,7 +296,7 @@ class EvalSettings(EvalConfig):
         """The settings a run config gives (a ``data:`` section alone: BLEU's defaults)."""
         data = config.data if isinstance(config, RunConfig) else config
         bleu = dataclasses.asdict(config.eval) if isinstance(config, RunConfig) else {}
-        return cls(**bleu, **{name: getattr(data, key) for name, key in DATA_KEYS.items()})
+        return cls(**bleu, **{key: getattr(data, key) for key in DATA_KEYS})
 
     def with_overrides(self, *, flags: bool = False, **given: Any) -> EvalSettings:
         """These settings with those ``given`` (None keeps this one), each checked as its
@@ -316,7 +310,7 @@ class EvalSettings(EvalConfig):
             choices = typing.get_args(types[key])
             if choices and value not in choices:
                 raise ConfigError(f"{label} must be one of {', '.join(choices)}, got {value!r}")
-            ranged = f"data.{DATA_KEYS[key]}" if key in DATA_KEYS else f"eval.{key}"
+            ranged = f"data.{key}" if key in DATA_KEYS else f"eval.{key}"
             if ranged in RANGES:
                 check_range(ranged, value, label)
         return dataclasses.replace(self, **given)
@@ -328,20 +322,20 @@ def evaluation_batches(
     """Batches in which every token of ``split`` is predicted exactly once.
 
     ``stream``: non-overlapping windows of the token stream (an ``<eos>`` before the first
-    token gives it a context); with ``stateful``, consecutive windows of ``batch_size``
+    token gives it a context); with ``stateful``, consecutive windows of ``eval_batch_size``
     contiguous rows, for a model that carries its state from one to the next.
     ``sentences``: each line alone, after an ``<eos>``, padded (right by default; left only
     for models that take the attention mask).
     """
-    eos, batch_size = data.tokenizer.eos_id, settings.batch_size
+    eos, batch_size, window = data.tokenizer.eos_id, settings.eval_batch_size, settings.eval_window
     if settings.stateful:
-        return stateful_evaluation_windows(data.split(split).ids, eos, batch_size, settings.window)
-    if settings.mode == "sentences":
+        return stateful_evaluation_windows(data.split(split).ids, eos, batch_size, window)
+    if settings.batching == "sentences":
         sentences = data.split(split).sentences
         return sentence_batches(sentences, batch_size, eos, side=settings.padding_side)
-    if settings.mode != "stream":
-        raise ValueError(f"unknown evaluation mode {settings.mode!r}; valid: stream, sentences")
-    windows = evaluation_windows(data.split(split).ids, eos, settings.window)
+    if settings.batching != "stream":
+        raise ValueError(f"unknown batching {settings.batching!r}; valid: stream, sentences")
+    windows = evaluation_windows(data.split(split).ids, eos, window)
     # All windows but the last have one length: batch them, then the remainder alone.
     last_differs = windows[-1].numel() != windows[0].numel()
     groups = [windows[:-1], windows[-1:]] if last_differs else [windows]

@@ -7,12 +7,12 @@ import math
 from typing import Any
 
 from experiments.data.tokenization import LMData
-from experiments.evaluation.evaluate import EvalSettings, evaluate
 from experiments.models.build import count_parameters, depth_kind
 from experiments.training import runfolder
 from experiments.training.cards import write_card
 from experiments.training.checkpoints import select_weights
 from experiments.training.config import RunConfig
+from experiments.training.evaluate import EvalSettings, evaluate
 from experiments.training.runs import (
     CONFIG_FILE,
     RESULT_FILE,

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from experiments.evaluation.flops import forward_flops_per_token
+from experiments.models.flops import forward_flops_per_token
 from experiments.training.datamodule import StreamWindow
 from experiments.training.speed import training_peak_gflops
 from odelm.lightning import pl
@@ -20,7 +20,7 @@ class ThroughputMeter(pl.Callback):
     """Training tokens per second, logged per step and summed over the run (a resumed
     run's sums travel in the checkpoints), and the model FLOPs utilisation
     (``train/mfu``): 3 x the forward FLOPs per token of the first training batch
-    (``experiments.evaluation.flops.forward_flops_per_token``) per second over the
+    (``experiments.models.flops.forward_flops_per_token``) per second over the
     matrix-product peak at the run's precision, chosen by device type
     (``experiments.training.speed.training_peak_gflops``).
 

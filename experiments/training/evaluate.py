@@ -17,7 +17,7 @@ from torch import nn
 
 from experiments.data.batching import lm_nll
 from experiments.data.tokenization import LMData
-from experiments.evaluation.flops import counting_flops
+from experiments.models.flops import counting_flops
 from experiments.training.datamodule import EvalSettings, evaluation_batches
 from odelm.contract import call_model, check_stateful
 from odelm.errors import OdelmError
@@ -43,16 +43,16 @@ def perplexity(
     """Total NLL over every token of ``split`` (each predicted exactly once) and its ratios.
 
     ``settings.stateful``: the model carries its state across consecutive windows of
-    ``batch_size`` contiguous streams (the stateful extension of the contract). The forward
-    FLOPs per predicted token (``experiments.evaluation.flops``) and the mean NFE are
+    ``eval_batch_size`` contiguous streams (the stateful extension of the contract). The forward
+    FLOPs per predicted token (``experiments.models.flops``) and the mean NFE are
     measured on the same forward passes, every batch of the split (``flops_sample``).
     """
     if settings.stateful:
         check_stateful(model)
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
     total_nll, total_tokens, total_flops, nfe, state = 0.0, 0, 0, [], None
-    window = window_length(model, settings.window)
-    batches = evaluation_batches(data, split, dataclasses.replace(settings, window=window))
+    window = window_length(model, settings.eval_window)
+    batches = evaluation_batches(data, split, dataclasses.replace(settings, eval_window=window))
     for tokens, mask in batches:
         tokens = tokens.to(device)
         mask = None if mask is None else mask.to(device)
@@ -101,7 +101,7 @@ def evaluate(
     of the split), ``is_causal`` and ``protocol``. BLEU uses the first ``bleu_sentences``
     lines of the split (0 skips BLEU).
     """
-    from experiments.evaluation.bleu import continuation_bleu, teacher_forced_bleu
+    from experiments.models.bleu import continuation_bleu, teacher_forced_bleu
 
     is_causal = bool(getattr(model, "is_causal", False))
     if not is_causal and not allow_noncausal:
@@ -140,7 +140,7 @@ def evaluate(
         is_causal=is_causal,
         protocol=data.protocol,
         split=split,
-        mode=settings.mode,
+        mode=settings.batching,
         tokenizer=tokenizer.kind,
     )
     if not is_causal:
