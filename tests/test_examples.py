@@ -6,7 +6,10 @@ The examples run in a fresh folder holding a copy of ``experiments/configs`` (th
 exists as the examples expect. Budgets are tiny: ``odelm train`` and the quick grid get
 ``--max-steps 4 --num-threads 1`` appended; any other grid is only resolved and checked
 (``--print_config``): the seed-paper grids train 12-20 min each on PTB. Shell lines run
-through bash with ``odelm`` a function calling this checkout's CLI.
+through bash, with ``odelm`` a function that records each call's arguments as bash expanded
+them (loops, quotes); the calls then run in that order in one Python process, through the
+CLI's ``main`` (one interpreter start for all of them, not one per call: each start imports
+torch, Lightning and transformers).
 
 README: the ``python`` blocks run whole; of the ``bash`` blocks, the ``odelm`` commands run
 and the install steps (python3 -m venv, activate, pip install) and the test run (pytest)
@@ -16,6 +19,7 @@ are left out: they set up an environment, which this test already runs in.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import shutil
@@ -36,17 +40,38 @@ SUBCOMMANDS = ("train", "compare", "eval", "generate", "data", "models", "bench"
 SETUP_STEPS = ("python3 -m venv", ". .venv", "pip install", "pytest")
 """README shell steps left out: environment setup and the test run."""
 
-ODELM = f"""
-odelm() {{
+ODELM = r"""
+odelm() {
+  local extra=()
   case "$*" in
-    train*|*"--preset quick"*) {sys.executable} -m experiments "$@" --max-steps 4 --num-threads 1 ;;
-    compare*) {sys.executable} -m experiments "$@" --print_config > /dev/null ;;
-    *) {sys.executable} -m experiments "$@" ;;
+    train*|*"--preset quick"*) extra=(--max-steps 4 --num-threads 1) ;;
+    compare*) extra=(--print_config) ;;
   esac
-}}
+  printf '%s\x1f' "$@" "${extra[@]}" >> "$ODELM_CALLS"
+  printf '\x1e' >> "$ODELM_CALLS"
+}
 set -e
 """
-"""``odelm`` for the examples: tiny budgets, other grids only resolved (module docstring)."""
+"""``odelm`` for the examples: records each call with its tiny budget (module docstring)."""
+
+RUNNER = """
+import contextlib, io, json, sys, traceback
+from experiments.cli.main import main
+
+results = []
+for argv in json.load(open(sys.argv[1])):
+    output = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(output), contextlib.redirect_stderr(output):
+            code = main(argv)
+    except SystemExit as exit:
+        code = exit.code or 0
+    except BaseException:
+        code, _ = "traceback", output.write(traceback.format_exc())
+    results.append({"argv": argv, "code": code, "output": output.getvalue()[-3000:]})
+json.dump(results, open(sys.argv[2], "w"))
+"""
+"""Runs recorded ``odelm`` calls in order in one process; each call's exit code and output."""
 
 
 def help_text(command: str) -> str:
@@ -79,32 +104,61 @@ def readme_shell() -> list[str]:
 HELP_EXAMPLES = [(command, line) for command in SUBCOMMANDS for line in help_examples(command)]
 
 
+def recorded_calls(folder: Path, script: str) -> list[list[str]]:
+    """The ``odelm`` calls a shell example makes, as bash expands them (``ODELM``)."""
+    calls = folder / "calls"
+    calls.unlink(missing_ok=True)
+    done = subprocess.run(
+        ["bash", "-c", ODELM + script],
+        check=False,
+        cwd=folder,
+        env={**os.environ, "ODELM_CALLS": str(calls)},
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, f"{script}\n{done.stderr[-2000:]}"
+    records = calls.read_text().split("\x1e")[:-1] if calls.exists() else []
+    return [record.split("\x1f")[:-1] for record in records]
+
+
+QUICK = "odelm compare --preset quick --out runs/quick"
+EXAMPLES = [QUICK, *(line for _, line in HELP_EXAMPLES), *readme_shell()]
+"""Every shell example, the main job first (the others use its runs)."""
+
+
 @pytest.fixture(scope="module")
-def workdir(tmp_path_factory) -> Path:
-    """A folder with ``experiments/configs`` and the main job's ``runs/quick`` (4 steps)."""
+def outcomes(tmp_path_factory) -> tuple[Path, dict[str, list[dict]]]:
+    """The folder the examples ran in, and each example's calls with exit code and output."""
     folder = tmp_path_factory.mktemp("examples")
     shutil.copytree(ROOT / "experiments" / "configs", folder / "experiments" / "configs")
-    run(folder, "odelm compare --preset quick --out runs/quick")
-    return folder
-
-
-def run(folder: Path, script: str) -> str:
-    """Run a shell example in ``folder``; its output, or a failure showing it."""
+    calls = {script: recorded_calls(folder, script) for script in EXAMPLES}
+    (folder / "calls.json").write_text(
+        json.dumps([c for script in EXAMPLES for c in calls[script]])
+    )
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+        "OMP_NUM_THREADS": "1",
     }
-    env["OMP_NUM_THREADS"] = "1"
     done = subprocess.run(
-        ["bash", "-c", ODELM + script],
+        [sys.executable, "-c", RUNNER, "calls.json", "results.json"],
         check=False,
         cwd=folder,
         env=env,
         capture_output=True,
         text=True,
     )
-    assert done.returncode == 0, f"{script}\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
-    return done.stdout
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = iter(json.loads((folder / "results.json").read_text()))
+    return folder, {script: [next(results) for _ in calls[script]] for script in EXAMPLES}
+
+
+def assert_ran(outcomes: tuple[Path, dict[str, list[dict]]], script: str) -> None:
+    """Every ``odelm`` call of ``script`` exited 0 (a failure shows the call's output)."""
+    results = outcomes[1][script]
+    assert results, f"{script} makes no odelm call"
+    for result in results:
+        assert result["code"] == 0, f"{' '.join(result['argv'])}\n{result['output']}"
 
 
 def test_every_subcommand_help_has_examples():
@@ -136,24 +190,24 @@ def test_load_run_on_a_comparison_folder_names_its_runs(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("command, line", HELP_EXAMPLES, ids=[line for _, line in HELP_EXAMPLES])
-def test_help_example_runs(workdir, command, line):
-    run(workdir, line)
+def test_help_example_runs(outcomes, command, line):
+    assert_ran(outcomes, line)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("script", readme_shell())
-def test_readme_shell_example_runs(workdir, script):
-    run(workdir, script)
+def test_readme_shell_example_runs(outcomes, script):
+    assert_ran(outcomes, script)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("index", range(len(readme_blocks("python"))))
-def test_readme_python_example_runs(workdir, index):
+def test_readme_python_example_runs(outcomes, index):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     done = subprocess.run(
         [sys.executable, "-c", readme_blocks("python")[index]],
         check=False,
-        cwd=workdir,
+        cwd=outcomes[0],
         env=env,
         capture_output=True,
         text=True,
