@@ -22,7 +22,8 @@ from experiments.training.config import RunConfig
 from odelm.errors import OdelmError
 
 RUN_COMMANDS = ("train", "compare")
-"""The subcommands whose options are run-config keys (given options only, no defaults)."""
+"""The subcommands whose options are run-config keys (``compare``: given options only, no
+defaults; ``train``: its LightningCLI's)."""
 
 
 class UsageError(OdelmError, ValueError):
@@ -34,7 +35,7 @@ Handler = Callable[[Namespace], int]
 
 def subcommands() -> dict[str, tuple[Callable[[], Parser], Handler, str]]:
     """Every subcommand (``"data info"`` one level down): its parser, handler and help."""
-    from experiments.cli import bench, commands, tools, trained
+    from experiments.cli import bench, commands, lightning_cli, tools, trained
     from experiments.evaluation import discretize
 
     return {
@@ -59,8 +60,8 @@ def subcommands() -> dict[str, tuple[Callable[[], Parser], Handler, str]]:
             "every model: key of each family, with defaults",
         ),
         "train": (
-            commands.train_parser,
-            commands.cmd_train,
+            Parser,  # odelm train's own parser is its LightningCLI's (parse hands it over)
+            lightning_cli.main,
             "train one model from a YAML config (--config) and/or --section.key options",
         ),
         "eval": (
@@ -123,7 +124,13 @@ def _add(commands: Any, name: str, parser: Parser, text: str) -> Parser:
 
 def parse(argv: list[str]) -> tuple[str, Namespace, bool]:
     """The subcommand (``"data info"``), its options and ``--debug``; a wrong command line
-    raises ``UsageError``."""
+    raises ``UsageError``. ``train`` gets its command line as it is: its LightningCLI reads
+    it."""
+    head = 0
+    while argv[head : head + 1] == ["--debug"]:
+        head += 1
+    if argv[head : head + 1] == ["train"]:  # a LightningCLI (experiments.cli.lightning_cli)
+        return "train", argv[head + 1 :], head > 0  # type: ignore[return-value]
     parser = build_parser()
     try:
         given = parser.parse_args(argv, defaults=False)
@@ -149,14 +156,18 @@ def _subparser(parser: ArgumentParser, path: list[str]) -> ArgumentParser:
     return parser
 
 
-def usage_error(parser: ArgumentParser, argv: list[str], error: ArgumentError) -> UsageError:
-    """jsonargparse's error as one line naming the option and the subcommand's help."""
-    path: list[str] = []  # the subcommands named on the command line, outermost first
-    for arg in argv:
+def usage_error(
+    parser: ArgumentParser, argv: list[str], error: ArgumentError, command: str | None = None
+) -> UsageError:
+    """jsonargparse's error as one line naming the option and the subcommand's help
+    (``command``: the subcommand whose own parser ``parser`` is, e.g. ``train``'s
+    LightningCLI)."""
+    path: list[str] = [] if command is None else [command]  # subcommands named, outermost first
+    for arg in argv if command is None else ():
         commands = _subparser(parser, path)._subcommands_action
         if commands and arg in commands._name_parser_map:
             path.append(arg)
-    sub = _subparser(parser, path)
+    sub = _subparser(parser, path) if command is None else parser
     text, prog = str(error), sub.prog
     if text.startswith("unrecognized arguments: "):
         unknown = text.split()[2]
@@ -169,7 +180,7 @@ def usage_error(parser: ArgumentParser, argv: list[str], error: ArgumentError) -
     wrong = re.match(r'Parser key "([^"]+)"', text)
     if wrong:
         key = wrong[1]
-        if " ".join(path) in RUN_COMMANDS and _is_config_key(key):
+        if " ".join(path) == "compare" and _is_config_key(key):
             return config_error(error, lambda key: f"--{key}", {}, RunConfig)  # type: ignore[return-value]
         action = next((a for a in sub._actions if a.dest == key), None)
         restricted = re.search(r"Not of type \w+: (.*) does not conform to restriction v(.*)", text)
@@ -178,7 +189,8 @@ def usage_error(parser: ArgumentParser, argv: list[str], error: ArgumentError) -
         given = re.search(r"(?:Got|Given) value: (.*)", text)
         expected = type_name(getattr(action, "_typehint", None) or getattr(action, "type", None))
         flag = _flag(sub, key) or f"--{key}"
-        return UsageError(f"{flag} must be {expected}, got {given and given[1]!r}")
+        value = given[1] if given else _given(argv, flag)
+        return UsageError(f"{flag} must be {expected}, got {value!r}")
     typed = re.match(r"argument ([-\w]+): (\1 .*)", text)
     if typed:  # a range type's own line (experiments.cli.values) names the option
         return UsageError(typed[2])
@@ -186,6 +198,17 @@ def usage_error(parser: ArgumentParser, argv: list[str], error: ArgumentError) -
         names = ", ".join(sub._subcommands_action._name_parser_map)
         return UsageError(f"{prog} needs a subcommand, one of {names}; see {prog} --help")
     return UsageError(" ".join(text.split()))
+
+
+def _given(argv: list[str], flag: str) -> str | None:
+    """The value given to ``flag`` on the command line (its last, as parsing keeps)."""
+    value = None
+    for index, arg in enumerate(argv):
+        if arg == flag and index + 1 < len(argv):
+            value = argv[index + 1]
+        elif arg.startswith(flag + "="):
+            value = arg.split("=", 1)[1]
+    return value
 
 
 def _flag(parser: ArgumentParser, dest: str) -> str | None:

@@ -1,0 +1,440 @@
+"""``odelm train``: a ``LightningCLI`` subclass (``OdelmCLI``) of the Lightning package odelm
+chose (``odelm.lightning``).
+
+Its parser is Lightning's ``LightningArgumentParser``; its config is the *Lightning form*
+of a run config (``experiments.training.lightning_form``): ``trainer:`` is Lightning's
+``Trainer`` arguments under Lightning's names (those the engine takes), ``seed_everything``
+the seed, ``model:`` odelm's ``{family, name, ...keys}`` or ``{class_path, init_args}``,
+and odelm's own sections beside them: ``data``, ``optim``, ``eval``, ``run`` (the loop's
+settings Lightning's ``Trainer`` lacks), ``name``, ``out_dir`` and ``recipe``. Numeric
+settings are jsonargparse's constrained number types (their ranges are
+``experiments.training.config_checks.RANGES``). ``--config`` may be repeated, each file
+over the ones before it; a file in the run form (every published config, every run
+folder's ``config.yaml``) is translated on read. A recipe is a YAML file under
+``experiments/configs/recipes`` (``--recipe NAME`` layers it where it is given; a file's
+``recipe: NAME`` lies under that file). ``--help`` and ``--print_config`` are
+LightningCLI's.
+
+The CLI is built with ``run=False`` and no subcommands: ``instantiate_classes`` reads the
+parsed config into the engine's ``RunConfig`` (the hashed, canonical form) and
+``cmd_train`` hands it to ``experiments.training.train.train``, which builds the Lightning
+objects, resumes, and writes ``result.json`` and the model card.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+import logging
+import typing
+from argparse import Action, ArgumentError
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Optional, Union
+
+import docstring_parser
+import yaml
+from jsonargparse import ActionConfigFile, Namespace, get_loader
+from jsonargparse.typing import registered_types, restricted_number_type
+
+from experiments.cli.parser import HelpFormatter, epilog
+from experiments.config_errors import ConfigError
+from experiments.data.corpora import CORPUS_NAMES
+from experiments.models.schema import model_keys_help
+from experiments.training.config import (
+    DataConfig,
+    EvalConfig,
+    RECIPE_DIR,
+    OptimConfig,
+    RunConfig,
+    TrainerConfig,
+    load_yaml,
+    merge,
+    parse_config,
+    recipe_path,
+)
+from experiments.training.config_checks import _NULLABLE, RANGES
+from experiments.training.lightning_form import (
+    DEFAULT_LOGGERS,
+    LIGHTNING_TRAINER_KEYS,
+    LOGGERS,
+    RUN_KEYS,
+    from_lightning,
+    lightning_message,
+    to_lightning,
+)
+from odelm.lightning import NAME, pl
+
+_cli = importlib.import_module(f"{pl.__name__}.cli")  # not imported by the package
+LightningCLI, LightningArgumentParser = _cli.LightningCLI, _cli.LightningArgumentParser
+
+COMMAND_KEYS = ("overwrite", "quiet", "verbose")
+"""Options of the command, not of the run: left out of the printed config."""
+TRAINER_DEFAULTS = {
+    "max_steps": 1000,
+    "val_check_interval": 100,
+    "log_every_n_steps": 10,
+    "enable_progress_bar": True,
+    "devices": 1,
+    "precision": "32-true",
+    "deterministic": True,
+}
+"""odelm's defaults for Lightning's ``Trainer`` arguments (the run form's defaults)."""
+SHORT_FLAGS = {
+    "--corpus": "data.corpus",
+    "--max-steps": "trainer.max_steps",
+    "--num-threads": "run.num_threads",
+    "--data-dir": "data.data_dir",
+    "--protocol": "data.protocol",
+}
+"""Short flags kept beside the dotted options they stand for (``odelm compare`` has them
+too)."""
+NO_MODEL = (
+    "odelm train needs --config FILE, or a model on the command line: --model.family "
+    "ode_transformer (or neuralode_lm, reference; odelm models lists their keys)"
+)
+MODEL_HELP = (
+    "the model: family (ode_transformer, neuralode_lm, reference), name, and that model's "
+    "typed keys (listed below the options; odelm models), or {class_path: MODEL_CLASS, "
+    "init_args: {...}}; --model '{family: neuralode_lm, name: lstm, embed_dim: 128}' "
+    "replaces the model section, --model.KEY VALUE edits one key of it (--model.dropout 0.2, "
+    "--model.solver.rtol 1e-6)"
+)
+
+
+# --- typed sections ------------------------------------------------------------------
+
+
+def ranged_type(key: str, base: type) -> Any:
+    """The jsonargparse constrained number type of ``RANGES[key]`` (``Optional`` where the
+    setting may be unset)."""
+    interval = RANGES[key]
+    low = (">" if interval.low_open else ">=", base(interval.low))
+    limits = [low]
+    if interval.high is not None:
+        limits.append(("<" if interval.high_open else "<=", base(interval.high)))
+    registered = registered_types.get((tuple(sorted(limits)), base, "and"))
+    ranged = registered or restricted_number_type(None, base, limits)  # PositiveInt, ...
+    return Optional[ranged] if key in _NULLABLE else ranged  # noqa: UP045 (a runtime type)
+
+
+def _descriptions(schema: type) -> dict[str, str]:
+    doc = docstring_parser.parse(schema.__doc__ or "")
+    return {p.arg_name: " ".join((p.description or "").split()) for p in doc.params}
+
+
+def _base_type(hint: Any) -> type:
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    return (args[0] if args else hint) if args or hint in (int, float) else float
+
+
+def add_section(
+    parser: Any, section: str, schema: type, keys: tuple[str, ...] | None = None
+) -> None:
+    """One typed option per key of a run-config dataclass under ``section`` (``keys``: only
+    those), each ranged key (``RANGES``) a constrained number type."""
+    hints = typing.get_type_hints(schema)
+    text = _descriptions(schema)
+    group = parser.add_argument_group(
+        (schema.__doc__ or "").splitlines()[0], name=section if keys else None
+    )
+    for field in dataclasses.fields(schema):
+        if keys is not None and field.name not in keys:
+            continue
+        run_key = f"{'trainer' if section == 'run' else section}.{field.name}"
+        default = (
+            field.default_factory()  # type: ignore[misc]
+            if field.default is dataclasses.MISSING
+            else field.default
+        )
+        hint = hints[field.name]
+        if run_key in RANGES and run_key != "optim.betas":
+            hint = ranged_type(run_key, _base_type(hint))
+        group.add_argument(
+            f"--{section}.{field.name}", type=hint, default=default, help=text.get(field.name)
+        )
+
+
+class ModelSection(Action):
+    """``--model '{...}'`` replaces the model section; ``--model.KEY VALUE`` sets one key
+    of it, a dotted key one level down per dot (``--model.solver.rtol 1e-6``). Values are
+    read as YAML (``1e-6`` is a float); the keys are checked against the model's typed
+    config when the run config is read. jsonargparse hands this action every ``--model.*``
+    option because it declares a mapping type (``_typehint``)."""
+
+    _typehint = dict[str, Any]
+
+    def __call__(self, parser: Any, namespace: Any, value: Any, option: Any = None) -> None:
+        key = str(option or "").removeprefix(self.option_strings[0]).removeprefix(".")
+        value = get_loader("yaml")(value) if isinstance(value, str) else value
+        if not key:
+            if not isinstance(value, dict):
+                raise ArgumentError(self, f"must be a mapping {{key: value, ...}}, got {value!r}")
+            namespace[self.dest] = dict(value)
+            return
+        for part in reversed(key.split(".")):
+            value = {part: value}
+        namespace[self.dest] = merge(dict(namespace.get(self.dest) or {}), value)
+
+
+def read_config_file(path: str | Path) -> dict[str, Any]:
+    """A config file in the Lightning form: a run-form file translated, its ``recipe:``
+    merged underneath it."""
+    values = load_yaml(path)
+    name = values.get("recipe")
+    if name is not None and Path(path).resolve() != recipe_path(name).resolve():
+        values = merge(read_config_file(recipe_path(name)), values)
+    return to_lightning(values)
+
+
+CONFIG_SUFFIXES = (".yaml", ".yml", ".json")
+
+
+class ConfigFile(ActionConfigFile):
+    """LightningCLI's ``--config``, reading run-form files (and ``recipe:``) by translation."""
+
+    def __call__(self, parser: Any, cfg: Any, values: Any, option_string: Any = None) -> None:
+        path = values if isinstance(values, str) and Path(values).is_file() else None
+        if path is None and isinstance(values, str) and Path(values).suffix in CONFIG_SUFFIXES:
+            raise ConfigError(f"config file {values} does not exist")
+        if path is not None:
+            values = yaml.safe_dump(read_config_file(path), sort_keys=False)
+        self.apply_config(parser, cfg, self.dest, values)
+        cfg[self.dest][-1] = path  # the file's name (--name auto names the run after it)
+
+
+class RecipeFile(Action):
+    """``--recipe NAME``: the recipe's file layered here, as ``--config`` would."""
+
+    def __call__(self, parser: Any, namespace: Any, value: Any, option: Any = None) -> None:
+        text = yaml.safe_dump(read_config_file(recipe_path(value)), sort_keys=False)
+        ConfigFile.apply_config(parser, namespace, "config", text)
+        namespace["config"].pop()  # not a file of the run's (--name auto)
+
+
+class OdelmParser(LightningArgumentParser):
+    """Lightning's parser; a printed config (``--print_config``) is checked as a run config
+    first, and leaves out the command's own options."""
+
+    def dump(self, cfg: Namespace, *args: Any, **kwargs: Any) -> str:
+        cfg = cfg.clone()
+        for key in COMMAND_KEYS:
+            cfg.pop(key, None)
+        config = run_config(cfg, print_only=True)
+        cfg["name"] = config.name  # auto resolved
+        return super().dump(cfg, *args, **kwargs)
+
+
+def run_config(cfg: Namespace, *, print_only: bool = False) -> RunConfig:
+    """The engine's ``RunConfig`` of a parsed Lightning-form config, checked (``print_only``:
+    the defaults may be shown without a model, every other section checked)."""
+    values = {k: v for k, v in cfg.as_dict().items() if k not in (*COMMAND_KEYS, "config")}
+    values.pop("__path__", None)
+    try:
+        run = from_lightning(values)
+        if not run["model"].get("family") and not run["model"].get("class_path"):
+            if not print_only:
+                raise ConfigError(NO_MODEL)
+            config = parse_config({**run, "model": {"family": "ode_transformer"}})
+            config.model = {}
+        else:
+            config = parse_config(run)
+    except ConfigError as error:
+        raise ConfigError(lightning_message(str(error))) from None
+    if config.name == "auto":  # a run folder per config: trying an override needs no --overwrite
+        from experiments.training.runs import config_sha256
+
+        paths = [p for p in (cfg.get("config") or []) if p is not None]
+        stem = Path(str(paths[-1])).stem if paths else "train"
+        config.name = f"{stem}-{config_sha256(config)[:10]}"
+    return config
+
+
+class OdelmCLI(LightningCLI):
+    """``odelm train``'s LightningCLI: the run config's parser, read into ``RunConfig``
+    (``self.run_config``); the engine fits (``cmd_train``)."""
+
+    def __init__(self, args: list[str] | None = None) -> None:
+        super().__init__(
+            parser_class=OdelmParser,
+            parser_kwargs={
+                "prog": "odelm train",
+                "description": DESCRIPTION,
+                "exit_on_error": False,
+                "formatter_class": HelpFormatter,
+                "epilog": f"{epilog('train')}\n\n{model_keys_help()}",
+                "dump_header": [f"odelm train ({NAME})"],
+            },
+            seed_everything_default=0,
+            save_config_callback=None,
+            auto_configure_optimizers=False,
+            load_from_checkpoint_support=False,
+            run=False,
+            args=args,
+        )
+
+    def init_parser(self, **kwargs: Any) -> Any:
+        """Lightning's parser with ``-c/--config`` reading run-form files too."""
+        parser = self.parser_class(**kwargs)
+        parser.add_argument(
+            "-c",
+            "--config",
+            action=ConfigFile,
+            help="a YAML run config; repeat it to layer files, each over the ones before "
+            "(run-form files, e.g. a run folder's config.yaml, are translated on read)",
+        )
+        return parser
+
+    def add_default_arguments_to_parser(self, parser: Any) -> None:
+        """``seed_everything`` (also ``--seed``): the seed of initialization, batching and
+        dropout; ``true`` draws one."""
+        seed = Union[bool, ranged_type("seed", int)]  # noqa: UP007 (a runtime type)
+        help_text = "the seed of initialization, batching and dropout (true: draw one)"
+        parser.add_argument("--seed_everything", type=seed, default=0, help=help_text)
+        parser.add_argument("--seed", dest="seed_everything", type=seed, default=0, help=help_text)
+
+    def add_core_arguments_to_parser(self, parser: Any) -> None:
+        """``trainer`` (Lightning's ``Trainer``, the arguments the engine takes), ``model``
+        and ``data``."""
+        skip = {
+            name
+            for name in typing.get_type_hints(pl.Trainer.__init__)
+            if name not in LIGHTNING_TRAINER_KEYS or name == "logger"
+        }
+        parser.add_class_arguments(
+            pl.Trainer, "trainer", fail_untyped=False, instantiate=False, skip=skip
+        )
+        parser.set_defaults({f"trainer.{k}": v for k, v in TRAINER_DEFAULTS.items()})
+        parser.add_argument(
+            "--trainer.logger",
+            type=Union[bool, list[typing.Literal[LOGGERS]]],  # type: ignore[valid-type]  # noqa: UP007
+            default=list(DEFAULT_LOGGERS),
+            help="loggers: any of csv, tensorboard, wandb (offline); false: none",
+        )
+        parser.add_argument("--model", action=ModelSection, default={}, help=MODEL_HELP)
+        add_section(parser, "data", DataConfig)
+
+    def add_arguments_to_parser(self, parser: Any) -> None:
+        """odelm's own sections and settings, the short flags and the command's options."""
+        add_section(parser, "optim", OptimConfig)
+        add_section(parser, "eval", EvalConfig)
+        add_section(parser, "run", TrainerConfig, RUN_KEYS)
+        text = _descriptions(RunConfig)
+        parser.add_argument("--name", type=str, default="run", help=text["name"])
+        parser.add_argument("--out_dir", type=str, default="runs", help=text["out_dir"])
+        recipes = ", ".join(sorted(p.stem for p in RECIPE_DIR.glob("*.yaml")))
+        parser.add_argument(
+            "--recipe",
+            action=RecipeFile,
+            default=None,
+            help=f"a recipe, one of {recipes}: experiments/configs/recipes/NAME.yaml layered "
+            "where it is given (a file's recipe: lies under that file)",
+        )
+        for flag, key in SHORT_FLAGS.items():
+            default = parser.get_default(key)
+            parser.add_argument(
+                flag, dest=key, default=default, help=f"same as --{key}", **_short_type(key)
+            )
+        parser.add_argument(
+            "--max-time-s",
+            dest="trainer.max_time",
+            type=ranged_type("trainer.max_time_s", float),
+            default=None,
+            help="same as --trainer.max_time, in seconds",
+        )
+        parser.add_argument(
+            "--download", dest="data.download", action="store_true", help="same as --data.download true"
+        )
+        parser.add_argument(
+            "--overwrite",
+            action="store_true",
+            help="discard an existing run of this name (made with another config) and train afresh",
+        )
+        parser.add_argument("--quiet", action="store_true", help="no progress bar or Lightning chatter")
+        parser.add_argument(
+            "--verbose", action="store_true", help="show Lightning's hardware lines and tips"
+        )
+
+    def parse_arguments(self, parser: Any, args: Any) -> None:
+        """The command line ``args`` (``odelm``'s ``main`` hands them over); a wrong one
+        raises ``UsageError``, one line naming the option."""
+        from experiments.cli.main import usage_error
+
+        try:
+            self.config = parser.parse_args(args)
+        except ArgumentError as error:
+            raise usage_error(parser, list(args), error, command="train") from None
+
+    def _set_seed(self) -> None:
+        if self.config.get("seed_everything") is True:  # draw one; the engine seeds the run
+            super()._set_seed()
+
+    def instantiate_classes(self) -> None:
+        """The run config, checked; the engine builds the Lightning objects."""
+        self.run_config = run_config(self.config)
+
+
+def _short_type(key: str) -> dict[str, Any]:
+    if key == "data.corpus":
+        return {"choices": CORPUS_NAMES}
+    if key == "trainer.max_steps":
+        return {"type": int}
+    if key == "run.num_threads":
+        return {"type": ranged_type("trainer.num_threads", int)}
+    return {"type": str}
+
+
+DESCRIPTION = (
+    "Train one model from YAML run configs (--config, repeatable: each file over the ones "
+    "before) and/or options: any config key as --section.key VALUE (e.g. --optim.lr 1e-3 "
+    "--trainer.max_steps 20 --trainer.max_time 00:05:00). trainer: takes Lightning's Trainer "
+    "arguments under Lightning's names; run: odelm's loop settings Lightning has no argument "
+    "for. Defaults shown are odelm's."
+)
+
+
+def quiet_lightning() -> None:
+    """Hide Lightning's hardware lines, tips and advertisements (shown with ``--verbose``)."""
+    for name in ("pytorch_lightning", "lightning", "lightning.pytorch", "lightning_fabric"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
+def parse_train(argv: list[str]) -> OdelmCLI | int:
+    """``odelm train``'s command line read by ``OdelmCLI``; an exit code where it ended
+    there (``--help``, ``--print_config``)."""
+    try:
+        return OdelmCLI(args=list(argv))
+    except SystemExit as done:
+        return int(done.code or 0)
+
+
+def main(argv: list[str]) -> int:
+    """``odelm train ARGS``: read by ``OdelmCLI``, then trained (``cmd_train``)."""
+    cli = parse_train(argv)
+    return cli if isinstance(cli, int) else cmd_train(cli)
+
+
+def cmd_train(cli: OdelmCLI) -> int:
+    """Train the run ``cli`` read; print its result and where it went."""
+    from experiments.training.runs import RESULT_FILE
+    from experiments.training.train import train
+
+    config, options = cli.run_config, cli.config
+    if not options.get("verbose"):
+        quiet_lightning()
+    if options.get("quiet"):
+        for name in ("pytorch_lightning", "lightning.pytorch"):  # whichever odelm chose
+            logging.getLogger(name).setLevel(logging.ERROR)
+        config.trainer.progress_bar = False
+    done = config.run_dir / RESULT_FILE
+    finished = done.is_file() and not options.get("overwrite")
+    result = train(config, overwrite=bool(options.get("overwrite")))
+    if result:
+        print(json.dumps(result))
+        if finished:
+            date = datetime.fromtimestamp(done.stat().st_mtime).strftime("%Y-%m-%d %H:%M")
+            print(f"{config.run_dir}: already finished, result from {date} (--overwrite retrains)")
+        else:
+            print(f"wrote {config.run_dir}")
+    return 0
