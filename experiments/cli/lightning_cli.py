@@ -24,6 +24,7 @@ objects, resumes, and writes ``result.json`` and the model card.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 import json
 import logging
@@ -52,7 +53,9 @@ from experiments.training.config import (
     load_yaml,
     merge,
     parse_config,
+    is_saved_run,
     recipe_path,
+    saved_run_values,
 )
 from experiments.training.config_checks import _NULLABLE, RANGES
 from experiments.training.lightning_form import (
@@ -179,11 +182,19 @@ class ModelSection(Action):
 
 
 def read_config_file(path: str | Path) -> dict[str, Any]:
-    """A config file in the Lightning form: a run-form file translated, its ``recipe:``
-    merged underneath it."""
-    values = load_yaml(path)
+    """A config file in the Lightning form (``lightning_values``)."""
+    recipe = Path(path).resolve().parent == RECIPE_DIR.resolve()
+    return lightning_values(load_yaml(path), recipe=recipe)
+
+
+def lightning_values(values: dict[str, Any], *, recipe: bool = False) -> dict[str, Any]:
+    """A config mapping, in either form, in the Lightning form: run-form keys translated (a
+    run folder's ``config.yaml`` as ``load_run_config`` reads it), a named recipe merged
+    underneath (unless ``recipe``: the mapping is the recipe's own file)."""
+    if is_saved_run(values):  # a run folder's config.yaml: it reads as its run did
+        values = saved_run_values(values)
     name = values.get("recipe")
-    if name is not None and Path(path).resolve() != recipe_path(name).resolve():
+    if name is not None and not recipe:
         values = merge(read_config_file(recipe_path(name)), values)
     return to_lightning(values)
 
@@ -398,6 +409,18 @@ def quiet_lightning() -> None:
     """Hide Lightning's hardware lines, tips and advertisements (shown with ``--verbose``)."""
     for name in ("pytorch_lightning", "lightning", "lightning.pytorch", "lightning_fabric"):
         logging.getLogger(name).setLevel(logging.WARNING)
+
+
+@functools.cache
+def cli_parser() -> Any:
+    """``OdelmCLI``'s parser (built once)."""
+    return OdelmCLI(args=["--model.family", "ode_transformer"]).parser
+
+
+def read_lightning(values: dict[str, Any]) -> RunConfig:
+    """The ``RunConfig`` of a config mapping in either form, read as ``odelm train --config``
+    reads a file of it (the parser's defaults under it)."""
+    return run_config(cli_parser().parse_object(lightning_values(values)))
 
 
 def parse_train(argv: list[str]) -> OdelmCLI | int:

@@ -302,13 +302,26 @@ def load_run_config(path: str | Path) -> RunConfig:
     """A run folder's ``config.yaml``; one written by odelm 0.3 or before, whose model keys
     have since been renamed (``num_layers``, ``n_blocks``), loads under the new names, and
     one written before ``data.order`` existed reads the window order it trained with (1)."""
-    values = load_yaml(path)
+    return parse_config(saved_run_values(load_yaml(path)), where=str(path))
+
+
+def is_saved_run(values: dict[str, Any]) -> bool:
+    """Whether a run-form mapping is a ``config.yaml`` odelm wrote (a full dump)."""
+    data = values.get("data")
+    return isinstance(data, dict) and _FULL_DATA_DUMP <= data.keys()
+
+
+def saved_run_values(values: dict[str, Any]) -> dict[str, Any]:
+    """A run folder's ``config.yaml`` values as they read now: model keys renamed since
+    odelm 0.3 under their new names, and ``data.order: 1`` where it was written before
+    ``data.order`` existed."""
+    values = dict(values)
     if isinstance(values.get("model"), dict):
         values["model"] = current_spelling(values["model"])
     data = values.get("data")
-    if isinstance(data, dict) and "order" not in data and _FULL_DATA_DUMP <= data.keys():
-        values["data"] = {**data, "order": 1}  # odelm wrote it before data.order existed
-    return parse_config(values, where=str(path))
+    if is_saved_run(values) and "order" not in data:  # type: ignore[operator]
+        values["data"] = {**data, "order": 1}  # type: ignore[dict-item]
+    return values
 
 
 def check_values(config: RunConfig) -> None:
