@@ -343,17 +343,16 @@ class OdelmCLI(LightningCLI):
             "where it is given (a file's recipe: lies under that file)",
         )
         for flag, key in SHORT_FLAGS.items():
-            default = parser.get_default(key)
+            (same,) = [a for a in parser._actions if a.option_strings == [f"--{key}"]]
+            kind = {"choices": CORPUS_NAMES} if key == "data.corpus" else {}
             parser.add_argument(
-                flag, dest=key, default=default, help=f"same as --{key}", **_short_type(key)
+                flag,
+                dest=key,
+                default=same.default,
+                type=getattr(same, "_typehint", None),
+                help=f"same as --{key}",
+                **kind,
             )
-        parser.add_argument(
-            "--max-time-s",
-            dest="trainer.max_time",
-            type=ranged_type("trainer.max_time_s", float),
-            default=None,
-            help="same as --trainer.max_time, in seconds",
-        )
         parser.add_argument(
             "--download", dest="data.download", action="store_true", help="same as --data.download true"
         )
@@ -384,16 +383,6 @@ class OdelmCLI(LightningCLI):
     def instantiate_classes(self) -> None:
         """The run config, checked; the engine builds the Lightning objects."""
         self.run_config = run_config(self.config)
-
-
-def _short_type(key: str) -> dict[str, Any]:
-    if key == "data.corpus":
-        return {"choices": CORPUS_NAMES}
-    if key == "trainer.max_steps":
-        return {"type": int}
-    if key == "run.num_threads":
-        return {"type": ranged_type("trainer.num_threads", int)}
-    return {"type": str}
 
 
 DESCRIPTION = (

@@ -175,10 +175,24 @@ def max_time_seconds(value: Any) -> float:
     return total
 
 
+def plain(value: Any) -> Any:
+    """``value`` with jsonargparse's constrained numbers (``PositiveInt(8)``) as the plain
+    ``int`` and ``float`` they are, in nested mappings and lists too (YAML writes those)."""
+    if isinstance(value, dict):
+        return {key: plain(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [plain(item) for item in value]
+    if isinstance(value, int) and type(value) not in (int, bool):
+        return int(value)
+    if isinstance(value, float) and type(value) is not float:
+        return float(value)
+    return value
+
+
 def from_lightning(values: dict[str, Any]) -> dict[str, Any]:
     """A Lightning-form config mapping (``odelm train``'s parsed config) in the run form
     that ``experiments.training.config.parse_config`` reads."""
-    values = dict(values)
+    values = plain(values)
     out: dict[str, Any] = {}
     seed = values.pop("seed_everything", 0)
     if isinstance(seed, bool):  # LightningCLI draws a seed for true before this is read
