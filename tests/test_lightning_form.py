@@ -153,5 +153,8 @@ def test_help_and_print_config_come_from_lightning_cli(capsys):
     assert main(["train", "--model.family", "ode_transformer", "--print_config"]) == 0
     printed = yaml.safe_load(capsys.readouterr().out)
     assert printed["trainer"]["val_check_interval"] == 100 and printed["seed_everything"] == 0
-    assert read_lightning(printed).to_dict() == RunConfig(model={"family": "ode_transformer"}).to_dict()
+    assert (
+        read_lightning(printed).to_dict()
+        == RunConfig(model={"family": "ode_transformer"}).to_dict()
+    )
     assert cli_parser() is cli_parser()

@@ -49,7 +49,14 @@ def test_without_a_config_train_needs_a_model_and_says_how(capsys):
 def test_train_from_options_alone_trains_and_writes_a_run(tmp_path, capsys):
     argv = [
         *("train", "--model.block", "rk4", *TINY_FLAGS, "--corpus", "grammar"),
-        *("--trainer.max_time", "00:05:00", "--max-steps", "4", "--trainer.val_check_interval", "4"),
+        *(
+            "--trainer.max_time",
+            "00:05:00",
+            "--max-steps",
+            "4",
+            "--trainer.val_check_interval",
+            "4",
+        ),
         *("--data.batch_size", "8", "--data.bptt", "16", "--eval.bleu_sentences", "0"),
         *("--out_dir", str(tmp_path), "--name", "flags", "--num-threads", "1", "--quiet"),
     ]

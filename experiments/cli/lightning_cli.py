@@ -42,7 +42,7 @@ from jsonargparse.typing import registered_types, restricted_number_type
 from experiments.cli.parser import HelpFormatter, epilog
 from experiments.config_errors import ConfigError
 from experiments.data.corpora import CORPUS_NAMES
-from experiments.models.schema import model_keys_help
+from experiments.models.schema import model_keys_help, resolved_model_comment
 from experiments.training.config import (
     DataConfig,
     EvalConfig,
@@ -234,7 +234,9 @@ class OdelmParser(LightningArgumentParser):
             cfg.pop(key, None)
         config = run_config(cfg, print_only=True)
         cfg["name"] = config.name  # auto resolved
-        return super().dump(cfg, *args, **kwargs)
+        text = super().dump(cfg, *args, **kwargs)
+        model = resolved_model_comment(config.model) if config.model else f"# {NO_MODEL}\n"
+        return text + model  # the run's identity is the section as written: defaults aside
 
 
 def run_config(cfg: Namespace, *, print_only: bool = False) -> RunConfig:
@@ -325,6 +327,11 @@ class OdelmCLI(LightningCLI):
         )
         parser.add_argument("--model", action=ModelSection, default={}, help=MODEL_HELP)
         add_section(parser, "data", DataConfig)
+        (corpus,) = [a for a in parser._actions if a.option_strings == ["--data.corpus"]]
+        corpus.help = (  # the corpora from the registry, not the docstring's list
+            f"the corpus, one of {', '.join(CORPUS_NAMES)} (grammar is generated; text reads "
+            "a folder of train*, valid*, test* files)"
+        )
 
     def add_arguments_to_parser(self, parser: Any) -> None:
         """odelm's own sections and settings, the short flags and the command's options."""
@@ -354,14 +361,19 @@ class OdelmCLI(LightningCLI):
                 **kind,
             )
         parser.add_argument(
-            "--download", dest="data.download", action="store_true", help="same as --data.download true"
+            "--download",
+            dest="data.download",
+            action="store_true",
+            help="same as --data.download true",
         )
         parser.add_argument(
             "--overwrite",
             action="store_true",
             help="discard an existing run of this name (made with another config) and train afresh",
         )
-        parser.add_argument("--quiet", action="store_true", help="no progress bar or Lightning chatter")
+        parser.add_argument(
+            "--quiet", action="store_true", help="no progress bar or Lightning chatter"
+        )
         parser.add_argument(
             "--verbose", action="store_true", help="show Lightning's hardware lines and tips"
         )
