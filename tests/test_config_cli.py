@@ -18,7 +18,7 @@ from experiments.cli.commands import add_run_options, options_parser
 from experiments.cli.lightning_cli import cli_parser, read_lightning
 from experiments.cli.main import main
 from experiments.models.build import build_model, model_keys, model_keys_markdown
-from experiments.training.config import ConfigError, RunConfig, load_config, parse_config
+from experiments.training.config import ConfigError, RunConfig, load_config
 
 EXAMPLE = Path(__file__).parents[1] / "experiments" / "configs" / "example.yaml"
 

@@ -11,8 +11,8 @@ import pytest
 import yaml
 from conftest import TINY_MODEL, make_tiny_config
 
-from experiments.cli.main import main
 from experiments.cli.lightning_cli import read_lightning
+from experiments.cli.main import main
 from experiments.training.config import ConfigError, RunConfig, parse_config
 from experiments.training.lightning_form import from_lightning
 from experiments.training.runs import config_sha256

@@ -44,16 +44,16 @@ from experiments.config_errors import ConfigError
 from experiments.data.corpora import CORPUS_NAMES
 from experiments.models.schema import model_keys_help, resolved_model_comment
 from experiments.training.config import (
+    RECIPE_DIR,
     DataConfig,
     EvalConfig,
-    RECIPE_DIR,
     OptimConfig,
     RunConfig,
     TrainerConfig,
+    is_saved_run,
     load_yaml,
     merge,
     parse_config,
-    is_saved_run,
     recipe_path,
     saved_run_values,
 )

@@ -222,14 +222,14 @@ def from_lightning(values: dict[str, Any]) -> dict[str, Any]:
     trainer["logger"] = _loggers(logger)
     if lightning:
         raise ConfigError(
-            f"trainer.{sorted(lightning)[0]} is not a trainer setting odelm train takes; its "
+            f"trainer.{min(lightning)} is not a trainer setting odelm train takes; its "
             f"keys: {', '.join(LIGHTNING_TRAINER_KEYS)} (the engine sets the others)"
         )
     out["trainer"] = trainer
     out["model"] = odelm_model(values.pop("model", None) or {})
     values.pop("config", None)
     if values:
-        raise ConfigError(f"unknown key {sorted(values)[0]}")
+        raise ConfigError(f"unknown key {min(values)}")
     return out
 
 
