@@ -23,7 +23,6 @@ objects, resumes, and writes ``result.json`` and the model card.
 
 from __future__ import annotations
 
-import functools
 import importlib
 import json
 import logging
@@ -89,6 +88,10 @@ SHORT_FLAGS = {
 }
 """Short flags kept beside the dotted options they stand for (``odelm compare`` has them
 too)."""
+
+
+_PARSERS: dict[str, Any] = {}
+"""``OdelmCLI``'s parser, once built (``OdelmCLI.setup_parser``)."""
 
 
 class OdelmParser(LightningArgumentParser):
@@ -229,6 +232,19 @@ class OdelmCLI(LightningCLI):
             self.config = parser.parse_args(args)
         except ArgumentError as error:
             raise usage_error(parser, list(args), error, command="train") from None
+        finally:  # a refused --print_config leaves its request on the (shared) parser
+            if hasattr(parser, "print_config"):
+                delattr(parser, "print_config")
+
+    def setup_parser(
+        self, add_subcommands: bool, main_kwargs: dict[str, Any], subparser_kwargs: dict[str, Any]
+    ) -> None:
+        """LightningCLI's parser, built once per process and shared: a parse leaves it as it
+        was, and building it (Lightning's ``Trainer`` signature read) costs a second."""
+        if "train" not in _PARSERS:
+            super().setup_parser(add_subcommands, main_kwargs, subparser_kwargs)
+            _PARSERS["train"] = self.parser
+        self.parser = _PARSERS["train"]
 
     def _set_seed(self) -> None:
         if self.config.get("seed_everything") is True:  # draw one; the engine seeds the run
@@ -256,10 +272,9 @@ def quiet_lightning() -> None:
         logging.getLogger(name).setLevel(logging.WARNING)
 
 
-@functools.cache
 def cli_parser() -> Any:
-    """``OdelmCLI``'s parser (built once)."""
-    return OdelmCLI(args=["--model.family", "ode_transformer"]).parser
+    """``OdelmCLI``'s parser (built once, shared)."""
+    return _PARSERS.get("train") or OdelmCLI(args=["--model.family", "ode_transformer"]).parser
 
 
 def read_lightning(values: dict[str, Any]) -> RunConfig:
