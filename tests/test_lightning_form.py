@@ -164,3 +164,12 @@ def test_help_and_print_config_come_from_lightning_cli(capsys):
         == RunConfig(model={"family": "ode_transformer"}).to_dict()
     )
     assert cli_parser() is cli_parser()
+
+
+def test_seed_everything_true_draws_a_seed_the_run_records(capsys):
+    drawn = {OdelmCLI(args=["--model.family", "reference", "--seed", "true"]).run_config.seed}
+    drawn.add(OdelmCLI(args=["--model.family", "reference", "--seed", "true"]).run_config.seed)
+    assert len(drawn) == 2 and all(0 <= seed < 2**32 for seed in drawn)  # not Lightning's 0
+    capsys.readouterr()
+    assert main(["train", "--model.family", "reference", "--seed", "-1", "--print_config"]) == 2
+    assert "--seed must be" in capsys.readouterr().err

@@ -43,6 +43,7 @@ from experiments.cli.run_sections import (
     RecipeFile,
     _descriptions,
     add_section,
+    draw_seed,
     lightning_values,
     ranged_type,
     run_config,
@@ -247,8 +248,10 @@ class OdelmCLI(LightningCLI):
         self.parser = _PARSERS["train"]
 
     def _set_seed(self) -> None:
-        if self.config.get("seed_everything") is True:  # draw one; the engine seeds the run
-            super()._set_seed()
+        """``seed_everything: true`` draws a seed into the config (the engine seeds the run
+        with it; Lightning's own draw is 0 whenever no seed is set)."""
+        if self.config.get("seed_everything") is True:
+            self.config["seed_everything"] = draw_seed()
 
     def instantiate_classes(self) -> None:
         """The run config, checked (its thread count against this machine's CPUs, before

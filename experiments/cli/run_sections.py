@@ -8,6 +8,7 @@ files (``RecipeFile``), and the parsed config read into the engine's ``RunConfig
 from __future__ import annotations
 
 import dataclasses
+import random
 import typing
 from argparse import Action, ArgumentError
 from pathlib import Path
@@ -29,7 +30,7 @@ from experiments.training.config import (
     recipe_path,
     saved_run_values,
 )
-from experiments.training.config_checks import _NULLABLE, RANGES
+from experiments.training.config_checks import _NULLABLE, RANGES, SEED_MAX
 from experiments.training.lightning_form import from_lightning, lightning_message, to_lightning
 
 COMMAND_KEYS = ("overwrite", "quiet", "verbose")
@@ -167,6 +168,8 @@ def run_config(cfg: Namespace, *, print_only: bool = False) -> RunConfig:
     the defaults may be shown without a model, every other section checked)."""
     values = {k: v for k, v in cfg.as_dict().items() if k not in (*COMMAND_KEYS, "config")}
     values.pop("__path__", None)
+    if print_only and values.get("seed_everything") is True:  # drawn when the run starts
+        values["seed_everything"] = 0
     try:
         run = from_lightning(values)
         if not run["model"].get("family") and not run["model"].get("class_path"):
@@ -185,3 +188,8 @@ def run_config(cfg: Namespace, *, print_only: bool = False) -> RunConfig:
         stem = Path(str(paths[-1])).stem if paths else "train"
         config.name = f"{stem}-{config_sha256(config)[:10]}"
     return config
+
+
+def draw_seed() -> int:
+    """A seed drawn at random (``seed_everything: true``), one numpy accepts."""
+    return random.SystemRandom().randint(0, SEED_MAX)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from argparse import ArgumentError
+from collections.abc import Sequence
 
 from jsonargparse import ArgumentParser
 
@@ -61,10 +62,11 @@ def usage_error(
         action = next((a for a in sub._actions if a.dest == key), None)
         restricted = re.search(r"Not of type \w+: (.*) does not conform to restriction v(.*)", text)
         if restricted:  # jsonargparse.typing's PositiveInt and the like
-            return UsageError(f"{_flag(sub, key)} must be {restricted[2]}, got {restricted[1]}")
+            flag = _flag(sub, key, argv)
+            return UsageError(f"{flag} must be {restricted[2]}, got {restricted[1]}")
         given = re.search(r"(?:Got|Given) value: (.*)", text)
         expected = type_name(getattr(action, "_typehint", None) or getattr(action, "type", None))
-        flag = _flag(sub, key) or f"--{key}"
+        flag = _flag(sub, key, argv) or f"--{key}"
         value = given[1] if given else _given(argv, flag)
         return UsageError(f"{flag} must be {expected}, got {value!r}")
     typed = re.match(r"argument ([-\w]+): (\1 .*)", text)
@@ -87,9 +89,11 @@ def _given(argv: list[str], flag: str) -> str | None:
     return value
 
 
-def _flag(parser: ArgumentParser, dest: str) -> str | None:
+def _flag(parser: ArgumentParser, dest: str, argv: Sequence[str] = ()) -> str | None:
+    """The option of ``dest``: the one given in ``argv`` where an alias shares it."""
     flags = [a.option_strings[0] for a in parser._actions if a.dest == dest and a.option_strings]
-    return flags[0] if flags else None
+    given = [f for f in flags if any(arg == f or arg.startswith(f + "=") for arg in argv)]
+    return (given or flags or [None])[0]
 
 
 def _is_config_key(key: str) -> bool:

@@ -195,8 +195,8 @@ def from_lightning(values: dict[str, Any]) -> dict[str, Any]:
     values = plain(values)
     out: dict[str, Any] = {}
     seed = values.pop("seed_everything", 0)
-    if isinstance(seed, bool):  # LightningCLI draws a seed for true before this is read
-        raise ConfigError("seed_everything must be a seed (an int): odelm seeds every run")
+    if isinstance(seed, bool):  # LightningCLI draws one for true before a run reads this
+        raise ConfigError("seed_everything must be an int or true (draw one): odelm seeds runs")
     out["seed"] = seed
     for key in ("name", "recipe", "out_dir", "data", "optim", "eval"):
         if key in values:
