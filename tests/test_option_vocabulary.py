@@ -2,8 +2,9 @@
 ``eval`` (the ones a command lacks listed with the reason), ``--data.corpus`` naming every
 corpus of the registry, and ``--model '{...}'`` replacing the config file's model section
 while ``--model.KEY VALUE`` edits one key. ``odelm train`` is a LightningCLI: it spells the
-trainer's settings as Lightning does, where ``compare``'s shared overrides keep the run
-form's names (``experiments.training.lightning_form.renamed_key`` maps one to the other)."""
+trainer's settings as Lightning does; ``compare``'s shared overrides take both those and
+the run form's names (``experiments.training.lightning_form.renamed_key`` maps one to the
+other)."""
 
 from __future__ import annotations
 
@@ -43,7 +44,6 @@ LACKING = {
 ONLY_TRAIN = {
     "--config": "train reads run configs; compare reads a grid (--grid, --preset)",
     "-c": "LightningCLI's short --config",
-    "--seed_everything": "LightningCLI's name of the seed (--seed on both)",
     "--overwrite": "compare resumes its grid and retrains runs whose config changed",
     "--quiet": "compare's runs train in their own processes, logging to files",
     "--verbose": "compare's runs train in their own processes, logging to files",
@@ -79,21 +79,42 @@ def test_train_compare_and_eval_share_the_short_options():
     }
     for command, lacking in LACKING.items():
         assert SHORT - options[command] == set(lacking), command
-    # compare's run-form names that train spells as Lightning does, and no other difference
+    # compare takes train's Lightning spellings too; train, a LightningCLI, only those
     section_files = {"--data", "--optim", "--eval"}  # compare's --optim FILE and the like
     renamed = options["compare"] - options["train"] - set(ONLY_COMPARE) - section_files
     assert "--trainer.val_every" in renamed and "--trainer.num_threads" in renamed
     lightning = {f"--{renamed_key(flag[2:])}" for flag in renamed - {"--max-time-s"}}
-    assert lightning <= options["train"]
+    assert lightning <= options["train"] and lightning <= options["compare"]
     jsonargparse_own = {  # LightningCLI's parser: shell completion, Lightning's class types
         "--print_shtab", "--trainer.accelerator.help", "--trainer.strategy.help",
         "--trainer.devices+",
     }  # fmt: skip
-    assert options["train"] - options["compare"] == {
-        *ONLY_TRAIN,
-        *jsonargparse_own,
-        *(lightning - options["compare"]),
-    }
+    assert options["train"] - options["compare"] == {*ONLY_TRAIN, *jsonargparse_own}
+
+
+def test_compare_reads_train_s_lightning_spellings_as_its_own(capsys, tmp_path):
+    grid = tmp_path / "grid.yaml"
+    grid.write_text("runs:\n- {name: a, model: {family: reference}}\n")
+
+    def printed(*argv: str) -> str:
+        capsys.readouterr()
+        assert main(["compare", "--grid", str(grid), *argv, "--print_config"]) == 0
+        return capsys.readouterr().out
+
+    lightning = printed(
+        *("--trainer.val_check_interval", "1.0", "--trainer.limit_val_batches", "3"),
+        *("--run.checkpoint_every", "7", "--seed_everything", "3", "--trainer.max_steps", "-1"),
+        *("--trainer.max_epochs", "2"),
+    )
+    run_form = printed(
+        *("--trainer.val_every", "epoch", "--trainer.val_batches", "3"),
+        *("--trainer.checkpoint_every", "7", "--seed", "3", "--trainer.max_steps", "null"),
+        *("--trainer.max_epochs", "2"),
+    )
+    assert lightning == run_form
+    runs = list(yaml.safe_load_all(lightning))
+    assert {run["trainer"]["val_every"] for run in runs} == {"epoch"}
+    assert {run["trainer"]["checkpoint_every"] for run in runs} == {7}
 
 
 @pytest.mark.slow

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from argparse import Action, ArgumentError
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional, Union
 
 import yaml
 from jsonargparse import Namespace, get_loader
@@ -22,6 +22,7 @@ from experiments.training.config import (
     merge,
     parse_config,
 )
+from experiments.training.lightning_form import RUN_KEYS, run_form_overrides
 from experiments.training.threads import check_threads, set_threads
 
 # Short flags kept beside the dotted options they stand for (``--max-steps`` is
@@ -118,6 +119,37 @@ def given_options(args: Namespace) -> dict[str, Any]:
     return given
 
 
+def add_lightning_spellings(parser: Parser) -> None:
+    """``odelm train``'s spellings of the keys it names as Lightning does, as options of
+    ``compare`` too (read into the run form: ``run_form_overrides``)."""
+    same = "odelm train's name, as Lightning's Trainer"
+    parser.add_argument("--seed_everything", type=int, help=f"same as --seed ({same})")
+    parser.add_argument(
+        "--trainer.val_check_interval",
+        type=Union[int, float],  # noqa: UP007 (a runtime type)
+        help=f"same as --trainer.val_every: steps, or 1.0 each epoch ({same})",
+    )
+    parser.add_argument(
+        "--trainer.limit_val_batches",
+        type=Optional[Union[int, float]],  # noqa: UP007, UP045
+        help=f"same as --trainer.val_batches: windows, or 1.0 or null all ({same})",
+    )
+    parser.add_argument(
+        "--trainer.log_every_n_steps", type=int, help=f"same as --trainer.log_every ({same})"
+    )
+    parser.add_argument(
+        "--trainer.enable_progress_bar",
+        type=bool,
+        help=f"same as --trainer.progress_bar ({same})",
+    )
+    for key in RUN_KEYS:
+        parser.add_argument(
+            f"--run.{key}",
+            type=key_type(RunConfig, f"trainer.{key}"),
+            help=f"same as --trainer.{key} (odelm train's run: section)",
+        )
+
+
 def compare_parser() -> Parser:
     """The options of ``odelm compare``."""
     parser = options_parser(
@@ -140,6 +172,7 @@ def compare_parser() -> Parser:
     )
     add_launch_options(parser)
     add_run_options(parser, skip={"name", "out_dir"})
+    add_lightning_spellings(parser)
     return parser
 
 
@@ -152,7 +185,7 @@ def cmd_compare(args: Namespace) -> int:
         run_grid,
     )
 
-    shared = given_options(args)
+    shared = run_form_overrides(given_options(args))
     grid, preset, out = (shared.pop(key, None) for key in ("grid", "preset", "out"))
     num_seeds, print_config = shared.pop("seeds", None), shared.pop("print_config", False)
     launch_options = {key: shared.pop(key) for key in LAUNCH_KEYS if key in shared}

@@ -142,6 +142,30 @@ def _agree(section: dict[str, Any], key: str, value: Any, old: str) -> None:
     section[key] = value
 
 
+def run_form_overrides(values: dict[str, Any]) -> dict[str, Any]:
+    """Partial overrides (``odelm compare``'s given options) with the Lightning spellings of
+    renamed keys in the run form; keys already in the run form pass, both must agree."""
+    values = dict(values)
+    if "seed_everything" in values:
+        _agree(values, "seed", values.pop("seed_everything"), "seed_everything")
+    trainer = dict(values.get("trainer") or {})
+    for old, new in TRAINER_RENAMES.items():
+        if new in trainer:
+            value = trainer.pop(new)
+            if new == "val_check_interval":
+                value = _val_every(value)
+            elif new == "limit_val_batches":
+                value = _val_batches(value)
+            _agree(trainer, old, value, f"trainer.{new}")
+    for key, value in (values.pop("run", None) or {}).items():
+        _agree(trainer, key, value, f"run.{key}")
+    if trainer.get("max_steps") == -1:
+        trainer["max_steps"] = None  # Lightning's "no step budget"
+    if trainer or "trainer" in values:
+        values["trainer"] = trainer
+    return values
+
+
 # --- Lightning form -> run form ------------------------------------------------------
 
 _HMS = re.compile(r"(?:(\d+):)?(\d+):(\d+):(\d+)")
