@@ -53,7 +53,7 @@ def test_a_published_run_config_reads_as_before(path):
     assert new.to_dict() == old.to_dict() and config_sha256(new) == config_sha256(old)
 
 
-SAMPLE = ("quick", "baselines-ptb-mini", "table5-field-2layer", "node-lm-table1-cpu")
+SAMPLE = ("quick", "baselines-ptb-mini", "node-lm-table1-cpu")
 """Grids of every family, recipes and old (0.3) model spellings: the fast tier's sample (the
 slow tier reads every run of every grid)."""
 
@@ -61,7 +61,7 @@ slow tier reads every run of every grid)."""
 @pytest.mark.parametrize("name", SAMPLE)
 def test_a_sample_of_grid_runs_reads_as_before(name):
     (grid,) = [path for path in GRIDS if path.stem == name]
-    for plan in _plans(grid)[:3]:
+    for plan in _plans(grid)[:1]:
         old, new = parse_config(plan.values), read_lightning(plan.values)
         assert new.to_dict() == old.to_dict() and config_sha256(new) == config_sha256(old)
 
