@@ -125,6 +125,13 @@ def test_a_class_path_model_is_odelm_s_family_and_name():
     assert odelm_model(short) == {"family": "ode_transformer", "block": "rk2"}
     with pytest.raises(ConfigError, match="model.class_path = 'torch.nn.Linear' is not"):
         odelm_model({"class_path": "torch.nn.Linear"})
+    # LMTask's form (examples/lightning_cli.yaml): the corpus gives the vocabulary size
+    example = yaml.safe_load((ROOT / "examples" / "lightning_cli.yaml").read_text())
+    spec = odelm_model(example["model"]["model"])
+    config = example["model"]["model"]["config"]
+    assert spec == {"family": "ode_transformer"} | {
+        k: v for k, v in config.items() if k != "vocab_size"
+    }
 
 
 def test_recipes_are_yaml_files_whose_values_lie_under_the_config(tmp_path):

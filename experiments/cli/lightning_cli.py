@@ -41,8 +41,8 @@ from experiments.cli.run_sections import (
     ConfigFile,
     ModelSection,
     RecipeFile,
-    _descriptions,
     add_section,
+    descriptions,
     draw_seed,
     lightning_values,
     ranged_type,
@@ -184,7 +184,7 @@ class OdelmCLI(LightningCLI):
         add_section(parser, "optim", OptimConfig)
         add_section(parser, "eval", EvalConfig)
         add_section(parser, "run", TrainerConfig, RUN_KEYS)
-        text = _descriptions(RunConfig)
+        text = descriptions(RunConfig)
         parser.add_argument("--name", type=str, default="run", help=text["name"])
         parser.add_argument("--out_dir", type=str, default="runs", help=text["out_dir"])
         recipes = ", ".join(sorted(p.stem for p in RECIPE_DIR.glob("*.yaml")))

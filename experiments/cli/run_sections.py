@@ -30,7 +30,7 @@ from experiments.training.config import (
     recipe_path,
     saved_run_values,
 )
-from experiments.training.config_checks import _NULLABLE, RANGES, SEED_MAX
+from experiments.training.config_checks import NULLABLE, RANGES, SEED_MAX
 from experiments.training.lightning_form import from_lightning, lightning_message, to_lightning
 
 COMMAND_KEYS = ("overwrite", "quiet", "verbose")
@@ -42,7 +42,7 @@ NO_MODEL = (
 MODEL_HELP = (
     "the model: family (ode_transformer, neuralode_lm, reference), name, and that model's "
     "typed keys (listed below the options; odelm models), or {class_path: MODEL_CLASS, "
-    "init_args: {...}}; --model '{family: neuralode_lm, name: lstm, embed_dim: 128}' "
+    "init_args: {...}}, or a saved model's {architecture, config}; --model '{family: neuralode_lm, name: lstm, embed_dim: 128}' "
     "replaces the model section, --model.KEY VALUE edits one key of it (--model.dropout 0.2, "
     "--model.solver.rtol 1e-6)"
 )
@@ -58,10 +58,11 @@ def ranged_type(key: str, base: type) -> Any:
         limits.append(("<" if interval.high_open else "<=", base(interval.high)))
     registered = registered_types.get((tuple(sorted(limits)), base, "and"))
     ranged = registered or restricted_number_type(None, base, limits)  # PositiveInt, ...
-    return Optional[ranged] if key in _NULLABLE else ranged  # noqa: UP045 (a runtime type)
+    return Optional[ranged] if key in NULLABLE else ranged  # noqa: UP045 (a runtime type)
 
 
-def _descriptions(schema: type) -> dict[str, str]:
+def descriptions(schema: type) -> dict[str, str]:
+    """Each key's help line: the dataclass's ``Attributes:`` docstring, one line each."""
     doc = docstring_parser.parse(schema.__doc__ or "")
     return {p.arg_name: " ".join((p.description or "").split()) for p in doc.params}
 
@@ -77,7 +78,7 @@ def add_section(
     """One typed option per key of a run-config dataclass under ``section`` (``keys``: only
     those), each ranged key (``RANGES``) a constrained number type."""
     hints = typing.get_type_hints(schema)
-    text = _descriptions(schema)
+    text = descriptions(schema)
     group = parser.add_argument_group(
         (schema.__doc__ or "").splitlines()[0], name=section if keys else None
     )

@@ -311,8 +311,14 @@ def model_classes() -> dict[str, str]:
 
 def odelm_model(model: dict[str, Any]) -> dict[str, Any]:
     """A ``model:`` section as odelm's ``{family, name, ...keys}``: a
-    ``{class_path, init_args}`` one is translated (the class picks family and name,
-    ``init_args`` are the keys); odelm's own passes unchanged."""
+    ``{class_path, init_args}`` one, or the ``{architecture, config}`` of a saved model (what
+    ``LMTask`` and ``examples/lightning_cli.yaml`` take; its ``vocab_size`` is left to the
+    corpus), is translated: the class picks family and name, the arguments are the keys.
+    odelm's own passes unchanged."""
+    if "architecture" in model and "family" not in model:
+        config = {k: v for k, v in dict(model.get("config") or {}).items() if k != "vocab_size"}
+        path = str(model["architecture"]).replace(":", ".")
+        return odelm_model({"class_path": path, "init_args": config, **_rest(model)})
     if "class_path" not in model:
         return dict(model)
     extra = sorted(set(model) - {"class_path", "init_args"})
@@ -328,3 +334,7 @@ def odelm_model(model: dict[str, Any]) -> dict[str, Any]:
         f"model.class_path = {path!r} is not an odelm model; one of "
         f"{', '.join(model_classes().values())} (or give family and name)"
     )
+
+
+def _rest(model: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in model.items() if k not in ("architecture", "config")}
