@@ -116,6 +116,10 @@ def test_a_key_given_in_both_spellings_must_agree():
         to_lightning({"trainer": {"val_every": 5, "val_check_interval": 6}})
     both = to_lightning({"trainer": {"max_time": "00:05:00", "max_time_s": 300}})
     assert both["trainer"] == {"max_time": "00:05:00"}
+    model = {"family": "reference"}
+    for seconds in (1.5, 0.1234567, 86410.0):  # exact, fractions too
+        config = parse_config({"model": model, "trainer": {"max_time_s": seconds}})
+        assert read_lightning(to_lightning(config.to_dict())).trainer.max_time_s == seconds
 
 
 def test_a_class_path_model_is_odelm_s_family_and_name():

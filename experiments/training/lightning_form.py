@@ -86,11 +86,11 @@ def lightning_message(text: str) -> str:
 # --- run form -> Lightning form ------------------------------------------------------
 
 
-def time_text(seconds: float) -> str | dict[str, float]:
-    """A wall-clock budget in Lightning's ``DD:HH:MM:SS`` (``{"seconds": s}`` when not whole
-    seconds)."""
+def time_text(seconds: float) -> str:
+    """A wall-clock budget in Lightning's ``DD:HH:MM:SS``; a budget of fractional seconds as
+    its seconds (``"1.5"``, exact: odelm reads it, the engine hands Lightning seconds)."""
     if float(seconds) != int(seconds):
-        return {"seconds": float(seconds)}
+        return repr(float(seconds))
     minutes, secs = divmod(int(seconds), 60)
     hours, minutes = divmod(minutes, 60)
     days, hours = divmod(hours, 24)
@@ -185,10 +185,10 @@ def max_time_seconds(value: Any) -> float:
         text = str(value)
         match = _HMS.fullmatch(text)
         if match:
-            days, hours, minutes, seconds = (int(part or 0) for part in match.groups())
-            total = float(((days * 24 + hours) * 60 + minutes) * 60 + seconds)
-        elif text.isdigit():
-            total = float(text)
+            days, hours, minutes = (int(part or 0) for part in match.groups()[:3])
+            total = float(((days * 24 + hours) * 60 + minutes) * 60) + float(match[4])
+        elif re.fullmatch(r"\d+(?:\.\d*)?(?:[eE][-+]?\d+)?", text):
+            total = float(text)  # seconds
         else:
             raise ConfigError(
                 f"trainer.max_time = {value!r} is not a time; it must be HH:MM:SS or "
