@@ -42,9 +42,9 @@ NO_MODEL = (
 MODEL_HELP = (
     "the model: family (ode_transformer, neuralode_lm, reference), name, and that model's "
     "typed keys (listed below the options; odelm models), or {class_path: MODEL_CLASS, "
-    "init_args: {...}}, or a saved model's {architecture, config}; --model '{family: neuralode_lm, name: lstm, embed_dim: 128}' "
-    "replaces the model section, --model.KEY VALUE edits one key of it (--model.dropout 0.2, "
-    "--model.solver.rtol 1e-6)"
+    "init_args: {...}}, or a saved model's {architecture, config}; --model '{family: "
+    "neuralode_lm, name: lstm, embed_dim: 128}' replaces the model section, --model.KEY VALUE "
+    "edits one key of it (--model.dropout 0.2, --model.solver.rtol 1e-6)"
 )
 
 
@@ -173,7 +173,7 @@ def run_config(cfg: Namespace, *, print_only: bool = False) -> RunConfig:
         values["seed_everything"] = 0
     try:
         run = from_lightning(values)
-        if not run["model"].get("family") and not run["model"].get("class_path"):
+        if not run["model"].get("family"):  # odelm_model gave a class_path model one
             if not print_only:
                 raise ConfigError(NO_MODEL)
             config = parse_config({**run, "model": {"family": "ode_transformer"}})
