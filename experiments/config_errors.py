@@ -73,4 +73,7 @@ def type_name(annotation: Any, short: bool = False) -> str:
         return "None" if short else "null"
     if typing.get_origin(annotation) is not None:
         return str(annotation).replace("typing.", "")
+    if hasattr(annotation, "_expression") and hasattr(annotation, "_type"):  # jsonargparse's
+        limits = annotation._expression.replace("v", "").replace(" and ", ", ")
+        return f"{annotation._type.__name__} {limits}"  # restricted_number_type: "int >=1"
     return getattr(annotation, "__name__", str(annotation))

@@ -153,15 +153,18 @@ def test_one_parser_holds_every_subcommand_data_one_level_down():
 
 
 def test_model_keys_nest_at_any_depth_and_merge(tmp_path):
-    from experiments.cli.commands import given_options
-    from experiments.cli.main import parse
-    from experiments.training.config import Replace
+    from experiments.cli.lightning_cli import cli_parser
+
+    config = tmp_path / "c.yaml"
+    config.write_text("model: {family: ode_transformer, block: rk4}\n")
 
     def model(*argv: str) -> dict:
-        return given_options(parse(["train", "--config", "c.yaml", *argv])[1])["model"]
+        return cli_parser().parse_args(["--config", str(config), *argv]).model
 
     nested = model("--model.solver.rtol", "1e-6", "--model.solver.atol", "1e-7")
-    assert nested == {"solver": {"rtol": 1e-6, "atol": 1e-7}} and type(nested) is dict
+    assert nested == {"family": "ode_transformer", "block": "rk4"} | {
+        "solver": {"rtol": 1e-6, "atol": 1e-7}
+    }
     whole = model("--model", "{family: reference}", "--model.solver.options.step_size", "0.5")
+    # --model '{...}' replaces the file's section instead of merging into it
     assert whole == {"family": "reference", "solver": {"options": {"step_size": 0.5}}}
-    assert isinstance(whole, Replace)  # replaces the file's section instead of merging

@@ -29,7 +29,8 @@ from pathlib import Path
 
 import pytest
 
-from experiments.cli.commands import compare_parser, train_parser
+from experiments.cli.commands import compare_parser
+from experiments.cli.lightning_cli import cli_parser
 from experiments.cli.main import build_parser
 from experiments.evaluation.trained import RunNotFoundError, load_run
 from experiments.training.runfolder import COMPARISON_MARKER
@@ -77,7 +78,7 @@ json.dump(results, open(sys.argv[2], "w"))
 def help_text(command: str) -> str:
     """What ``odelm COMMAND --help`` prints."""
     if command in ("train", "compare"):
-        return (train_parser if command == "train" else compare_parser)().format_help()
+        return (cli_parser if command == "train" else compare_parser)().format_help()
     (commands,) = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
     return commands.choices[command].format_help()
 

@@ -406,14 +406,14 @@ def test_debug_shows_the_traceback_and_bugs_keep_theirs(tmp_path, capsys, monkey
     with pytest.raises(ConfigError, match="does not exist"):
         main(["--debug", "train", "--config", missing])
 
-    from experiments.cli import commands
+    from experiments.cli import lightning_cli
 
     def bug(*args, **kwargs):
         raise KeyError("a programming error")
 
-    monkeypatch.setattr(commands, "given_options", bug)
+    monkeypatch.setattr(lightning_cli, "run_config", bug)
     with pytest.raises(KeyError, match="a programming error"):
-        main(["train", "--config", missing])
+        main(["train", "--model.family", "ode_transformer"])
 
 
 def test_a_solver_failure_in_training_names_the_step(tmp_path, tiny_config, capsys):

@@ -12,7 +12,7 @@ import pytest
 import torch
 import yaml
 
-from experiments.cli.commands import train_parser
+from experiments.cli.lightning_cli import cli_parser
 from experiments.cli.main import main
 from experiments.models.schema import model_keys_help, schemas
 from neuralode_lm import (
@@ -166,7 +166,7 @@ def test_a_model_saved_with_the_old_spelling_loads(tmp_path, make, old):
 
 
 def test_train_help_lists_the_typed_keys_of_every_model():
-    text = " ".join(train_parser().format_help().split())
+    text = " ".join(cli_parser().format_help().split())
     assert " ".join(model_keys_help().split()) in text
     for label in (
         "family: ode_transformer",

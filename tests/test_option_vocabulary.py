@@ -1,7 +1,10 @@
 """One option vocabulary (issue 19): the same short aliases on ``odelm train``, ``compare`` and
 ``eval`` (the ones a command lacks listed with the reason), ``--data.corpus`` naming every
 corpus of the registry, and ``--model '{...}'`` replacing the config file's model section
-while ``--model.KEY VALUE`` edits one key."""
+while ``--model.KEY VALUE`` edits one key. ``odelm train`` is a LightningCLI: it spells the
+trainer's settings as Lightning does; ``compare``'s shared overrides take both those and
+the run form's names (``experiments.training.lightning_form.renamed_key`` maps one to the
+other)."""
 
 from __future__ import annotations
 
@@ -11,19 +14,21 @@ import re
 import pytest
 import yaml
 
-from experiments.cli.commands import ALIASES, compare_parser, given_options, train_parser
+from experiments.cli.commands import ALIASES, compare_parser, given_options
+from experiments.cli.lightning_cli import OdelmCLI, cli_parser
 from experiments.cli.main import build_parser, main, parse
 from experiments.comparison.launchers import SLURM_KEYS
 from experiments.data.registry import CORPUS_NAMES
 from experiments.models.build import build_model
-from experiments.training.config import RunConfig, load_config
+from experiments.training.config import RunConfig
+from experiments.training.lightning_form import renamed_key
 from neuralode_lm.models import LSTMLM
 
 SHORT = {*ALIASES, "--seed", "--download"}
 """The short options of the run settings a user changes most from the shell."""
 
 LACKING = {
-    "train": {},
+    "train": {"--max-time-s": "train spells the budget as Lightning does: --trainer.max_time"},
     "compare": {},
     "eval": {
         "--corpus": "a run is scored on its own corpus (its config's data.corpus)",
@@ -37,7 +42,8 @@ LACKING = {
 """The short options each command lacks, with the reason."""
 
 ONLY_TRAIN = {
-    "--config": "train reads one run config; compare reads a grid (--grid, --preset)",
+    "--config": "train reads run configs; compare reads a grid (--grid, --preset)",
+    "-c": "LightningCLI's short --config",
     "--overwrite": "compare resumes its grid and retrains runs whose config changed",
     "--quiet": "compare's runs train in their own processes, logging to files",
     "--verbose": "compare's runs train in their own processes, logging to files",
@@ -67,14 +73,48 @@ def subcommand(name: str) -> argparse.ArgumentParser:
 
 def test_train_compare_and_eval_share_the_short_options():
     options = {
-        "train": option_strings(train_parser()),
+        "train": option_strings(cli_parser()),
         "compare": option_strings(compare_parser()),
         "eval": option_strings(subcommand("eval")),
     }
     for command, lacking in LACKING.items():
         assert SHORT - options[command] == set(lacking), command
-    assert options["train"] - options["compare"] == set(ONLY_TRAIN)
-    assert options["compare"] - options["train"] == set(ONLY_COMPARE)
+    # compare takes train's Lightning spellings too; train, a LightningCLI, only those
+    section_files = {"--data", "--optim", "--eval"}  # compare's --optim FILE and the like
+    renamed = options["compare"] - options["train"] - set(ONLY_COMPARE) - section_files
+    assert "--trainer.val_every" in renamed and "--trainer.num_threads" in renamed
+    lightning = {f"--{renamed_key(flag[2:])}" for flag in renamed - {"--max-time-s"}}
+    assert lightning <= options["train"] and lightning <= options["compare"]
+    jsonargparse_own = {  # LightningCLI's parser: shell completion, Lightning's class types
+        "--print_shtab", "--trainer.accelerator.help", "--trainer.strategy.help",
+        "--trainer.devices+",
+    }  # fmt: skip
+    assert options["train"] - options["compare"] == {*ONLY_TRAIN, *jsonargparse_own}
+
+
+def test_compare_reads_train_s_lightning_spellings_as_its_own(capsys, tmp_path):
+    grid = tmp_path / "grid.yaml"
+    grid.write_text("runs:\n- {name: a, model: {family: reference}}\n")
+
+    def printed(*argv: str) -> str:
+        capsys.readouterr()
+        assert main(["compare", "--grid", str(grid), *argv, "--print_config"]) == 0
+        return capsys.readouterr().out
+
+    lightning = printed(
+        *("--trainer.val_check_interval", "1.0", "--trainer.limit_val_batches", "3"),
+        *("--run.checkpoint_every", "7", "--seed_everything", "3", "--trainer.max_steps", "-1"),
+        *("--trainer.max_epochs", "2"),
+    )
+    run_form = printed(
+        *("--trainer.val_every", "epoch", "--trainer.val_batches", "3"),
+        *("--trainer.checkpoint_every", "7", "--seed", "3", "--trainer.max_steps", "null"),
+        *("--trainer.max_epochs", "2"),
+    )
+    assert lightning == run_form
+    runs = list(yaml.safe_load_all(lightning))
+    assert {run["trainer"]["val_every"] for run in runs} == {"epoch"}
+    assert {run["trainer"]["checkpoint_every"] for run in runs} == {7}
 
 
 @pytest.mark.slow
@@ -85,7 +125,7 @@ def test_a_short_option_means_its_dotted_option():
         found.pop("config", None)
         return found
 
-    for command in ("train", "compare"):
+    for command in ("compare",):
         for flag, key in ALIASES.items():
             value = "text" if flag == "--corpus" else "mini" if flag == "--protocol" else "3"
             section, name = key.split(".")
@@ -96,7 +136,7 @@ def test_a_short_option_means_its_dotted_option():
 
 def test_data_corpus_help_lists_every_corpus_of_the_registry(capsys):
     assert set(CORPUS_NAMES) == {"grammar", "ptb", "wikitext2", "wikitext2-raw", "text"}
-    for parser in (train_parser(), compare_parser()):
+    for parser in (cli_parser(), compare_parser()):
         (action,) = [a for a in parser._actions if a.option_strings == ["--data.corpus"]]
         assert all(name in action.help for name in CORPUS_NAMES), action.help
         (short,) = [a for a in parser._actions if a.option_strings == ["--corpus"]]
@@ -111,8 +151,7 @@ def _config(tmp_path):
 
 
 def _resolved(path, *argv: str) -> RunConfig:
-    given = given_options(parse(["train", "--config", str(path), *argv])[1])
-    return load_config(given.pop("config"), given)
+    return OdelmCLI(args=["--config", str(path), *argv]).run_config
 
 
 def test_model_option_replaces_the_files_model_section(tmp_path, capsys):
@@ -142,8 +181,8 @@ def test_model_key_option_edits_one_key(tmp_path):
 
 
 def test_the_model_help_documents_both_forms_and_its_example_builds(capsys):
-    (action,) = [a for a in train_parser()._actions if a.option_strings == ["--model"]]
-    assert "replaces the config file's model section" in action.help
+    (action,) = [a for a in cli_parser()._actions if a.option_strings == ["--model"]]
+    assert "replaces the model section" in action.help
     assert "--model.KEY VALUE edits one key" in action.help
     (example,) = re.findall(r"--model '(\{.*?\})'", " ".join(action.help.split()))
     spec = yaml.safe_load(example)

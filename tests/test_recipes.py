@@ -57,7 +57,7 @@ def test_recipes_lie_under_the_config_and_epochs_convert_exactly() -> None:
     assert (config.optim.optimizer, config.optim.lr, config.optim.grad_clip) == ("sgd", 10.0, 0.25)
     assert config.optim.schedule == "plateau" and config.data.stateful
     assert not parse_config({"recipe": "transformer-sgd", "model": model}).data.stateful
-    with pytest.raises(ConfigError, match="recipe = 'nope' is not one of lstm-sgd"):
+    with pytest.raises(ConfigError, match="recipe = 'nope' is not one of adam, lstm-sgd"):
         parse_config({"recipe": "nope", "model": model})
     with pytest.raises(ConfigError, match="data.stateful needs data.batching: stream"):
         parse_config({"model": model, "data": {"stateful": True, "batching": "sentences"}})

@@ -11,8 +11,10 @@ import pytest
 import yaml
 from conftest import TINY_MODEL, make_tiny_config
 
+from experiments.cli.lightning_cli import read_lightning
 from experiments.cli.main import main
 from experiments.training.config import ConfigError, RunConfig, parse_config
+from experiments.training.lightning_form import from_lightning
 from experiments.training.runs import config_sha256
 
 TINY_FLAGS = [
@@ -28,10 +30,13 @@ def printed(capsys, *argv: str) -> list[dict]:
 
 
 def test_print_config_without_a_config_shows_the_schema_s_defaults(capsys):
-    (defaults,) = printed(capsys, "train")
-    assert defaults == RunConfig().to_dict()
+    (defaults,) = printed(capsys, "train")  # LightningCLI's, in the Lightning form
+    assert defaults["model"] == {} and defaults["trainer"]["max_steps"] == 1000
+    model = {"family": "ode_transformer"}
+    assert parse_config({**from_lightning(defaults), "model": model}) == RunConfig(model=model)
     (resolved,) = printed(capsys, "train", "--model.family", "ode_transformer", "--seed", "4")
-    assert resolved == {**RunConfig().to_dict(), "seed": 4, "model": {"family": "ode_transformer"}}
+    assert resolved["seed_everything"] == 4 and resolved["model"] == model
+    assert read_lightning(resolved) == RunConfig(seed=4, model=model)
 
 
 def test_without_a_config_train_needs_a_model_and_says_how(capsys):
@@ -44,7 +49,14 @@ def test_without_a_config_train_needs_a_model_and_says_how(capsys):
 def test_train_from_options_alone_trains_and_writes_a_run(tmp_path, capsys):
     argv = [
         *("train", "--model.block", "rk4", *TINY_FLAGS, "--corpus", "grammar"),
-        *("--trainer.max_time", "00:05:00", "--max-steps", "4", "--trainer.val_every", "4"),
+        *(
+            "--trainer.max_time",
+            "00:05:00",
+            "--max-steps",
+            "4",
+            "--trainer.val_check_interval",
+            "4",
+        ),
         *("--data.batch_size", "8", "--data.bptt", "16", "--eval.bleu_sentences", "0"),
         *("--out_dir", str(tmp_path), "--name", "flags", "--num-threads", "1", "--quiet"),
     ]
@@ -57,8 +69,8 @@ def test_train_from_options_alone_trains_and_writes_a_run(tmp_path, capsys):
     saved = yaml.safe_load((tmp_path / "flags" / "config.yaml").read_text())
     assert saved["trainer"]["max_time_s"] == 300.0 and saved["trainer"]["max_time"] is None
     # it trained with the config --print_config showed (--quiet drops only the progress bar)
-    assert config_sha256(parse_config(saved)) == config_sha256(parse_config(resolved))
-    assert result["config_sha256"] == config_sha256(parse_config(resolved))
+    assert config_sha256(parse_config(saved)) == config_sha256(read_lightning(resolved))
+    assert result["config_sha256"] == config_sha256(read_lightning(resolved))
 
 
 @pytest.mark.parametrize(

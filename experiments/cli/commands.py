@@ -1,12 +1,11 @@
-"""The training-side subcommands of ``odelm``: train, eval, generate, compare."""
+"""``odelm compare``'s options and command (``odelm train`` is a LightningCLI:
+``experiments.cli.lightning_cli``)."""
 
 from __future__ import annotations
 
-import json
-import logging
 from argparse import Action, ArgumentError
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional, Union
 
 import yaml
 from jsonargparse import Namespace, get_loader
@@ -15,22 +14,22 @@ from experiments.cli.parser import Parser, epilog
 from experiments.comparison.launchers import LAUNCH_KEYS, add_launch_options, launch_settings
 from experiments.config_errors import ConfigError, key_type
 from experiments.data.corpora import CORPUS_NAMES
-from experiments.models.schema import model_keys_help, resolved_model_comment
 from experiments.training.config import (
     Replace,
     RunConfig,
     add_run_arguments,
-    load_config,
     load_yaml,
     merge,
     parse_config,
 )
+from experiments.training.lightning_form import RUN_KEYS, run_form_overrides
 from experiments.training.threads import check_threads, set_threads
 
 # Short flags kept beside the dotted options they stand for (``--max-steps`` is
 # ``--trainer.max_steps``): the settings a user changes most from the shell, the same on
-# train and compare (eval has those that make sense for a trained run: --data-dir,
-# --num-threads; tests/test_option_vocabulary.py keeps the sets equal).
+# train (``experiments.cli.lightning_cli.SHORT_FLAGS``, less --max-time-s) and compare (eval
+# has those that make sense for a trained run: --data-dir, --num-threads;
+# tests/test_option_vocabulary.py keeps the sets equal).
 ALIASES = {
     "--corpus": "data.corpus",
     "--max-steps": "trainer.max_steps",
@@ -39,11 +38,10 @@ ALIASES = {
     "--data-dir": "data.data_dir",
     "--protocol": "data.protocol",
 }
-COMMAND_KEYS = ("config", "overwrite", "quiet", "verbose", "print_config")
 
 
 def options_parser(prog: str, description: str) -> Parser:
-    """The parser of a subcommand that takes run-config options (``train``, ``compare``)."""
+    """The parser of a subcommand that takes run-config options (``compare``)."""
     description += (
         " Defaults shown are the schema's: the config file's values replace them, and options "
         "given here replace both."
@@ -121,94 +119,35 @@ def given_options(args: Namespace) -> dict[str, Any]:
     return given
 
 
-def quiet_lightning() -> None:
-    """Hide Lightning's hardware lines, tips and advertisements (shown with ``--verbose``)."""
-    for name in ("pytorch_lightning", "lightning", "lightning.pytorch", "lightning_fabric"):
-        logging.getLogger(name).setLevel(logging.WARNING)
-
-
-def train_parser() -> Parser:
-    """The options of ``odelm train``."""
-    parser = options_parser(
-        "odelm train",
-        "Train one model from a YAML run config, or from options alone; any config key may be "
-        "given on the command line as --section.key VALUE (e.g. --optim.lr 1e-3 "
-        "--trainer.max_steps 20 --trainer.max_time 00:05:00); --model.KEY VALUE edits one "
-        "model key, --model '{...}' replaces the whole model section.",
+def add_lightning_spellings(parser: Parser) -> None:
+    """``odelm train``'s spellings of the keys it names as Lightning does, as options of
+    ``compare`` too (read into the run form: ``run_form_overrides``)."""
+    same = "odelm train's name, as Lightning's Trainer"
+    parser.add_argument("--seed_everything", type=int, help=f"same as --seed ({same})")
+    parser.add_argument(
+        "--trainer.val_check_interval",
+        type=Union[int, float],  # noqa: UP007 (a runtime type)
+        help=f"same as --trainer.val_every: steps, or 1.0 each epoch ({same})",
     )
     parser.add_argument(
-        "--config",
-        help="the run's YAML config file (default: none; the schema's defaults, which "
-        "--print_config shows, under the options given, which must name a --model.family)",
+        "--trainer.limit_val_batches",
+        type=Optional[Union[int, float]],  # noqa: UP007, UP045
+        help=f"same as --trainer.val_batches: windows, or 1.0 or null all ({same})",
     )
     parser.add_argument(
-        "--overwrite",
-        action="store_true",
-        help="discard an existing run of this name (made with another config) and train afresh",
+        "--trainer.log_every_n_steps", type=int, help=f"same as --trainer.log_every ({same})"
     )
-    parser.add_argument("--quiet", action="store_true", help="no progress bar or Lightning chatter")
     parser.add_argument(
-        "--verbose", action="store_true", help="show Lightning's hardware lines and tips"
+        "--trainer.enable_progress_bar",
+        type=bool,
+        help=f"same as --trainer.progress_bar ({same})",
     )
-    add_run_options(parser)
-    parser.epilog = f"{parser.epilog or ''}\n\n{model_keys_help()}".lstrip()
-    return parser
-
-
-NO_MODEL = (
-    "odelm train needs --config FILE, or a model on the command line: --model.family "
-    "ode_transformer (or neuralode_lm, reference; odelm models lists their keys)"
-)
-
-
-def flags_config(given: dict[str, Any], print_only: bool = False) -> RunConfig:
-    """The run config of ``odelm train`` without ``--config``: the schema's defaults under
-    the options given, which must name a model (``print_only``: the defaults may be shown
-    without one, every other section checked)."""
-    if (given.get("model") or {}).get("family"):
-        return parse_config(merge({}, given))
-    if not print_only:
-        raise ConfigError(NO_MODEL)
-    config = parse_config(merge(given, {"model": {"family": "ode_transformer"}}))
-    config.model = {}
-    return config
-
-
-def cmd_train(args: Namespace) -> int:
-    from datetime import datetime
-
-    from experiments.training.runs import config_sha256
-    from experiments.training.train import RESULT_FILE, train
-
-    given = given_options(args)
-    command = {key: given.pop(key, None) for key in COMMAND_KEYS}
-    if command["config"] is None:
-        config = flags_config(given, print_only=bool(command["print_config"]))
-    else:
-        config = load_config(command["config"], given)
-    if config.name == "auto":  # a run folder per config: trying an override needs no --overwrite
-        config.name = f"{Path(command['config'] or 'train').stem}-{config_sha256(config)[:10]}"
-    if command["print_config"]:
-        print(yaml.safe_dump(config.to_dict(), sort_keys=False, default_flow_style=None), end="")
-        print(resolved_model_comment(config.model) if config.model else f"# {NO_MODEL}\n", end="")
-        return 0
-    if not command["verbose"]:
-        quiet_lightning()
-    if command["quiet"]:
-        for name in ("pytorch_lightning", "lightning.pytorch"):  # whichever odelm chose
-            logging.getLogger(name).setLevel(logging.ERROR)
-        config.trainer.progress_bar = False
-    done = config.run_dir / RESULT_FILE
-    finished = done.is_file() and not command["overwrite"]
-    result = train(config, overwrite=bool(command["overwrite"]))
-    if result:
-        print(json.dumps(result))
-        if finished:
-            date = datetime.fromtimestamp(done.stat().st_mtime).strftime("%Y-%m-%d %H:%M")
-            print(f"{config.run_dir}: already finished, result from {date} (--overwrite retrains)")
-        else:
-            print(f"wrote {config.run_dir}")
-    return 0
+    for key in RUN_KEYS:
+        parser.add_argument(
+            f"--run.{key}",
+            type=key_type(RunConfig, f"trainer.{key}"),
+            help=f"same as --trainer.{key} (odelm train's run: section)",
+        )
 
 
 def compare_parser() -> Parser:
@@ -233,6 +172,7 @@ def compare_parser() -> Parser:
     )
     add_launch_options(parser)
     add_run_options(parser, skip={"name", "out_dir"})
+    add_lightning_spellings(parser)
     return parser
 
 
@@ -245,7 +185,7 @@ def cmd_compare(args: Namespace) -> int:
         run_grid,
     )
 
-    shared = given_options(args)
+    shared = run_form_overrides(given_options(args))
     grid, preset, out = (shared.pop(key, None) for key in ("grid", "preset", "out"))
     num_seeds, print_config = shared.pop("seeds", None), shared.pop("print_config", False)
     launch_options = {key: shared.pop(key) for key in LAUNCH_KEYS if key in shared}

@@ -1,40 +1,33 @@
 """``odelm``: the one command line of the library (also ``python -m experiments``).
 
 One jsonargparse parser holds every subcommand (``data info`` and ``data download`` one
-level down). ``train`` and ``compare`` keep only the options given on the command line,
-since their config file's values lie under them; every other subcommand gets its defaults.
+level down) but ``train``, a LightningCLI (``experiments.cli.lightning_cli``) that reads its
+own command line. ``compare`` keeps only the options given on the command line, since its
+grid's values lie under them; every other subcommand gets its defaults.
 A user error, on the command line or later, is one line ``odelm: error: ...``, exit 2.
 """
 
 from __future__ import annotations
 
-import re
 import sys
 from argparse import ArgumentError
 from collections.abc import Callable
 from typing import Any
 
-from jsonargparse import ArgumentParser, Namespace
+from jsonargparse import Namespace
 
 from experiments.cli.parser import Parser, epilog
-from experiments.config_errors import config_error, key_type, type_name
-from experiments.training.config import RunConfig
+from experiments.cli.usage import RUN_COMMANDS, UsageError, _subparser, usage_error
 from odelm.errors import OdelmError
 
-RUN_COMMANDS = ("train", "compare")
-"""The subcommands whose options are run-config keys (given options only, no defaults)."""
-
-
-class UsageError(OdelmError, ValueError):
-    """The command line names an unknown subcommand or option, or gives a wrong value."""
-
+__all__ = ["RUN_COMMANDS", "UsageError", "build_parser", "main", "parse", "usage_error"]
 
 Handler = Callable[[Namespace], int]
 
 
 def subcommands() -> dict[str, tuple[Callable[[], Parser], Handler, str]]:
     """Every subcommand (``"data info"`` one level down): its parser, handler and help."""
-    from experiments.cli import bench, commands, tools, trained
+    from experiments.cli import bench, commands, lightning_cli, tools, trained
     from experiments.evaluation import discretize
 
     return {
@@ -59,8 +52,8 @@ def subcommands() -> dict[str, tuple[Callable[[], Parser], Handler, str]]:
             "every model: key of each family, with defaults",
         ),
         "train": (
-            commands.train_parser,
-            commands.cmd_train,
+            Parser,  # odelm train's own parser is its LightningCLI's (parse hands it over)
+            lightning_cli.main,
             "train one model from a YAML config (--config) and/or --section.key options",
         ),
         "eval": (
@@ -123,7 +116,13 @@ def _add(commands: Any, name: str, parser: Parser, text: str) -> Parser:
 
 def parse(argv: list[str]) -> tuple[str, Namespace, bool]:
     """The subcommand (``"data info"``), its options and ``--debug``; a wrong command line
-    raises ``UsageError``."""
+    raises ``UsageError``. ``train`` gets its command line as it is: its LightningCLI reads
+    it."""
+    head = 0
+    while argv[head : head + 1] == ["--debug"]:
+        head += 1
+    if argv[head : head + 1] == ["train"]:  # a LightningCLI (experiments.cli.lightning_cli)
+        return "train", argv[head + 1 :], head > 0  # type: ignore[return-value]
     parser = build_parser()
     try:
         given = parser.parse_args(argv, defaults=False)
@@ -140,65 +139,6 @@ def parse(argv: list[str]) -> tuple[str, Namespace, bool]:
             defaults[key] = value
         options = defaults
     return command, options, bool(given.get("debug"))
-
-
-def _subparser(parser: ArgumentParser, path: list[str]) -> ArgumentParser:
-    for name in path:
-        commands = parser._subcommands_action
-        parser = commands._name_parser_map[name] if commands else parser
-    return parser
-
-
-def usage_error(parser: ArgumentParser, argv: list[str], error: ArgumentError) -> UsageError:
-    """jsonargparse's error as one line naming the option and the subcommand's help."""
-    path: list[str] = []  # the subcommands named on the command line, outermost first
-    for arg in argv:
-        commands = _subparser(parser, path)._subcommands_action
-        if commands and arg in commands._name_parser_map:
-            path.append(arg)
-    sub = _subparser(parser, path)
-    text, prog = str(error), sub.prog
-    if text.startswith("unrecognized arguments: "):
-        unknown = text.split()[2]
-        keys = " (config keys as --section.key)" if " ".join(path) in RUN_COMMANDS else ""
-        return UsageError(f"unknown option {unknown}; {prog} --help lists the options{keys}")
-    if text.startswith("the following arguments are required: "):
-        dest = text.split(": ", 1)[1].split(",")[0].removeprefix(".".join([*path, ""]))
-        flag = _flag(sub, dest) or dest.upper()
-        return UsageError(f"{prog} needs {flag}; see {prog} --help")
-    wrong = re.match(r'Parser key "([^"]+)"', text)
-    if wrong:
-        key = wrong[1]
-        if " ".join(path) in RUN_COMMANDS and _is_config_key(key):
-            return config_error(error, lambda key: f"--{key}", {}, RunConfig)  # type: ignore[return-value]
-        action = next((a for a in sub._actions if a.dest == key), None)
-        restricted = re.search(r"Not of type \w+: (.*) does not conform to restriction v(.*)", text)
-        if restricted:  # jsonargparse.typing's PositiveInt and the like
-            return UsageError(f"{_flag(sub, key)} must be {restricted[2]}, got {restricted[1]}")
-        given = re.search(r"(?:Got|Given) value: (.*)", text)
-        expected = type_name(getattr(action, "_typehint", None) or getattr(action, "type", None))
-        flag = _flag(sub, key) or f"--{key}"
-        return UsageError(f"{flag} must be {expected}, got {given and given[1]!r}")
-    typed = re.match(r"argument ([-\w]+): (\1 .*)", text)
-    if typed:  # a range type's own line (experiments.cli.values) names the option
-        return UsageError(typed[2])
-    if re.match(r'expected "[\w.]*command" to be one of', text) and sub._subcommands_action:
-        names = ", ".join(sub._subcommands_action._name_parser_map)
-        return UsageError(f"{prog} needs a subcommand, one of {names}; see {prog} --help")
-    return UsageError(" ".join(text.split()))
-
-
-def _flag(parser: ArgumentParser, dest: str) -> str | None:
-    flags = [a.option_strings[0] for a in parser._actions if a.dest == dest and a.option_strings]
-    return flags[0] if flags else None
-
-
-def _is_config_key(key: str) -> bool:
-    try:
-        key_type(RunConfig, key)
-    except KeyError:
-        return False
-    return True
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -81,7 +81,7 @@ class HelpFormatter(KeepExamples, DefaultHelpFormatter):
 
 class Parser(ArgumentParser):
     """The parser of ``odelm`` and of every subcommand: errors raised (``odelm``'s ``main``
-    prints them as one line), jsonargparse's own ``--print_config`` off (``train`` has its
+    prints them as one line), jsonargparse's own ``--print_config`` off (``compare`` has its
     own)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:

@@ -236,39 +236,24 @@ def _parser() -> ArgumentParser:
     return parser
 
 
-# pytorch/examples word_language_model: plain SGD at a high rate, gradient norm clipped at
-# 0.25, the rate divided by 4 whenever validation does not improve; recurrent models carry
-# their state across consecutive windows of contiguous streams.
-_WORD_LM_SGD = {
-    "optimizer": "sgd",
-    "momentum": 0.0,
-    "weight_decay": 0.0,
-    "grad_clip": 0.25,
-    "schedule": "plateau",
-    "anneal_factor": 4.0,
-    "anneal_patience": 1,
-}
+RECIPE_DIR = Path(__file__).resolve().parents[1] / "configs" / "recipes"
+"""The named recipes: ``NAME.yaml`` each (``odelm train --recipe NAME``, or ``recipe: NAME``
+in a config or grid, lies under the config's own settings)."""
+
+
+def recipe_path(name: Any) -> Path:
+    """The YAML file of a named recipe; a ``ConfigError`` lists the recipes."""
+    path = RECIPE_DIR / f"{name}.yaml"
+    if not isinstance(name, str) or "/" in name or not path.is_file():
+        raise ConfigError(f"recipe = {name!r} is not one of {', '.join(RECIPES)}")
+    return path
+
+
 RECIPES: dict[str, dict[str, Any]] = {
-    "lstm-sgd": {"optim": {**_WORD_LM_SGD, "lr": 20.0}, "data": {"stateful": True}},
-    "transformer-sgd": {"optim": {**_WORD_LM_SGD, "lr": 5.0}, "data": {"stateful": False}},
-    # the word-LM SGD recipe at half the reference's rate: the library's pre-norm
-    # Transformers (ode_transformer blocks) at the reference's size reach test perplexity
-    # below the reference's with it (docs/results/transformer-recipe)
-    "transformer-field": {"optim": {**_WORD_LM_SGD, "lr": 2.5}, "data": {"stateful": False}},
-    # the library's Adam recipe (the quick grid's): inverse square-root decay after warmup
-    "adam": {
-        "optim": {
-            "optimizer": "adam",
-            "lr": 1e-3,
-            "betas": [0.9, 0.997],
-            "weight_decay": 0.0,
-            "schedule": "inverse_sqrt",
-            "warmup_steps": 100,
-            "grad_clip": 1.0,
-        },
-        "data": {"stateful": False},
-    },
+    path.stem: {k: v for k, v in load_yaml(path).items() if k != "recipe"}
+    for path in sorted(RECIPE_DIR.glob("*.yaml"))
 }
+"""Each recipe's settings (its file's, less its ``recipe:`` label)."""
 
 
 def with_recipe(values: dict[str, Any]) -> dict[str, Any]:
@@ -276,8 +261,7 @@ def with_recipe(values: dict[str, Any]) -> dict[str, Any]:
     name = values.get("recipe")
     if name is None:
         return values
-    if name not in RECIPES:
-        raise ConfigError(f"recipe = {name!r} is not one of {', '.join(RECIPES)}")
+    recipe_path(name)  # a known recipe
     return merge(RECIPES[name], values)
 
 
@@ -318,13 +302,26 @@ def load_run_config(path: str | Path) -> RunConfig:
     """A run folder's ``config.yaml``; one written by odelm 0.3 or before, whose model keys
     have since been renamed (``num_layers``, ``n_blocks``), loads under the new names, and
     one written before ``data.order`` existed reads the window order it trained with (1)."""
-    values = load_yaml(path)
+    return parse_config(saved_run_values(load_yaml(path)), where=str(path))
+
+
+def is_saved_run(values: dict[str, Any]) -> bool:
+    """Whether a run-form mapping is a ``config.yaml`` odelm wrote (a full dump)."""
+    data = values.get("data")
+    return isinstance(data, dict) and _FULL_DATA_DUMP <= data.keys()
+
+
+def saved_run_values(values: dict[str, Any]) -> dict[str, Any]:
+    """A run folder's ``config.yaml`` values as they read now: model keys renamed since
+    odelm 0.3 under their new names, and ``data.order: 1`` where it was written before
+    ``data.order`` existed."""
+    values = dict(values)
     if isinstance(values.get("model"), dict):
         values["model"] = current_spelling(values["model"])
     data = values.get("data")
-    if isinstance(data, dict) and "order" not in data and _FULL_DATA_DUMP <= data.keys():
-        values["data"] = {**data, "order": 1}  # odelm wrote it before data.order existed
-    return parse_config(values, where=str(path))
+    if is_saved_run(values) and "order" not in data:  # type: ignore[operator]
+        values["data"] = {**data, "order": 1}  # type: ignore[dict-item]
+    return values
 
 
 def check_values(config: RunConfig) -> None:

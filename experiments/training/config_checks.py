@@ -68,7 +68,7 @@ RANGES: dict[str, Interval] = {
     "eval.prompt_len": Interval(1),
 }
 """The one range of every numeric setting: the config and the command line both check it."""
-_NULLABLE = {
+NULLABLE = {
     "optim.grad_clip",
     "trainer.max_steps",
     "trainer.max_epochs",
@@ -77,13 +77,14 @@ _NULLABLE = {
     "trainer.early_stopping_patience",
     "trainer.num_threads",
 }
+"""The settings that may be unset (null): their ranges admit None too."""
 
 
 def check_range(key: str, value: float | None, label: str | None = None) -> None:
     """Raise ``ConfigError`` naming ``label`` (default: ``key``) unless ``value`` lies in
     ``RANGES[key]`` (None passes: the setting is unset)."""
     if value is not None and value not in RANGES[key]:
-        unset = " or null" if key in _NULLABLE else ""
+        unset = " or null" if key in NULLABLE else ""
         raise ConfigError(
             f"{label or key} = {value!r} is out of range; it must be {RANGES[key]}{unset}"
         )

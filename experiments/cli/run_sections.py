@@ -1,0 +1,196 @@
+"""``odelm train``'s config, the Lightning form (``experiments.training.lightning_form``),
+as LightningCLI options: odelm's typed sections (``add_section``: each ranged key a
+jsonargparse constrained number type, from ``RANGES``), the ``model:`` section
+(``ModelSection``), ``--config`` reading files of either form (``ConfigFile``), recipes as
+files (``RecipeFile``), and the parsed config read into the engine's ``RunConfig``
+(``run_config``)."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import typing
+from argparse import Action, ArgumentError
+from pathlib import Path
+from typing import Any, Optional
+
+import docstring_parser
+import yaml
+from jsonargparse import ActionConfigFile, Namespace, get_loader
+from jsonargparse.typing import registered_types, restricted_number_type
+
+from experiments.config_errors import ConfigError
+from experiments.training.config import (
+    RECIPE_DIR,
+    RunConfig,
+    is_saved_run,
+    load_yaml,
+    merge,
+    parse_config,
+    recipe_path,
+    saved_run_values,
+)
+from experiments.training.config_checks import NULLABLE, RANGES, SEED_MAX
+from experiments.training.lightning_form import from_lightning, lightning_message, to_lightning
+
+COMMAND_KEYS = ("overwrite", "quiet", "verbose")
+"""Options of the command, not of the run: left out of the printed config."""
+NO_MODEL = (
+    "odelm train needs --config FILE, or a model on the command line: --model.family "
+    "ode_transformer (or neuralode_lm, reference; odelm models lists their keys)"
+)
+MODEL_HELP = (
+    "the model: family (ode_transformer, neuralode_lm, reference), name, and that model's "
+    "typed keys (listed below the options; odelm models), or {class_path: MODEL_CLASS, "
+    "init_args: {...}}, or a saved model's {architecture, config}; --model '{family: "
+    "neuralode_lm, name: lstm, embed_dim: 128}' replaces the model section, --model.KEY VALUE "
+    "edits one key of it (--model.dropout 0.2, --model.solver.rtol 1e-6)"
+)
+
+
+def ranged_type(key: str, base: type) -> Any:
+    """The jsonargparse constrained number type of ``RANGES[key]`` (``Optional`` where the
+    setting may be unset)."""
+    interval = RANGES[key]
+    low = (">" if interval.low_open else ">=", base(interval.low))
+    limits = [low]
+    if interval.high is not None:
+        limits.append(("<" if interval.high_open else "<=", base(interval.high)))
+    registered = registered_types.get((tuple(sorted(limits)), base, "and"))
+    ranged = registered or restricted_number_type(None, base, limits)  # PositiveInt, ...
+    return Optional[ranged] if key in NULLABLE else ranged  # noqa: UP045 (a runtime type)
+
+
+def descriptions(schema: type) -> dict[str, str]:
+    """Each key's help line: the dataclass's ``Attributes:`` docstring, one line each."""
+    doc = docstring_parser.parse(schema.__doc__ or "")
+    return {p.arg_name: " ".join((p.description or "").split()) for p in doc.params}
+
+
+def _base_type(hint: Any) -> type:
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    return (args[0] if args else hint) if args or hint in (int, float) else float
+
+
+def add_section(
+    parser: Any, section: str, schema: type, keys: tuple[str, ...] | None = None
+) -> None:
+    """One typed option per key of a run-config dataclass under ``section`` (``keys``: only
+    those), each ranged key (``RANGES``) a constrained number type."""
+    hints = typing.get_type_hints(schema)
+    text = descriptions(schema)
+    group = parser.add_argument_group(
+        (schema.__doc__ or "").splitlines()[0], name=section if keys else None
+    )
+    for field in dataclasses.fields(schema):
+        if keys is not None and field.name not in keys:
+            continue
+        run_key = f"{'trainer' if section == 'run' else section}.{field.name}"
+        default = (
+            field.default_factory()  # type: ignore[misc]
+            if field.default is dataclasses.MISSING
+            else field.default
+        )
+        hint = hints[field.name]
+        if run_key in RANGES and run_key != "optim.betas":
+            hint = ranged_type(run_key, _base_type(hint))
+        group.add_argument(
+            f"--{section}.{field.name}", type=hint, default=default, help=text.get(field.name)
+        )
+
+
+class ModelSection(Action):
+    """``--model '{...}'`` replaces the model section; ``--model.KEY VALUE`` sets one key
+    of it, a dotted key one level down per dot (``--model.solver.rtol 1e-6``). Values are
+    read as YAML (``1e-6`` is a float); the keys are checked against the model's typed
+    config when the run config is read. jsonargparse hands this action every ``--model.*``
+    option because it declares a mapping type (``_typehint``)."""
+
+    _typehint = dict[str, Any]
+
+    def __call__(self, parser: Any, namespace: Any, value: Any, option: Any = None) -> None:
+        key = str(option or "").removeprefix(self.option_strings[0]).removeprefix(".")
+        value = get_loader("yaml")(value) if isinstance(value, str) else value
+        if not key:
+            if not isinstance(value, dict):
+                raise ArgumentError(self, f"must be a mapping {{key: value, ...}}, got {value!r}")
+            namespace[self.dest] = dict(value)
+            return
+        for part in reversed(key.split(".")):
+            value = {part: value}
+        namespace[self.dest] = merge(dict(namespace.get(self.dest) or {}), value)
+
+
+def read_config_file(path: str | Path) -> dict[str, Any]:
+    """A config file in the Lightning form (``lightning_values``)."""
+    recipe = Path(path).resolve().parent == RECIPE_DIR.resolve()
+    return lightning_values(load_yaml(path), recipe=recipe)
+
+
+def lightning_values(values: dict[str, Any], *, recipe: bool = False) -> dict[str, Any]:
+    """A config mapping, in either form, in the Lightning form: run-form keys translated (a
+    run folder's ``config.yaml`` as ``load_run_config`` reads it), a named recipe merged
+    underneath (unless ``recipe``: the mapping is the recipe's own file)."""
+    if is_saved_run(values):  # a run folder's config.yaml: it reads as its run did
+        values = saved_run_values(values)
+    name = values.get("recipe")
+    if name is not None and not recipe:
+        values = merge(read_config_file(recipe_path(name)), values)
+    return to_lightning(values)
+
+
+CONFIG_SUFFIXES = (".yaml", ".yml", ".json")
+
+
+class ConfigFile(ActionConfigFile):
+    """LightningCLI's ``--config``, reading run-form files (and ``recipe:``) by translation."""
+
+    def __call__(self, parser: Any, cfg: Any, values: Any, option_string: Any = None) -> None:
+        path = values if isinstance(values, str) and Path(values).is_file() else None
+        if path is None and isinstance(values, str) and Path(values).suffix in CONFIG_SUFFIXES:
+            raise ConfigError(f"config file {values} does not exist")
+        if path is not None:
+            values = yaml.safe_dump(read_config_file(path), sort_keys=False)
+        self.apply_config(parser, cfg, self.dest, values)
+        cfg[self.dest][-1] = path  # the file's name (--name auto names the run after it)
+
+
+class RecipeFile(Action):
+    """``--recipe NAME``: the recipe's file layered here, as ``--config`` would."""
+
+    def __call__(self, parser: Any, namespace: Any, value: Any, option: Any = None) -> None:
+        text = yaml.safe_dump(read_config_file(recipe_path(value)), sort_keys=False)
+        ConfigFile.apply_config(parser, namespace, "config", text)
+        namespace["config"].pop()  # not a file of the run's (--name auto)
+
+
+def run_config(cfg: Namespace, *, print_only: bool = False) -> RunConfig:
+    """The engine's ``RunConfig`` of a parsed Lightning-form config, checked (``print_only``:
+    the defaults may be shown without a model, every other section checked)."""
+    values = {k: v for k, v in cfg.as_dict().items() if k not in (*COMMAND_KEYS, "config")}
+    values.pop("__path__", None)
+    if print_only and values.get("seed_everything") is True:  # drawn when the run starts
+        values["seed_everything"] = 0
+    try:
+        run = from_lightning(values)
+        if not run["model"].get("family"):  # odelm_model gave a class_path model one
+            if not print_only:
+                raise ConfigError(NO_MODEL)
+            config = parse_config({**run, "model": {"family": "ode_transformer"}})
+            config.model = {}
+        else:
+            config = parse_config(run)
+    except ConfigError as error:
+        raise ConfigError(lightning_message(str(error))) from None
+    if config.name == "auto":  # a run folder per config: trying an override needs no --overwrite
+        from experiments.training.runs import config_sha256
+
+        paths = [p for p in (cfg.get("config") or []) if p is not None]
+        stem = Path(str(paths[-1])).stem if paths else "train"
+        config.name = f"{stem}-{config_sha256(config)[:10]}"
+    return config
+
+
+def draw_seed() -> int:
+    """A seed drawn at random (``seed_everything: true``), one numpy accepts."""
+    return random.SystemRandom().randint(0, SEED_MAX)

@@ -1,0 +1,104 @@
+"""``odelm``'s usage errors: jsonargparse's error on a command line as one line naming the
+option (``usage_error``); ``odelm``'s ``main`` prints it as ``odelm: error: ...``, exit 2."""
+
+from __future__ import annotations
+
+import re
+from argparse import ArgumentError
+from collections.abc import Sequence
+
+from jsonargparse import ArgumentParser
+
+from experiments.config_errors import config_error, key_type, type_name
+from experiments.training.config import RunConfig
+from experiments.training.lightning_form import renamed_key
+from odelm.errors import OdelmError
+
+RUN_COMMANDS = ("train", "compare")
+"""The subcommands whose options are run-config keys (``compare``: given options only, no
+defaults; ``train``: its LightningCLI's)."""
+
+
+class UsageError(OdelmError, ValueError):
+    """The command line names an unknown subcommand or option, or gives a wrong value."""
+
+
+def _subparser(parser: ArgumentParser, path: list[str]) -> ArgumentParser:
+    for name in path:
+        commands = parser._subcommands_action
+        parser = commands._name_parser_map[name] if commands else parser
+    return parser
+
+
+def usage_error(
+    parser: ArgumentParser, argv: list[str], error: ArgumentError, command: str | None = None
+) -> UsageError:
+    """jsonargparse's error as one line naming the option and the subcommand's help
+    (``command``: the subcommand whose own parser ``parser`` is, e.g. ``train``'s
+    LightningCLI)."""
+    path: list[str] = [] if command is None else [command]  # subcommands named, outermost first
+    for arg in argv if command is None else ():
+        commands = _subparser(parser, path)._subcommands_action
+        if commands and arg in commands._name_parser_map:
+            path.append(arg)
+    sub = _subparser(parser, path) if command is None else parser
+    text, prog = str(error), sub.prog
+    if text.startswith("unrecognized arguments: "):
+        unknown = text.split()[2]
+        renamed = renamed_key(unknown.removeprefix("--"))
+        if command == "train" and renamed != unknown.removeprefix("--"):
+            return UsageError(f"unknown option {unknown}; odelm train spells it --{renamed}")
+        keys = " (config keys as --section.key)" if " ".join(path) in RUN_COMMANDS else ""
+        return UsageError(f"unknown option {unknown}; {prog} --help lists the options{keys}")
+    if text.startswith("the following arguments are required: "):
+        dest = text.split(": ", 1)[1].split(",")[0].removeprefix(".".join([*path, ""]))
+        flag = _flag(sub, dest) or dest.upper()
+        return UsageError(f"{prog} needs {flag}; see {prog} --help")
+    wrong = re.match(r'Parser key "([^"]+)"', text)
+    if wrong:
+        key = wrong[1]
+        if " ".join(path) == "compare" and _is_config_key(key):
+            return config_error(error, lambda key: f"--{key}", {}, RunConfig)  # type: ignore[return-value]
+        action = next((a for a in sub._actions if a.dest == key), None)
+        restricted = re.search(r"Not of type \w+: (.*) does not conform to restriction v(.*)", text)
+        if restricted:  # jsonargparse.typing's PositiveInt and the like
+            flag = _flag(sub, key, argv)
+            return UsageError(f"{flag} must be {restricted[2]}, got {restricted[1]}")
+        given = re.search(r"(?:Got|Given) value: (.*)", text)
+        expected = type_name(getattr(action, "_typehint", None) or getattr(action, "type", None))
+        flag = _flag(sub, key, argv) or f"--{key}"
+        value = given[1] if given else _given(argv, flag)
+        return UsageError(f"{flag} must be {expected}, got {value!r}")
+    typed = re.match(r"argument ([-\w]+): (\1 .*)", text)
+    if typed:  # a range type's own line (experiments.cli.values) names the option
+        return UsageError(typed[2])
+    if re.match(r'expected "[\w.]*command" to be one of', text) and sub._subcommands_action:
+        names = ", ".join(sub._subcommands_action._name_parser_map)
+        return UsageError(f"{prog} needs a subcommand, one of {names}; see {prog} --help")
+    return UsageError(" ".join(text.split()))
+
+
+def _given(argv: list[str], flag: str) -> str | None:
+    """The value given to ``flag`` on the command line (its last, as parsing keeps)."""
+    value = None
+    for index, arg in enumerate(argv):
+        if arg == flag and index + 1 < len(argv):
+            value = argv[index + 1]
+        elif arg.startswith(flag + "="):
+            value = arg.split("=", 1)[1]
+    return value
+
+
+def _flag(parser: ArgumentParser, dest: str, argv: Sequence[str] = ()) -> str | None:
+    """The option of ``dest``: the one given in ``argv`` where an alias shares it."""
+    flags = [a.option_strings[0] for a in parser._actions if a.dest == dest and a.option_strings]
+    given = [f for f in flags if any(arg == f or arg.startswith(f + "=") for arg in argv)]
+    return (given or flags or [None])[0]
+
+
+def _is_config_key(key: str) -> bool:
+    try:
+        key_type(RunConfig, key)
+    except KeyError:
+        return False
+    return True
