@@ -40,6 +40,8 @@ def test_every_option_has_a_help_line_that_states_its_default():
                 continue
             if action.help == "Path to a configuration file.":  # jsonargparse's --optim FILE
                 continue
+            if action.help == argparse.SUPPRESS:  # a hidden old spelling, not in --help
+                continue
             name = f"{path} {'/'.join(action.option_strings) or action.dest}"
             help_line = formatter._get_help_string(action) or ""
             if not help_line.strip():

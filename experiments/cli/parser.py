@@ -46,7 +46,7 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "models": ("odelm models", "odelm models --json"),
     "bench": ("odelm bench corpus-load", "odelm bench corpus-load --json --num-threads 1"),
     "discretize": (
-        "odelm discretize runs/quick/runs/rk4 --max-batches 1 --batch-size 2 --steps 1 2",
+        "odelm discretize runs/quick/runs/rk4 --max-batches 1 --eval-batch-size 2 --steps 1 2",
     ),
 }
 """Each subcommand's examples, shown in its ``--help`` under "examples:"."""

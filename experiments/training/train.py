@@ -12,7 +12,7 @@ resumes from it; either is reused only under the config it was made with
 
 ``train`` is in parts: ``experiments.training.trainer.fit_run`` (the model, the task and
 the Lightning trainer of the run, fitted), then ``experiments.training.result.finish_run``
-(best, averaged or last weights, tested by ``experiments.evaluation.evaluate.evaluate``,
+(best, averaged or last weights, tested by ``experiments.training.evaluate.evaluate``,
 and the result written atomically).
 """
 
