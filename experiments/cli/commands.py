@@ -3,41 +3,28 @@
 
 from __future__ import annotations
 
-from argparse import Action, ArgumentError
+import typing
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any, Optional
 
 import yaml
-from jsonargparse import Namespace, get_loader
+from jsonargparse import Namespace
+from jsonargparse._actions import _ActionConfigLoad
 
+from experiments.cli.lightning_cli import SHORT_FLAGS, cli_parser
 from experiments.cli.parser import Parser, epilog
+from experiments.cli.run_sections import COMMAND_KEYS, ModelSection, ranged_type
 from experiments.comparison.launchers import LAUNCH_KEYS, add_launch_options, launch_settings
-from experiments.config_errors import ConfigError, key_type
-from experiments.data.corpora import CORPUS_NAMES
-from experiments.training.config import (
-    Replace,
-    RunConfig,
-    add_run_arguments,
-    load_yaml,
-    merge,
-    parse_config,
-)
-from experiments.training.lightning_form import RUN_KEYS, run_form_overrides
+from experiments.config_errors import ConfigError
+from experiments.training.config import SECTIONS, Replace, RunConfig, load_yaml, parse_config
+from experiments.training.lightning_form import run_form_key, run_form_overrides
 from experiments.training.threads import check_threads, set_threads
 
-# Short flags kept beside the dotted options they stand for (``--max-steps`` is
-# ``--trainer.max_steps``): the settings a user changes most from the shell, the same on
-# train (``experiments.cli.lightning_cli.SHORT_FLAGS``, less --max-time-s) and compare (eval
-# has those that make sense for a trained run: --data-dir, --num-threads;
-# tests/test_option_vocabulary.py keeps the sets equal).
-ALIASES = {
-    "--corpus": "data.corpus",
-    "--max-steps": "trainer.max_steps",
-    "--max-time-s": "trainer.max_time_s",
-    "--num-threads": "trainer.num_threads",
-    "--data-dir": "data.data_dir",
-    "--protocol": "data.protocol",
-}
+ALIASES = {**SHORT_FLAGS, "--max-time-s": "trainer.max_time_s"}
+"""The short flags: ``odelm train``'s (``SHORT_FLAGS``) and ``--max-time-s``, the run form's
+budget (train spells it ``--trainer.max_time``); tests/test_option_vocabulary.py keeps the
+sets of train, compare and eval equal but for the reasons it lists."""
+TRAIN_ONLY = {"help", "config", "print_config", "print_shtab", *COMMAND_KEYS}
 
 
 def options_parser(prog: str, description: str) -> Parser:
@@ -49,105 +36,73 @@ def options_parser(prog: str, description: str) -> Parser:
     return Parser(prog=prog, description=description, epilog=epilog(prog.removeprefix("odelm ")))
 
 
-MODEL_HELP = (
-    "the model: family (ode_transformer, neuralode_lm, reference), name, and that model's "
-    "typed keys (listed below the options; odelm models); --model '{family: neuralode_lm, "
-    "name: lstm, embed_dim: 128, hidden_dim: 128}' replaces the config file's model section, "
-    "--model.KEY VALUE edits one key of it (--model.dropout 0.2, --model.solver.rtol 1e-6) "
-    "(default: the config file's)"
-)
+class ModelOption(ModelSection):
+    """``odelm train``'s ``--model``, where ``--model '{...}'`` replaces the config file's
+    model section (a ``Replace``: ``compare``'s options lie over each run's section)."""
 
-
-class ModelOption(Action):
-    """``--model '{...}'`` replaces the config file's model section (a ``Replace``);
-    ``--model.KEY VALUE`` sets one key of it, a dotted key one level down per dot
-    (``--model.solver.rtol 1e-6``). Values are read as YAML (``1e-6`` is a float); the
-    section's keys are checked against its model's typed config when the config is read.
-    jsonargparse hands this action every ``--model.*`` option because it declares a
-    mapping type (``_typehint``)."""
-
-    _typehint = dict[str, Any]
-
-    def __call__(self, parser: Any, namespace: Any, value: Any, option: Any = None) -> None:
-        key = str(option or "").removeprefix(self.option_strings[0]).removeprefix(".")
-        value = get_loader("yaml")(value)
-        current = namespace.get(self.dest)
-        if not key:
-            if not isinstance(value, dict):
-                raise ArgumentError(self, f"must be a mapping {{key: value, ...}}, got {value!r}")
-            namespace[self.dest] = Replace(value)
-            return
-        for part in reversed(key.split(".")):
-            value = {part: value}
-        merged = merge(current or {}, value)
-        namespace[self.dest] = Replace(merged) if isinstance(current, Replace) else merged
+    whole = Replace
 
 
 def add_run_options(parser: Parser, skip: set[str] | None = None) -> None:
-    """One typed, documented option per run-config key (``--optim.lr 3e-4``,
-    ``--trainer.max_steps 200``, ``--model.d_model 128``), the short aliases and
-    ``--print_config``."""
+    """``odelm train``'s run-config options (its LightningCLI parser's: the same types,
+    ranges and help lines; ``skip``: top-level keys left out), the keys that ``odelm train``
+    renames also under their run-form names (``--trainer.val_every``, ``--seed``),
+    ``--trainer.max_time_s`` (``--max-time-s``) and ``--print_config``; the values are read
+    into the run form by ``run_form_overrides``."""
     parser.add_argument(
         "--print_config", action="store_true", help="print the resolved config as YAML and exit"
     )
-    for flag, key in ALIASES.items():
-        kind = (
-            {"choices": CORPUS_NAMES}
-            if key == "data.corpus"
-            else {"type": key_type(RunConfig, key)}
-        )
-        parser.add_argument(flag, dest=key, help=f"same as --{key}", **kind)
-    parser.add_argument(
-        "--download", dest="data.download", action="store_true", help="same as --data.download true"
-    )
-    add_run_arguments(parser, {*(skip or ()), "model"})
-    parser.add_argument("--model", action=ModelOption, help=MODEL_HELP)
-    for action in parser._actions:  # the corpora from the registry, not the docstring's list
-        if action.dest == "data.corpus" and action.option_strings == ["--data.corpus"]:
-            action.help = (
-                f"the corpus, one of {', '.join(CORPUS_NAMES)} (grammar is generated; text "
-                "reads a folder of train*, valid*, test* files)"
-            )
+    keys = _run_keys()
+    for action in cli_parser()._actions:
+        flags, dest = action.option_strings[:1], action.dest
+        if not flags or dest in TRAIN_ONLY | set(skip or ()) or dest.endswith(".help"):
+            continue
+        kind: dict[str, Any] = {"type": getattr(action, "_typehint", None)}
+        if isinstance(action, _ActionConfigLoad):  # --trainer FILE: the section's keys
+            kind = {"action": _ActionConfigLoad(basetype=action.basetype)}
+        elif isinstance(action, ModelSection):
+            kind = {"action": ModelOption, "default": None}
+        elif action.nargs == 0:  # --download
+            kind = {"action": "store_true"}
+        elif dest == "recipe":
+            kind = {"type": Optional[str]}  # noqa: UP045 (a runtime type)
+        elif action.choices:
+            kind["choices"] = action.choices
+        elif dest.startswith("trainer.") and dest in keys:  # Lightning's type; the run form's
+            kind["type"] = keys[dest]
+        run_key = run_form_key(dest)
+        same = dest == "seed_everything" or dest.startswith("run.")  # the same values
+        for flag, key, help_text in ((flags[0], dest, action.help), (f"--{run_key}", run_key, "")):
+            if flag not in parser._option_string_actions:
+                kind = kind if key == dest or same else {"type": keys[run_key]}
+                default = {"default": action.default} if key == dest else {}
+                text = help_text or f"same as {flags[0]} (the run form's name)"
+                parser.add_argument(flag, dest=key, help=text, **{**default, **kind})
+    budget = "the wall-clock budget in seconds (null: none; odelm train: --trainer.max_time)"
+    max_time = ranged_type("trainer.max_time_s", float)
+    parser.add_argument("--trainer.max_time_s", type=max_time, help=budget)
+    parser.add_argument("--max-time-s", dest="trainer.max_time_s", type=max_time, help=budget)
+
+
+def _run_keys() -> dict[str, Any]:
+    """Every dotted run-form key (``trainer.val_every``) and its type."""
+    hints = typing.get_type_hints(RunConfig)
+    keys = {key: hint for key, hint in hints.items() if key not in SECTIONS}
+    for section, schema in SECTIONS.items():
+        keys |= {f"{section}.{k}": v for k, v in typing.get_type_hints(schema).items()}
+    return keys
 
 
 def given_options(args: Namespace) -> dict[str, Any]:
     """The options of ``train`` or ``compare`` as a nested mapping (only those given: the
     config file's values lie under them); ``--model '{...}'`` stays a ``Replace``."""
     given = args.as_dict()
+    for section in given.values():  # a section read from a file (--trainer FILE)
+        if isinstance(section, dict):
+            section.pop("__path__", None)
     if "model" in given:
         given["model"] = args["model"]  # as_dict() copies it into a plain dict
     return given
-
-
-def add_lightning_spellings(parser: Parser) -> None:
-    """``odelm train``'s spellings of the keys it names as Lightning does, as options of
-    ``compare`` too (read into the run form: ``run_form_overrides``)."""
-    same = "odelm train's name, as Lightning's Trainer"
-    parser.add_argument("--seed_everything", type=int, help=f"same as --seed ({same})")
-    parser.add_argument(
-        "--trainer.val_check_interval",
-        type=Union[int, float],  # noqa: UP007 (a runtime type)
-        help=f"same as --trainer.val_every: steps, or 1.0 each epoch ({same})",
-    )
-    parser.add_argument(
-        "--trainer.limit_val_batches",
-        type=Optional[Union[int, float]],  # noqa: UP007, UP045
-        help=f"same as --trainer.val_batches: windows, or 1.0 or null all ({same})",
-    )
-    parser.add_argument(
-        "--trainer.log_every_n_steps", type=int, help=f"same as --trainer.log_every ({same})"
-    )
-    parser.add_argument(
-        "--trainer.enable_progress_bar",
-        type=bool,
-        help=f"same as --trainer.progress_bar ({same})",
-    )
-    for key in RUN_KEYS:
-        parser.add_argument(
-            f"--run.{key}",
-            type=key_type(RunConfig, f"trainer.{key}"),
-            help=f"same as --trainer.{key} (odelm train's run: section)",
-        )
 
 
 def compare_parser() -> Parser:
@@ -172,7 +127,6 @@ def compare_parser() -> Parser:
     )
     add_launch_options(parser)
     add_run_options(parser, skip={"name", "out_dir"})
-    add_lightning_spellings(parser)
     return parser
 
 

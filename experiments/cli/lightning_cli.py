@@ -26,6 +26,7 @@ from __future__ import annotations
 import importlib
 import json
 import logging
+import re
 import typing
 from argparse import ArgumentError
 from datetime import datetime
@@ -48,6 +49,7 @@ from experiments.cli.run_sections import (
     ranged_type,
     run_config,
 )
+from experiments.config_errors import ConfigError, config_error
 from experiments.data.corpora import CORPUS_NAMES
 from experiments.models.schema import model_keys_help, resolved_model_comment
 from experiments.training.config import (
@@ -58,11 +60,13 @@ from experiments.training.config import (
     RunConfig,
     TrainerConfig,
 )
+from experiments.training.config_checks import RANGES, check_range
 from experiments.training.lightning_form import (
     DEFAULT_LOGGERS,
     LIGHTNING_TRAINER_KEYS,
     LOGGERS,
     RUN_KEYS,
+    run_form_key,
 )
 from experiments.training.threads import check_threads
 from odelm.lightning import NAME, pl
@@ -284,6 +288,48 @@ def read_lightning(values: dict[str, Any]) -> RunConfig:
     """The ``RunConfig`` of a config mapping in either form, read as ``odelm train --config``
     reads a file of it (the parser's defaults under it)."""
     return run_config(cli_parser().parse_object(lightning_values(values)))
+
+
+def read_run_form(values: dict[str, Any], where: str = "config") -> RunConfig:
+    """``experiments.training.config.parse_config``: a run-form mapping (Lightning-form keys
+    read too) read by ``odelm train``'s parser; an error is one line naming the key as it
+    was written (``where``: the file or grid entry it came from)."""
+    for key in ("data", "optim", "trainer", "eval") & values.keys():
+        if not isinstance(values[key], dict):
+            got = type(values[key]).__name__
+            raise ConfigError(f"{where}.{key} must be a mapping, got {got}")
+    lightning = lightning_values(values)
+    try:
+        cfg = cli_parser().parse_object(lightning)
+    except ArgumentError as error:
+        raise _run_form_error(str(error), values, where) from None
+    return run_config(cfg, lightning_names=False)
+
+
+def _run_form_error(text: str, values: dict[str, Any], where: str) -> ConfigError:
+    """The parser's error on a run-form mapping as one line naming the run-form key (the
+    Lightning key where the mapping spelled it so): its range and value, or its type."""
+    wrong = re.match(r'Parser key "([^"]+)"', text)
+    if wrong:
+        key = run_form_key(wrong[1])
+        for label, spelled in ((key, key), (wrong[1], wrong[1])):
+            value = _lookup(values, spelled)
+            if key in RANGES and isinstance(value, (int, float)) and not isinstance(value, bool):
+                check_range(key, value, label)  # raises: the value is out of range
+        text = text.replace(f'"{wrong[1]}"', f'"{key}"')
+    unknown = re.match(r"Option '(?:([\w.]+)\.)?(\w+)' is not accepted", text)
+    if unknown and unknown[1]:  # a key of a section: name the section's keys
+        text = f"Group '{unknown[1]}' does not accept option '{unknown[2]}'"
+    text = text.replace("Group 'run'", "Group 'trainer'")
+    return config_error(
+        Exception(text), lambda key: f"{where}.{key}".rstrip("."), values, RunConfig
+    )
+
+
+def _lookup(values: Any, key: str) -> Any:
+    for part in key.split("."):
+        values = values.get(part) if isinstance(values, dict) else None
+    return values
 
 
 def parse_train(argv: list[str]) -> OdelmCLI | int:

@@ -23,10 +23,10 @@ from experiments.config_errors import ConfigError
 from experiments.training.config import (
     RECIPE_DIR,
     RunConfig,
+    checked_config,
     is_saved_run,
     load_yaml,
     merge,
-    parse_config,
     recipe_path,
     saved_run_values,
 )
@@ -107,18 +107,22 @@ class ModelSection(Action):
     option because it declares a mapping type (``_typehint``)."""
 
     _typehint = dict[str, Any]
+    whole: type[dict[str, Any]] = dict
+    """The mapping ``--model '{...}'`` sets (``compare``'s: a ``Replace``)."""
 
     def __call__(self, parser: Any, namespace: Any, value: Any, option: Any = None) -> None:
         key = str(option or "").removeprefix(self.option_strings[0]).removeprefix(".")
         value = get_loader("yaml")(value) if isinstance(value, str) else value
+        current = namespace.get(self.dest)
         if not key:
             if not isinstance(value, dict):
                 raise ArgumentError(self, f"must be a mapping {{key: value, ...}}, got {value!r}")
-            namespace[self.dest] = dict(value)
+            namespace[self.dest] = self.whole(value)
             return
         for part in reversed(key.split(".")):
             value = {part: value}
-        namespace[self.dest] = merge(dict(namespace.get(self.dest) or {}), value)
+        merged = merge(dict(current or {}), value)
+        namespace[self.dest] = type(current)(merged) if isinstance(current, dict) else merged
 
 
 def read_config_file(path: str | Path) -> dict[str, Any]:
@@ -164,9 +168,12 @@ class RecipeFile(Action):
         namespace["config"].pop()  # not a file of the run's (--name auto)
 
 
-def run_config(cfg: Namespace, *, print_only: bool = False) -> RunConfig:
+def run_config(
+    cfg: Namespace, *, print_only: bool = False, lightning_names: bool = True
+) -> RunConfig:
     """The engine's ``RunConfig`` of a parsed Lightning-form config, checked (``print_only``:
-    the defaults may be shown without a model, every other section checked)."""
+    the defaults may be shown without a model, every other section checked;
+    ``lightning_names``: errors name keys as the Lightning form does)."""
     values = {k: v for k, v in cfg.as_dict().items() if k not in (*COMMAND_KEYS, "config")}
     values.pop("__path__", None)
     if print_only and values.get("seed_everything") is True:  # drawn when the run starts
@@ -176,11 +183,13 @@ def run_config(cfg: Namespace, *, print_only: bool = False) -> RunConfig:
         if not run["model"].get("family"):  # odelm_model gave a class_path model one
             if not print_only:
                 raise ConfigError(NO_MODEL)
-            config = parse_config({**run, "model": {"family": "ode_transformer"}})
+            config = checked_config({**run, "model": {"family": "ode_transformer"}})
             config.model = {}
         else:
-            config = parse_config(run)
+            config = checked_config(run)
     except ConfigError as error:
+        if not lightning_names:
+            raise
         raise ConfigError(lightning_message(str(error))) from None
     if config.name == "auto":  # a run folder per config: trying an override needs no --overwrite
         from experiments.training.runs import config_sha256

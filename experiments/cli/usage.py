@@ -9,8 +9,7 @@ from collections.abc import Sequence
 
 from jsonargparse import ArgumentParser
 
-from experiments.config_errors import config_error, key_type, type_name
-from experiments.training.config import RunConfig
+from experiments.config_errors import type_name
 from experiments.training.lightning_form import renamed_key
 from odelm.errors import OdelmError
 
@@ -57,13 +56,11 @@ def usage_error(
     wrong = re.match(r'Parser key "([^"]+)"', text)
     if wrong:
         key = wrong[1]
-        if " ".join(path) == "compare" and _is_config_key(key):
-            return config_error(error, lambda key: f"--{key}", {}, RunConfig)  # type: ignore[return-value]
-        action = next((a for a in sub._actions if a.dest == key), None)
         restricted = re.search(r"Not of type \w+: (.*) does not conform to restriction v(.*)", text)
         if restricted:  # jsonargparse.typing's PositiveInt and the like
             flag = _flag(sub, key, argv)
             return UsageError(f"{flag} must be {restricted[2]}, got {restricted[1]}")
+        action = next((a for a in sub._actions if a.dest == key), None)
         given = re.search(r"(?:Got|Given) value: (.*)", text)
         expected = type_name(getattr(action, "_typehint", None) or getattr(action, "type", None))
         flag = _flag(sub, key, argv) or f"--{key}"
@@ -94,11 +91,3 @@ def _flag(parser: ArgumentParser, dest: str, argv: Sequence[str] = ()) -> str | 
     flags = [a.option_strings[0] for a in parser._actions if a.dest == dest and a.option_strings]
     given = [f for f in flags if any(arg == f or arg.startswith(f + "=") for arg in argv)]
     return (given or flags or [None])[0]
-
-
-def _is_config_key(key: str) -> bool:
-    try:
-        key_type(RunConfig, key)
-    except KeyError:
-        return False
-    return True

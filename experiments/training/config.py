@@ -12,18 +12,15 @@ and their ``Attributes:`` docstrings (the help line of every ``--section.key`` o
 from __future__ import annotations
 
 import dataclasses
-import functools
 import typing
-from argparse import ArgumentError
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from jsonargparse import ArgumentParser
-
-from experiments.config_errors import ConfigError, config_error
+from experiments.config_errors import ConfigError
 from experiments.models.schema import check_model, current_spelling
-from experiments.training.config_checks import RANGES, check_range, resolve_max_time
+from experiments.training.config_checks import RANGES, check_range
+from experiments.training.lightning_form import renamed_key
 from experiments.training.yamlfiles import Replace, load_yaml, merge  # noqa: F401 (re-exported)
 
 
@@ -223,19 +220,6 @@ SECTIONS = {
 """The config's sections that are dataclasses (``model`` is a free mapping)."""
 
 
-def add_run_arguments(parser: ArgumentParser, skip: set[str] | None = None) -> None:
-    """One option per config key (``--optim.lr``, ``--model.family``), typed and documented
-    by the dataclasses above; ``skip`` leaves out top-level keys (a grid sets ``name``)."""
-    parser.add_class_arguments(RunConfig, nested_key=None, skip=skip)
-
-
-@functools.cache
-def _parser() -> ArgumentParser:
-    parser = ArgumentParser(exit_on_error=False)
-    add_run_arguments(parser)
-    return parser
-
-
 RECIPE_DIR = Path(__file__).resolve().parents[1] / "configs" / "recipes"
 """The named recipes: ``NAME.yaml`` each (``odelm train --recipe NAME``, or ``recipe: NAME``
 in a config or grid, lies under the config's own settings)."""
@@ -256,32 +240,26 @@ RECIPES: dict[str, dict[str, Any]] = {
 """Each recipe's settings (its file's, less its ``recipe:`` label)."""
 
 
-def with_recipe(values: dict[str, Any]) -> dict[str, Any]:
-    """Config values with their named recipe merged underneath (the values win)."""
-    name = values.get("recipe")
-    if name is None:
-        return values
-    recipe_path(name)  # a known recipe
-    return merge(RECIPES[name], values)
-
-
 def parse_config(values: dict[str, Any], *, where: str = "config") -> RunConfig:
-    """Build a RunConfig from a plain dict, naming any unknown key or wrong type.
+    """Build a RunConfig from a plain dict (the run form; Lightning-form keys are read too),
+    naming any unknown key, wrong type or value out of range in one line.
 
-    A ``recipe`` lies underneath: the config's own settings win over the recipe's.
+    It is read as ``odelm train --config`` reads a file: translated to the Lightning form
+    and parsed by ``odelm train``'s parser (``experiments.cli.lightning_cli.read_run_form``),
+    so each range is checked once, by that parser's constrained types. A ``recipe`` lies
+    underneath: the config's own settings win over the recipe's.
     """
-    values = with_recipe(values)
-    for key in SECTIONS.keys() & values.keys():
-        if not isinstance(values[key], dict):
-            got = type(values[key]).__name__
-            raise ConfigError(f"{where}.{key} must be a mapping, got {got}")
-    try:
-        parsed = _parser().parse_object(values).as_dict()
-    except ArgumentError as error:
-        raise config_error(error, lambda key: f"{where}.{key}".rstrip("."), values, RunConfig)
-    sections = {key: schema(**parsed.pop(key)) for key, schema in SECTIONS.items()}
-    config = RunConfig(**parsed, **sections)
-    config.trainer = resolve_max_time(config.trainer)
+    from experiments.cli.lightning_cli import read_run_form  # it imports this module
+
+    return read_run_form(values, where)
+
+
+def checked_config(run: dict[str, Any]) -> RunConfig:
+    """The ``RunConfig`` of a whole run-form mapping that ``odelm train``'s parser has read
+    (``experiments.training.lightning_form.from_lightning`` of it), checked
+    (``check_values``, the model section's keys)."""
+    sections = {key: schema(**run[key]) for key, schema in SECTIONS.items()}
+    config = RunConfig(**{k: v for k, v in run.items() if k not in SECTIONS}, **sections)
     check_values(config)
     check_model(config.model)
     return config
@@ -324,16 +302,20 @@ def saved_run_values(values: dict[str, Any]) -> dict[str, Any]:
     return values
 
 
+LIGHTNING_RANGED = tuple(key for key in RANGES if renamed_key(key).startswith("trainer."))
+"""The ranged keys that ``odelm train`` spells as Lightning ``Trainer`` arguments: Lightning's
+types carry no range (``max_steps: -1`` is its "no budget"), so ``check_values`` checks
+them; every other range is a constrained type of ``odelm train``'s parser."""
+
+
 def check_values(config: RunConfig) -> None:
-    """The checks types cannot say: ranges, budgets and combinations (the choices are the
-    config's ``Literal`` types, which jsonargparse checks)."""
-    for key, value in _ranged_values(config).items():
-        check_range(key, value)
+    """The checks the parser's types cannot say: the ranges of Lightning's ``Trainer``
+    arguments, the betas, the budget and combinations."""
+    for key in LIGHTNING_RANGED:
+        value = getattr(config.trainer, key.partition(".")[2])
+        check_range(key, None if isinstance(value, str) else value)  # val_every: epoch
     for index, beta in enumerate(config.optim.betas):
         check_range("optim.betas", beta, f"optim.betas[{index}]")
-    for name in config.trainer.logger:
-        if name not in ("csv", "tensorboard", "wandb"):
-            raise ConfigError(f"trainer.logger {name!r} is not one of csv, tensorboard, wandb")
     if len(config.optim.betas) != 2:
         raise ConfigError(f"optim.betas must hold two numbers, got {config.optim.betas}")
     if config.optim.anneal_factor <= 1 or config.optim.anneal_patience < 1:
@@ -345,20 +327,7 @@ def check_values(config: RunConfig) -> None:
     trainer = config.trainer
     if trainer.max_steps is None and trainer.max_epochs is None:
         raise ConfigError("set a budget: trainer.max_steps or trainer.max_epochs (or both)")
-    if isinstance(trainer.val_every, str) and trainer.val_every != "epoch":
-        raise ConfigError(f"trainer.val_every = {trainer.val_every!r}: give steps or 'epoch'")
     if config.data.stateful and config.data.batching != "stream":
         raise ConfigError("data.stateful needs data.batching: stream (contiguous streams)")
     if not config.model:
         raise ConfigError("the config has no model section; e.g. model: {family: ode_transformer}")
-
-
-def _ranged_values(config: RunConfig) -> dict[str, float | None]:
-    """The value of every key of ``RANGES`` but the betas (None: unset)."""
-    values: dict[str, Any] = {"seed": config.seed}
-    for section in ("data", "optim", "trainer", "eval"):
-        for key, value in dataclasses.asdict(getattr(config, section)).items():
-            values[f"{section}.{key}"] = value
-    if isinstance(config.trainer.val_every, str):
-        values["trainer.val_every"] = None  # "epoch"
-    return {key: values[key] for key in RANGES if key != "optim.betas"}

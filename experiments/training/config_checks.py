@@ -1,12 +1,10 @@
-"""What makes a run config valid beyond its types: the range of every numeric setting, the
-wall-time budget, the thread count (jsonargparse checks types; choices are ``Literal``
-types). Errors are ``experiments.config_errors.ConfigError``, one line each."""
+"""What makes a run config valid beyond its types: the range of every numeric setting, checked by
+``odelm train``'s parser (constrained number types) and, for Lightning's ``Trainer``
+arguments, by ``experiments.training.config.check_values``. Errors are ``experiments.config_errors.ConfigError``, one line each."""
 
 from __future__ import annotations
 
 import dataclasses
-import re
-from typing import Any
 
 from experiments.config_errors import ConfigError
 
@@ -88,35 +86,3 @@ def check_range(key: str, value: float | None, label: str | None = None) -> None
         raise ConfigError(
             f"{label or key} = {value!r} is out of range; it must be {RANGES[key]}{unset}"
         )
-
-
-_HMS = re.compile(r"(?:(\d+):)?(\d+):(\d+):(\d+)")
-
-
-def resolve_max_time(trainer: Any) -> Any:
-    """``trainer`` with its ``max_time`` (Lightning's ``[DD:]HH:MM:SS``; whole seconds as a
-    number, which is what YAML reads an unquoted ``1:30:00`` as) moved into ``max_time_s``,
-    so a run's identity is one budget however it was spelled."""
-    value = trainer.max_time
-    if value is None:
-        return trainer
-    text = str(value)
-    match = _HMS.fullmatch(text)
-    if match:
-        days, hours, minutes, seconds = (int(part or 0) for part in match.groups())
-        total = float(((days * 24 + hours) * 60 + minutes) * 60 + seconds)
-    elif text.isdigit():
-        total = float(text)
-    else:
-        raise ConfigError(
-            f"trainer.max_time = {value!r} is not a time; it must be HH:MM:SS or DD:HH:MM:SS "
-            "(as Lightning spells it, e.g. 00:05:00) or null"
-        )
-    if total <= 0:
-        raise ConfigError(f"trainer.max_time = {value!r} is out of range; it must be > 0 or null")
-    if trainer.max_time_s is not None and trainer.max_time_s != total:
-        raise ConfigError(
-            f"trainer.max_time = {value!r} ({total:g} s) and trainer.max_time_s = "
-            f"{trainer.max_time_s!r} disagree; give one of them"
-        )
-    return dataclasses.replace(trainer, max_time_s=total, max_time=None)

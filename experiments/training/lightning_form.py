@@ -24,6 +24,7 @@ import re
 from typing import Any
 
 from experiments.config_errors import ConfigError
+from experiments.training.config_checks import check_range
 
 TRAINER_RENAMES = {
     "val_every": "val_check_interval",
@@ -78,6 +79,18 @@ def renamed_key(key: str) -> str:
     return key
 
 
+def run_form_key(key: str) -> str:
+    """A dotted Lightning-form key as the run form spells it (``renamed_key``'s inverse:
+    ``run.num_threads`` -> ``trainer.num_threads``)."""
+    section, _, name = key.partition(".")
+    if key == "seed_everything":
+        return "seed"
+    if section == "run":
+        return f"trainer.{name}"
+    back = {new: old for old, new in TRAINER_RENAMES.items()}
+    return f"trainer.{back[name]}" if section == "trainer" and name in back else key
+
+
 def lightning_message(text: str) -> str:
     """A run-form error message with its keys named as the Lightning form names them."""
     return re.sub(r"\b(seed|trainer\.\w+)\b", lambda m: renamed_key(m[1]), text)
@@ -110,13 +123,17 @@ def to_lightning(values: dict[str, Any]) -> dict[str, Any]:
         for old, new in TRAINER_RENAMES.items():
             if old in trainer:
                 value = trainer.pop(old)
-                value = 1.0 if old == "val_every" and value == "epoch" else value
+                if old == "val_every" and isinstance(value, str):
+                    if value != "epoch":
+                        raise ConfigError(f"trainer.val_every = {value!r}: give steps or 'epoch'")
+                    value = 1.0
                 _agree(trainer, new, value, f"trainer.{old}")
         for key in RUN_KEYS:
             if key in trainer:
                 _agree(run, key, trainer.pop(key), f"trainer.{key}")
         if "max_time_s" in trainer:
             seconds = trainer.pop("max_time_s")
+            check_range("trainer.max_time_s", seconds)
             if trainer.get("max_time") is not None and seconds is not None:
                 given = max_time_seconds(trainer["max_time"])
                 if given != float(seconds):
@@ -128,6 +145,8 @@ def to_lightning(values: dict[str, Any]) -> dict[str, Any]:
                 trainer["max_time"] = time_text(seconds)
         if isinstance(trainer.get("max_time"), int):  # YAML's reading of 1:30:00: seconds
             trainer["max_time"] = time_text(trainer["max_time"])
+        if isinstance(trainer.get("logger"), list):
+            _loggers(trainer["logger"])  # each name known
         if "max_steps" in trainer and trainer["max_steps"] is None:
             trainer["max_steps"] = -1  # Lightning's "no step budget"
         values["trainer"] = trainer
