@@ -54,6 +54,7 @@ from experiments.data.corpora import CORPUS_NAMES
 from experiments.models.schema import model_keys_help, resolved_model_comment
 from experiments.training.config import (
     RECIPE_DIR,
+    SECTIONS,
     DataConfig,
     EvalConfig,
     OptimConfig,
@@ -294,7 +295,7 @@ def read_run_form(values: dict[str, Any], where: str = "config") -> RunConfig:
     """``experiments.training.config.parse_config``: a run-form mapping (Lightning-form keys
     read too) read by ``odelm train``'s parser; an error is one line naming the key as it
     was written (``where``: the file or grid entry it came from)."""
-    for key in ("data", "optim", "trainer", "eval") & values.keys():
+    for key in SECTIONS.keys() & values.keys():
         if not isinstance(values[key], dict):
             got = type(values[key]).__name__
             raise ConfigError(f"{where}.{key} must be a mapping, got {got}")

@@ -1,5 +1,5 @@
-"""Run configuration: typed sections, parsed by jsonargparse, with unknown keys and wrong
-types named in one line.
+"""Run configuration: typed sections, parsed by ``odelm train``'s parser (``parse_config``),
+with unknown keys, wrong types and values out of range named in one line.
 
 A run config has five sections: ``data``, ``model`` (a typed union keyed by ``family`` and
 ``name``: each model's config dataclass, checked by ``experiments.models.schema`` when the
