@@ -31,7 +31,7 @@ def config_error(
     wrong = re.search(r'Parser key "([^"]+)"', text)
     if wrong:
         key = wrong[1]
-        value = _lookup(values, key)
+        value = lookup(values, key)
         if value is _MISSING:
             given = re.search(r"(?:Got|Given) value: (.*)", text)
             value = given[1] if given else None
@@ -45,7 +45,8 @@ def config_error(
 _MISSING = object()
 
 
-def _lookup(values: Any, key: str) -> Any:
+def lookup(values: Any, key: str) -> Any:
+    """The value of a dotted key in nested mappings (``_MISSING`` where there is none)."""
     for part in key.split("."):
         if not isinstance(values, dict) or part not in values:
             return _MISSING

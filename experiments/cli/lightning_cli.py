@@ -49,7 +49,7 @@ from experiments.cli.run_sections import (
     ranged_type,
     run_config,
 )
-from experiments.config_errors import ConfigError, config_error
+from experiments.config_errors import ConfigError, config_error, lookup
 from experiments.data.corpora import CORPUS_NAMES
 from experiments.models.schema import model_keys_help, resolved_model_comment
 from experiments.training.config import (
@@ -287,11 +287,14 @@ def cli_parser() -> Any:
 
 def read_lightning(values: dict[str, Any]) -> RunConfig:
     """The ``RunConfig`` of a config mapping in either form, read as ``odelm train --config``
-    reads a file of it (the parser's defaults under it)."""
-    return run_config(cli_parser().parse_object(lightning_values(values)))
+    reads a file of it (the parser's defaults under it; errors name keys as ``odelm train``
+    does)."""
+    return read_run_form(values, lightning_names=True)
 
 
-def read_run_form(values: dict[str, Any], where: str = "config") -> RunConfig:
+def read_run_form(
+    values: dict[str, Any], where: str = "config", *, lightning_names: bool = False
+) -> RunConfig:
     """``experiments.training.config.parse_config``: a run-form mapping (Lightning-form keys
     read too) read by ``odelm train``'s parser; an error is one line naming the key as it
     was written (``where``: the file or grid entry it came from)."""
@@ -299,12 +302,11 @@ def read_run_form(values: dict[str, Any], where: str = "config") -> RunConfig:
         if not isinstance(values[key], dict):
             got = type(values[key]).__name__
             raise ConfigError(f"{where}.{key} must be a mapping, got {got}")
-    lightning = lightning_values(values)
     try:
-        cfg = cli_parser().parse_object(lightning)
+        cfg = cli_parser().parse_object(lightning_values(values))
     except ArgumentError as error:
         raise _run_form_error(str(error), values, where) from None
-    return run_config(cfg, lightning_names=False)
+    return run_config(cfg, lightning_names=lightning_names)
 
 
 def _run_form_error(text: str, values: dict[str, Any], where: str) -> ConfigError:
@@ -313,10 +315,10 @@ def _run_form_error(text: str, values: dict[str, Any], where: str) -> ConfigErro
     wrong = re.match(r'Parser key "([^"]+)"', text)
     if wrong:
         key = run_form_key(wrong[1])
-        for label, spelled in ((key, key), (wrong[1], wrong[1])):
-            value = _lookup(values, spelled)
+        for spelled in (key, wrong[1]):
+            value = lookup(values, spelled)
             if key in RANGES and isinstance(value, (int, float)) and not isinstance(value, bool):
-                check_range(key, value, label)  # raises: the value is out of range
+                check_range(key, value, spelled)  # raises: the value is out of range
         text = text.replace(f'"{wrong[1]}"', f'"{key}"')
     unknown = re.match(r"Option '(?:([\w.]+)\.)?(\w+)' is not accepted", text)
     if unknown and unknown[1]:  # a key of a section: name the section's keys
@@ -325,12 +327,6 @@ def _run_form_error(text: str, values: dict[str, Any], where: str) -> ConfigErro
     return config_error(
         Exception(text), lambda key: f"{where}.{key}".rstrip("."), values, RunConfig
     )
-
-
-def _lookup(values: Any, key: str) -> Any:
-    for part in key.split("."):
-        values = values.get(part) if isinstance(values, dict) else None
-    return values
 
 
 def parse_train(argv: list[str]) -> OdelmCLI | int:
