@@ -11,20 +11,20 @@ import yaml
 from jsonargparse import Namespace
 from jsonargparse._actions import _ActionConfigLoad
 
-from experiments.cli.lightning_cli import SHORT_FLAGS, cli_parser
 from experiments.cli.parser import Parser, epilog
-from experiments.cli.run_sections import COMMAND_KEYS, ModelSection, ranged_type
 from experiments.comparison.launchers import LAUNCH_KEYS, add_launch_options, launch_settings
 from experiments.config_errors import ConfigError
 from experiments.training.config import SECTIONS, Replace, RunConfig, load_yaml, parse_config
 from experiments.training.lightning_form import run_form_key, run_form_overrides
+from experiments.training.run_parser import SHORT_FLAGS, run_parser
+from experiments.training.run_sections import ModelSection, ranged_type
 from experiments.training.threads import check_threads, set_threads
 
 ALIASES = {**SHORT_FLAGS, "--max-time-s": "trainer.max_time_s"}
 """The short flags: ``odelm train``'s (``SHORT_FLAGS``) and ``--max-time-s``, the run form's
 budget (train spells it ``--trainer.max_time``); tests/test_option_vocabulary.py keeps the
 sets of train, compare and eval equal but for the reasons it lists."""
-TRAIN_ONLY = {"help", "config", "print_config", "print_shtab", *COMMAND_KEYS}
+TRAIN_ONLY = {"help", "config", "print_config", "print_shtab"}
 
 
 def options_parser(prog: str, description: str) -> Parser:
@@ -44,7 +44,7 @@ class ModelOption(ModelSection):
 
 
 def add_run_options(parser: Parser, skip: set[str] | None = None) -> None:
-    """``odelm train``'s run-config options (its LightningCLI parser's: the same types,
+    """``odelm train``'s run-config options (the run config's parser's: the same types,
     ranges and help lines; ``skip``: top-level keys left out), the keys that ``odelm train``
     renames also under their run-form names (``--trainer.val_every``, ``--seed``),
     ``--trainer.max_time_s`` (``--max-time-s``) and ``--print_config``; the values are read
@@ -53,7 +53,7 @@ def add_run_options(parser: Parser, skip: set[str] | None = None) -> None:
         "--print_config", action="store_true", help="print the resolved config as YAML and exit"
     )
     keys = _run_keys()
-    for action in cli_parser()._actions:
+    for action in run_parser()._actions:
         flags, dest = action.option_strings[:1], action.dest
         if not flags or dest in TRAIN_ONLY | set(skip or ()) or dest.endswith(".help"):
             continue

@@ -1,4 +1,4 @@
-"""``odelm train``'s config, the Lightning form (``experiments.training.lightning_form``),
+"""``odelm train``'s config (and ``parse_config``'s), the Lightning form (``experiments.training.lightning_form``),
 as LightningCLI options: odelm's typed sections (``add_section``: each ranged key a
 jsonargparse constrained number type, from ``RANGES``), the ``model:`` section
 (``ModelSection``), ``--config`` reading files of either form (``ConfigFile``), recipes as
@@ -20,18 +20,17 @@ from jsonargparse import ActionConfigFile, Namespace, get_loader
 from jsonargparse.typing import registered_types, restricted_number_type
 
 from experiments.config_errors import ConfigError
-from experiments.training.config import (
+from experiments.training.config_checks import NULLABLE, RANGES, SEED_MAX
+from experiments.training.lightning_form import from_lightning, lightning_message, to_lightning
+from experiments.training.run_schema import (
     RECIPE_DIR,
     RunConfig,
     checked_config,
     is_saved_run,
-    load_yaml,
-    merge,
     recipe_path,
     saved_run_values,
 )
-from experiments.training.config_checks import NULLABLE, RANGES, SEED_MAX
-from experiments.training.lightning_form import from_lightning, lightning_message, to_lightning
+from experiments.training.yamlfiles import load_yaml, merge
 
 COMMAND_KEYS = ("overwrite", "quiet", "verbose")
 """Options of the command, not of the run: left out of the printed config."""
@@ -191,12 +190,6 @@ def run_config(
         if not lightning_names:
             raise
         raise ConfigError(lightning_message(str(error))) from None
-    if config.name == "auto":  # a run folder per config: trying an override needs no --overwrite
-        from experiments.training.runs import config_sha256
-
-        paths = [p for p in (cfg.get("config") or []) if p is not None]
-        stem = Path(str(paths[-1])).stem if paths else "train"
-        config.name = f"{stem}-{config_sha256(config)[:10]}"
     return config
 
 
