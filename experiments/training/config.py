@@ -10,9 +10,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from experiments.config_errors import ConfigError
+from experiments.config_errors import ConfigError  # noqa: F401 (re-exported)
 from experiments.training.run_parser import read_run_form
-from experiments.training.run_schema import (
+from experiments.training.run_schema import (  # noqa: F401 (re-exported: the schema)
     RECIPE_DIR,
     RECIPES,
     SECTIONS,
@@ -21,34 +21,9 @@ from experiments.training.run_schema import (
     OptimConfig,
     RunConfig,
     TrainerConfig,
-    checked_config,
-    is_saved_run,
-    recipe_path,
     saved_run_values,
 )
-from experiments.training.yamlfiles import Replace, load_yaml, merge
-
-__all__ = [
-    "RECIPES",
-    "RECIPE_DIR",
-    "SECTIONS",
-    "ConfigError",
-    "DataConfig",
-    "EvalConfig",
-    "OptimConfig",
-    "Replace",
-    "RunConfig",
-    "TrainerConfig",
-    "checked_config",
-    "is_saved_run",
-    "load_config",
-    "load_run_config",
-    "load_yaml",
-    "merge",
-    "parse_config",
-    "recipe_path",
-    "saved_run_values",
-]
+from experiments.training.yamlfiles import Replace, load_yaml, merge  # noqa: F401
 
 
 def parse_config(values: dict[str, Any], *, where: str = "config") -> RunConfig:
