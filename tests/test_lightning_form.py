@@ -184,3 +184,34 @@ def test_seed_everything_true_draws_a_seed_the_run_records(capsys):
     capsys.readouterr()
     assert main(["train", "--model.family", "reference", "--seed", "-1", "--print_config"]) == 2
     assert "--seed must be" in capsys.readouterr().err
+
+
+def test_parse_config_train_and_compare_read_one_parser():
+    """Issue 32: the run config's options are defined once (``run_parser``): ``odelm
+    train``'s LightningCLI adds them, ``parse_config`` parses with them (each range a
+    constrained type, its error naming the key as the values spell it), ``odelm compare``
+    copies them."""
+    from experiments.cli.commands import compare_parser
+    from experiments.training.run_parser import run_parser
+
+    def options(parser) -> dict[str, object]:
+        return {
+            a.option_strings[0]: getattr(a, "_typehint", None)
+            for a in parser._actions
+            if a.option_strings and a.dest not in ("help", "config")
+        }
+
+    shared = options(run_parser())
+    train, compare = options(cli_parser()), options(compare_parser())
+    assert {"--optim.lr", "--run.num_threads", "--trainer.val_check_interval"} <= shared.keys()
+    assert shared.items() <= train.items()  # the same options with the same types
+    helps = {flag for flag in shared if flag.endswith(".help")}  # jsonargparse's class help
+    assert shared.keys() - {"--name", "--out_dir", *helps} <= compare.keys()
+    assert compare["--optim.lr"] is shared["--optim.lr"]  # odelm's ranged types, as train's
+    model = {"family": "reference"}
+    with pytest.raises(ConfigError, match=r"^run\.num_threads = 0 is out of range; it must be"):
+        parse_config({"model": model, "run": {"num_threads": 0}})
+    with pytest.raises(ConfigError, match=r"^trainer\.num_threads = 0 is out of range"):
+        parse_config({"model": model, "trainer": {"num_threads": 0}})
+    with pytest.raises(ConfigError, match=r"^optim\.lr = -1\.0 is out of range; it must be >= 0$"):
+        parse_config({"model": model, "optim": {"lr": -1.0}})
