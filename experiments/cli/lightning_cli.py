@@ -1,26 +1,14 @@
 """``odelm train``: a ``LightningCLI`` subclass (``OdelmCLI``) of the Lightning package odelm
 chose (``odelm.lightning``).
 
-Its parser is Lightning's ``LightningArgumentParser`` with the run config's arguments
-(``experiments.training.run_parser``, whose own copy ``parse_config`` reads and
-``odelm compare`` copies its options from); its config is the *Lightning form*
-of a run config (``experiments.training.lightning_form``): ``trainer:`` is Lightning's
-``Trainer`` arguments under Lightning's names (those the engine takes), ``seed_everything``
-the seed, ``model:`` odelm's ``{family, name, ...keys}`` or ``{class_path, init_args}``,
-and odelm's own sections beside them: ``data``, ``optim``, ``eval``, ``run`` (the loop's
-settings Lightning's ``Trainer`` lacks), ``name``, ``out_dir`` and ``recipe``. Numeric
-settings are jsonargparse's constrained number types (their ranges are
-``experiments.training.config_checks.RANGES``). ``--config`` may be repeated, each file
-over the ones before it; a file in the run form (every published config, every run
-folder's ``config.yaml``) is translated on read. A recipe is a YAML file under
-``experiments/configs/recipes`` (``--recipe NAME`` layers it where it is given; a file's
-``recipe: NAME`` lies under that file). ``--help`` and ``--print_config`` are
-LightningCLI's.
-
-The CLI is built with ``run=False`` and no subcommands: ``instantiate_classes`` reads the
-parsed config into the engine's ``RunConfig`` (the hashed, canonical form) and
-``cmd_train`` hands it to ``experiments.training.train.train``, which builds the Lightning
-objects, resumes, and writes ``result.json`` and the model card.
+Its parser is Lightning's ``LightningArgumentParser`` with the run config's arguments, the
+*Lightning form* (``experiments.training.run_parser``, whose own copy ``parse_config``
+reads and ``odelm compare`` copies its options from), and the command's options.
+``--help`` and ``--print_config`` are LightningCLI's. The CLI is built with ``run=False``
+and no subcommands: ``instantiate_classes`` reads the parsed config into the engine's
+``RunConfig`` (the hashed, canonical form) and ``cmd_train`` hands it to
+``experiments.training.train.train``, which builds the Lightning objects, resumes, and
+writes ``result.json`` and the model card.
 """
 
 from __future__ import annotations

@@ -6,7 +6,11 @@ It reads the Lightning form (``experiments.training.lightning_form``): ``seed_ev
 (also ``--seed``), ``trainer`` (Lightning's ``Trainer`` arguments the engine takes, under
 Lightning's names and types), ``model``, odelm's ``data``, ``optim``, ``eval`` and ``run``
 sections (each ranged key a jsonargparse constrained number type, from ``RANGES``),
-``name``, ``out_dir``, ``recipe`` and the short flags.
+``name``, ``out_dir``, ``recipe`` and the short flags. ``--config`` may be repeated, each
+file over the ones before; a file in the run form (every published config, every run
+folder's ``config.yaml``) is translated on read. A recipe is a YAML file under
+``experiments/configs/recipes`` (``--recipe NAME`` layers it where it is given; a file's
+``recipe: NAME`` lies under that file).
 """
 
 from __future__ import annotations

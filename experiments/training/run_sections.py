@@ -1,9 +1,8 @@
-"""``odelm train``'s config (and ``parse_config``'s), the Lightning form (``experiments.training.lightning_form``),
-as LightningCLI options: odelm's typed sections (``add_section``: each ranged key a
-jsonargparse constrained number type, from ``RANGES``), the ``model:`` section
-(``ModelSection``), ``--config`` reading files of either form (``ConfigFile``), recipes as
-files (``RecipeFile``), and the parsed config read into the engine's ``RunConfig``
-(``run_config``)."""
+"""The run config's sections as options of its parser (``experiments.training.run_parser``):
+odelm's typed sections (``add_section``: each ranged key a jsonargparse constrained number
+type, from ``RANGES``), the ``model:`` section (``ModelSection``), ``--config`` reading
+files of either form (``ConfigFile``), recipes as files (``RecipeFile``), and the parsed
+Lightning-form config read into the engine's ``RunConfig`` (``run_config``)."""
 
 from __future__ import annotations
 
