@@ -72,12 +72,9 @@ def usage_error(
         if out_of_range:  # a run-config key: its range as the config's own check words it
             return out_of_range
         if restricted:  # jsonargparse.typing's PositiveInt and the like
-            flag = _flag(sub, key, argv)
             return UsageError(f"{flag} must be {restricted[2]}, got {restricted[1]}")
         expected = type_name(getattr(action, "_typehint", None) or getattr(action, "type", None))
-        flag = _flag(sub, key, argv) or f"--{key}"
-        value = given[1] if given else _given(argv, flag)
-        return UsageError(f"{flag} must be {expected}, got {value!r}")
+        return UsageError(f"{flag} must be {expected}, got {value or given_here!r}")
     typed = re.match(r"argument ([-\w]+): (\1 .*)", text)
     if typed:  # a range type's own line (experiments.cli.values) names the option
         return UsageError(typed[2])
