@@ -115,7 +115,7 @@ def test_the_command_line_lies_over_the_recipe_which_lies_under_the_file(tmp_pat
         (["--trainer.max_steps", "0"], "odelm: error: trainer.max_steps = 0 is out of range"),
         (["--trainer.max_steps", "2.5"], "odelm: error: --trainer.max_steps must be int, got"),
         (["--recipe", "nope"], "odelm: error: recipe = 'nope' is not one of adam, lstm-sgd"),
-        (["--data.bptt", "0"], "odelm: error: --data.bptt must be >=1, got 0"),
+        (["--data.bptt", "0"], "odelm: error: --data.bptt = 0 is out of range; it must be >= 1"),
     ],
 )
 def test_a_bad_option_is_one_named_line(capsys, options, message):

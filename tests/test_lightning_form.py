@@ -183,7 +183,9 @@ def test_seed_everything_true_draws_a_seed_the_run_records(capsys):
     assert len(drawn) == 2 and all(0 <= seed < 2**32 for seed in drawn)  # not Lightning's 0
     capsys.readouterr()
     assert main(["train", "--model.family", "reference", "--seed", "-1", "--print_config"]) == 2
-    assert "--seed must be" in capsys.readouterr().err
+    assert "odelm: error: --seed = -1 is out of range; it must be in [0, 4294967295]" in (
+        capsys.readouterr().err
+    )
 
 
 def test_parse_config_train_and_compare_read_one_parser():

@@ -7,9 +7,11 @@ import re
 from argparse import ArgumentError
 from collections.abc import Sequence
 
+import yaml
 from jsonargparse import ArgumentParser
 
-from experiments.config_errors import type_name
+from experiments.config_errors import ConfigError, type_name
+from experiments.training.config_checks import RANGES, check_range
 from experiments.training.lightning_form import renamed_key
 from odelm.errors import OdelmError
 
@@ -57,15 +59,19 @@ def usage_error(
     if wrong:
         key = wrong[1]
         restricted = re.search(r"Not of type \w+: (.*) does not conform to restriction v(.*)", text)
-        if restricted:  # jsonargparse.typing's PositiveInt and the like
-            flag = _flag(sub, key, argv)
-            return UsageError(f"{flag} must be {restricted[2]}, got {restricted[1]}")
         action = next((a for a in sub._actions if a.dest == key), None)
         given = re.search(r"(?:Got|Given) value: (.*)", text)
-        expected = type_name(getattr(action, "_typehint", None) or getattr(action, "type", None))
+        value = restricted[1] if restricted else given[1] if given else None
         flag = _flag(sub, key, argv) or f"--{key}"
-        value = given[1] if given else _given(argv, flag)
-        return UsageError(f"{flag} must be {expected}, got {value!r}")
+        given_here = _given(argv, flag)  # None: the value came from a config file
+        label = key if given_here is None else flag
+        out_of_range = _out_of_range(key, value or given_here, label)
+        if out_of_range:  # a run-config key: its range as the config's own check words it
+            return out_of_range
+        if restricted:  # jsonargparse.typing's PositiveInt and the like
+            return UsageError(f"{flag} must be {restricted[2]}, got {restricted[1]}")
+        expected = type_name(getattr(action, "_typehint", None) or getattr(action, "type", None))
+        return UsageError(f"{flag} must be {expected}, got {value or given_here!r}")
     typed = re.match(r"argument ([-\w]+): (\1 .*)", text)
     if typed:  # a range type's own line (experiments.cli.values) names the option
         return UsageError(typed[2])
@@ -73,6 +79,29 @@ def usage_error(
         names = ", ".join(sub._subcommands_action._name_parser_map)
         return UsageError(f"{prog} needs a subcommand, one of {names}; see {prog} --help")
     return UsageError(" ".join(text.split()))
+
+
+RANGED = {renamed_key(key): key for key in RANGES}
+"""``odelm train``'s ranged keys (the Lightning form's spelling) -> ``RANGES``' keys."""
+
+
+def _out_of_range(key: str, text: str | None, label: str) -> UsageError | None:
+    """``LABEL = VALUE is out of range; it must be ...`` where ``key`` is a ranged run-config
+    setting and ``text`` a number outside its range (None otherwise: another kind of error);
+    ``label`` is the option given on the command line, else the key of the config file."""
+    if key not in RANGED or text is None:
+        return None
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        check_range(RANGED[key], value, label)
+    except ConfigError as error:
+        return UsageError(str(error))
+    return None
 
 
 def _given(argv: list[str], flag: str) -> str | None:
