@@ -67,10 +67,10 @@ def library_steps(name: str, data: list[torch.Tensor], folder: Path) -> Any:
     def run() -> list[float]:
         task.model.load_state_dict(initial)  # every round starts where the plain loop's does
         clock = StepClock()
-        parts = build_trainer(config, [clock])
+        trainer = build_trainer(config, [clock])
         loader = DataLoader(items, batch_size=None)
         with lightning_settings():
-            parts.trainer.fit(task, train_dataloaders=loader)
+            trainer.fit(task, train_dataloaders=loader)
         return clock.seconds[1:]  # the first interval includes the loop's start
 
     return run

@@ -59,4 +59,4 @@ def test_the_trainer_of_a_default_run_trains_on_this_machines_cpu(tmp_path, tiny
 
     config = parse_config(tiny_config(tmp_path, trainer={"logger": []}))
     assert config.trainer.accelerator == "auto" and not torch.cuda.is_available()
-    assert isinstance(build_trainer(config, []).trainer.accelerator, CPUAccelerator)
+    assert isinstance(build_trainer(config, []).accelerator, CPUAccelerator)

@@ -1,16 +1,20 @@
-"""The end of a run: the weights it reports, tested, and its files written (the model, the
-model card, ``result.json`` last: a run with one is finished)."""
+"""The run folder's files, written by a callback of the run's trainer (``RunFiles``): its
+config and tokenizer when fit sets up (as LightningCLI's ``SaveConfigCallback`` writes its
+config), and when fit ends the weights it reports, tested, the model, the model card, and
+``result.json`` last (a run with one is finished)."""
 
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, TypeVar
+
+import yaml
 
 from experiments.data.tokenization import LMData
 from experiments.models.build import count_parameters, depth_kind
 from experiments.training import runfolder
 from experiments.training.cards import write_card
-from experiments.training.checkpoints import select_weights
+from experiments.training.checkpoints import CheckpointAverager, RunCheckpoint, select_weights
 from experiments.training.config import RunConfig
 from experiments.training.evaluate import EvalSettings, evaluate
 from experiments.training.runs import (
@@ -21,25 +25,58 @@ from experiments.training.runs import (
     split_checksums,
     write_json,
 )
-from experiments.training.throughput import peak_memory_mb
-from experiments.training.trainer import FittedRun
+from experiments.training.task import LMTask
+from experiments.training.throughput import ThroughputMeter, peak_memory_mb
 from odelm.errors import OdelmError
+from odelm.lightning import pl
+
+C = TypeVar("C", bound=pl.Callback)
 
 
 class DivergedError(OdelmError, FloatingPointError):
     """The run ended with a non-finite perplexity."""
 
 
-def finish_run(config: RunConfig, data: LMData, fitted: FittedRun) -> dict[str, Any]:
+class RunFiles(pl.Callback):
+    """The run folder's files on global rank 0: ``config.yaml`` and the tokenizer at
+    ``setup``, the tested model, card and ``result.json`` at ``on_fit_end``.
+
+    ``budgeted`` is the config with the budget the trainer runs under (``result.json``
+    records its ``max_steps`` and ``val_every``). The folder's identity is checked before
+    the trainer is built (``experiments.training.train``): resuming reads the folder's
+    checkpoint and trims its logs, which must not happen to another config's run.
+    """
+
+    def __init__(self, config: RunConfig, data: LMData, budgeted: RunConfig) -> None:
+        self.config, self.data, self.budgeted = config, data, budgeted
+
+    def setup(self, trainer: pl.Trainer, task: pl.LightningModule, stage: str) -> None:
+        if trainer.is_global_zero:
+            run_dir = self.config.run_dir
+            config = yaml.safe_dump(self.config.to_dict(), sort_keys=False)
+            (run_dir / CONFIG_FILE).write_text(config)
+            self.data.tokenizer.save(run_dir / "tokenizer")
+
+    def on_fit_end(self, trainer: pl.Trainer, task: pl.LightningModule) -> None:
+        if trainer.is_global_zero:
+            assert isinstance(task, LMTask)
+            finish_run(self.config, self.data, trainer, task, self.budgeted)
+
+
+def finish_run(
+    config: RunConfig, data: LMData, trainer: pl.Trainer, task: LMTask, budgeted: RunConfig
+) -> dict[str, Any]:
     """Select the weights, test them, write the run's model, card and ``result.json``;
-    returns the result (global rank 0 only)."""
-    model, task, budgeted, parts = fitted.model, fitted.task, fitted.budgeted, fitted.parts
-    run_dir = config.run_dir
-    device = parts.trainer.strategy.root_device  # Lightning moves the model to the CPU after fit
+    returns the result."""
+    model, run_dir = task.model, config.run_dir
+    checkpoint = callback(trainer, RunCheckpoint)
+    averager = next((c for c in trainer.callbacks if isinstance(c, CheckpointAverager)), None)
+    meter = callback(trainer, ThroughputMeter)
+    device = trainer.strategy.root_device  # Lightning moves the model to the CPU after fit
     model.to(device)  # the test evaluation runs where training ran
-    if parts.checkpoint.best_score is None:
-        parts.checkpoint.reload_state()
-    selected = select_weights(model, parts.checkpoint, parts.averager)
+    if checkpoint.best_score is None:
+        checkpoint.reload_state()
+    selected = select_weights(model, checkpoint, averager)
     metrics = evaluate(model, data, settings=EvalSettings.from_config(config), allow_noncausal=True)
     result = {
         "name": config.name,
@@ -52,16 +89,16 @@ def finish_run(config: RunConfig, data: LMData, fitted: FittedRun) -> dict[str, 
             for k, v in metrics.items()
             if k not in ("protocol", "is_causal", "split")
         },
-        "valid_ppl": parts.checkpoint.best_score,
+        "valid_ppl": checkpoint.best_score,
         "is_causal": metrics["is_causal"],
         "protocol": metrics["protocol"],
         "selected": selected,
-        "steps": parts.trainer.global_step,
-        "best_step": parts.checkpoint.best_step,  # with the budget: results.csv's cap_bound
+        "steps": trainer.global_step,
+        "best_step": checkpoint.best_step,  # with the budget: results.csv's cap_bound
         **{key: getattr(budgeted.trainer, key) for key in ("max_steps", "val_every")},
         "train_seconds": task.elapsed(),
-        "train_tokens_per_s": parts.meter.tokens_per_second,
-        "train_mfu": parts.meter.utilisation(),
+        "train_tokens_per_s": meter.tokens_per_second,
+        "train_mfu": meter.utilisation(),
         **task.adjoint_record(),
         "peak_memory_mb": peak_memory_mb(device),
         "seed": config.seed,
@@ -69,12 +106,17 @@ def finish_run(config: RunConfig, data: LMData, fitted: FittedRun) -> dict[str, 
         "config_sha256": config_sha256(config),
         "data_sha256": split_checksums(data),
     }
-    check_finite(result, parts.trainer.global_step)
+    check_finite(result, trainer.global_step)
     written = save_run_model(model, run_dir, data.tokenizer)
     runfolder.record_run_files(run_dir, [CONFIG_FILE, "tokenizer", *written])
     write_card(config, result)  # RUN/README.md; before result.json: a finished run has one
     write_json(run_dir / RESULT_FILE, result)
     return result
+
+
+def callback(trainer: pl.Trainer, kind: type[C]) -> C:
+    """The trainer's callback of type ``kind`` (``build_trainer`` adds one of each)."""
+    return next(c for c in trainer.callbacks if isinstance(c, kind))
 
 
 def check_finite(result: dict[str, Any], step: int) -> None:

@@ -10,10 +10,12 @@ config's hash). A run whose ``result.json`` exists is finished; one with a ``las
 resumes from it; either is reused only under the config it was made with
 (``experiments.training.runs``).
 
-``train`` is in parts: ``experiments.training.trainer.fit_run`` (the model, the task and
-the Lightning trainer of the run, fitted), then ``experiments.training.result.finish_run``
-(best, averaged or last weights, tested by ``experiments.training.evaluate.evaluate``,
-and the result written atomically).
+``train`` claims the folder, checks its identity and returns a finished run's result;
+``experiments.training.trainer.fit_run`` builds the model, the task and the Lightning
+trainer of the run and fits, resuming through Lightning's ``ckpt_path``; the trainer's
+``experiments.training.result.RunFiles`` callback writes the config and tokenizer at setup
+and, when fit ends, tests the best, averaged or last weights
+(``experiments.training.evaluate.evaluate``) and writes the model, card and result.
 """
 
 from __future__ import annotations
@@ -22,16 +24,13 @@ import json
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from experiments.data.tokenization import LMData
 from experiments.training import runfolder
 from experiments.training.checkpoints import disk_full_is_one_line
 from experiments.training.config import RunConfig
 from experiments.training.datamodule import load_data
 from experiments.training.kernels import matmul_precision
-from experiments.training.result import finish_run
-from experiments.training.runs import CONFIG_FILE, RESULT_FILE, check_same_config
+from experiments.training.runs import RESULT_FILE, check_same_config
 from experiments.training.threads import check_threads, set_threads
 from experiments.training.trainer import Callback, fit_run
 from odelm.errors import OdelmError
@@ -105,13 +104,6 @@ def _train_locked(
     devices = config.trainer.devices  # the threads policy shares the cores among the processes
     processes = devices if isinstance(devices, int) else 1
     config.trainer.num_threads = set_threads(config.trainer.num_threads, processes)
-    if main:
-        (run_dir / CONFIG_FILE).write_text(yaml.safe_dump(config.to_dict(), sort_keys=False))
     pl.seed_everything(config.seed, workers=True, verbose=False)
-    data = data or prepare_data(config)
-    if main:
-        data.tokenizer.save(run_dir / "tokenizer")
-    fitted = fit_run(config, data, callbacks or [])
-    if fitted.parts.trainer.global_rank != 0:
-        return {}
-    return finish_run(config, data, fitted)
+    fit_run(config, data or prepare_data(config), callbacks or [])
+    return json.loads(result_path.read_text()) if main else {}  # written by rank 0's RunFiles

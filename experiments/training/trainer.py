@@ -6,11 +6,9 @@ from __future__ import annotations
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from torch import nn
 
 from experiments.data.tokenization import LMData
 from experiments.models.build import build_model
@@ -25,6 +23,7 @@ from experiments.training.datamodule import LMDataModule
 from experiments.training.loggers import build_loggers
 from experiments.training.progress import PROGRESS_FILE, ProgressFile
 from experiments.training.recipes import with_budget
+from experiments.training.result import RunFiles
 from experiments.training.task import LMTask
 from experiments.training.throughput import ThroughputMeter
 from neuralode_lm.solvers import SolverError
@@ -40,16 +39,6 @@ class TrainerSettingsError(OdelmError, ValueError):
 
 class TrainingStoppedError(OdelmError, RuntimeError):
     """The ODE solver stopped training (non-finite state, step cap)."""
-
-
-@dataclass
-class TrainerParts:
-    """A Lightning trainer and the callbacks whose state the result reads."""
-
-    trainer: pl.Trainer
-    checkpoint: RunCheckpoint
-    meter: ThroughputMeter
-    averager: CheckpointAverager | None
 
 
 def lightning_accelerator(name: str) -> str:
@@ -70,7 +59,7 @@ def lightning_accelerator(name: str) -> str:
 
 def build_trainer(
     config: RunConfig, callbacks: list[Callback], keep_logs_before: int | None = None
-) -> TrainerParts:
+) -> pl.Trainer:
     """The Lightning trainer of a run: its budget, devices, loggers and checkpoint cycle."""
     cfg, run_dir = config.trainer, config.run_dir
     checkpoint = RunCheckpoint(run_dir / "checkpoints", cfg.checkpoint_every, cfg.val_every)
@@ -112,22 +101,12 @@ def build_trainer(
             plugins=[AtomicCheckpointIO()],
             default_root_dir=run_dir,
         )
-    return TrainerParts(trainer, checkpoint, meter, averager)
+    return trainer
 
 
-@dataclass
-class FittedRun:
-    """A run after ``fit``: its model and task, the budget it trained under, the trainer."""
-
-    model: nn.Module
-    task: LMTask
-    budgeted: RunConfig
-    parts: TrainerParts
-
-
-def fit_run(config: RunConfig, data: LMData, callbacks: list[Callback]) -> FittedRun:
+def fit_run(config: RunConfig, data: LMData, callbacks: list[Callback]) -> None:
     """Build the run's model, task, data module and trainer, and fit (from ``last.ckpt``
-    when the run has one)."""
+    when the run has one); the trainer's ``RunFiles`` writes the run folder's files."""
     model = build_model(config.model, data.tokenizer.vocab_size)
     task = LMTask(
         model, config.optim, stateful=config.data.stateful, compile=config.trainer.compile
@@ -135,9 +114,9 @@ def fit_run(config: RunConfig, data: LMData, callbacks: list[Callback]) -> Fitte
     resume_from, resume_step = resume_point(config.run_dir)
     datamodule = LMDataModule(data, config.data, config.seed, config.trainer.val_batches)
     budgeted = with_budget(config, len(datamodule.train_batches()))
-    parts = build_trainer(budgeted, callbacks, keep_logs_before=resume_step)
-    fit(parts.trainer, task, datamodule, resume_from)
-    return FittedRun(model, task, budgeted, parts)
+    files = RunFiles(config, data, budgeted)
+    trainer = build_trainer(budgeted, [files, *callbacks], keep_logs_before=resume_step)
+    fit(trainer, task, datamodule, resume_from)
 
 
 def fit(
