@@ -127,19 +127,22 @@ class _Stop(Exception):
 def test_after_fit_the_test_evaluation_and_peak_memory_use_the_training_device(
     tmp_path, tiny_config, monkeypatch
 ) -> None:
-    # Lightning moves the module to the CPU after fitting on a GPU; here training "ran" on
-    # meta (the strategy's root device after fit) so a CPU model would show the fault.
+    # Lightning moves the module to the CPU before ``on_fit_end`` (where ``RunFiles`` tests
+    # it) when fitting on a GPU; here training "ran" on meta (the strategy's root device at
+    # ``on_fit_end``) so a CPU model would show the fault.
     from experiments.training import result as result_module
     from experiments.training import train as train_module
-    from experiments.training import trainer as trainer_module
     from experiments.training.config import parse_config
 
-    real_fit, seen = trainer_module.fit, {}
+    real_end, seen = result_module.RunFiles.on_fit_end, {}
 
-    def fit(trainer: Any, *args: Any) -> None:
-        real_fit(trainer, *args)
+    def on_fit_end(files: Any, trainer: Any, task: Any) -> None:
         meta = property(lambda self: torch.device("meta"))
         monkeypatch.setattr(type(trainer.strategy), "root_device", meta)
+        try:
+            real_end(files, trainer, task)
+        finally:  # Lightning's teardown after an error moves the model to the CPU again
+            task.to_empty(device="cpu")
 
     def evaluate(model: torch.nn.Module, *args: Any, **kwargs: Any) -> dict[str, Any]:
         seen["evaluate"] = next(model.parameters()).device
@@ -149,7 +152,7 @@ def test_after_fit_the_test_evaluation_and_peak_memory_use_the_training_device(
         seen["peak_memory"] = device
         raise _Stop
 
-    monkeypatch.setattr(trainer_module, "fit", fit)
+    monkeypatch.setattr(result_module.RunFiles, "on_fit_end", on_fit_end)
     monkeypatch.setattr(result_module, "evaluate", evaluate)
     monkeypatch.setattr(result_module, "peak_memory_mb", peak_memory_mb)
     config = parse_config(tiny_config(tmp_path, "run", trainer={"max_steps": 2, "val_every": 2}))

@@ -210,6 +210,14 @@ def test_parse_config_train_and_compare_read_one_parser():
     helps = {flag for flag in shared if flag.endswith(".help")}  # jsonargparse's class help
     assert shared.keys() - {"--name", "--out_dir", *helps} <= compare.keys()
     assert compare["--optim.lr"] is shared["--optim.lr"]  # odelm's ranged types, as train's
+    from experiments.cli.commands import given_options
+
+    args = compare_parser().parse_args(
+        ["--preset", "quick", "--num-threads", "1", "--optim.lr", "0.5"]
+    )
+    given = given_options(args)  # written into each run's config file: plain YAML numbers
+    assert yaml.safe_load(yaml.safe_dump(given)) == given
+    assert type(given["run"]["num_threads"]) is int and type(given["optim"]["lr"]) is float
     model = {"family": "reference"}
     with pytest.raises(ConfigError, match=r"^run\.num_threads = 0 is out of range; it must be"):
         parse_config({"model": model, "run": {"num_threads": 0}})

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -107,11 +108,13 @@ def test_train_and_compare_hand_the_policy_to_their_runs(
     class Stop(Exception):
         pass
 
-    def prepare_data(config):  # the threads are set, and recorded, before the data loads
-        seen["train"] = config
+    def fit_run(config, data, callbacks):  # the threads are set before fit, and recorded
+        seen["train"] = config  # by the run's RunFiles when fit sets up
+        files = next(c for c in callbacks if isinstance(c, experiments.training.train.RunFiles))
+        files.setup(SimpleNamespace(is_global_zero=True), None, "fit")
         raise Stop
 
-    monkeypatch.setattr(experiments.training.train, "prepare_data", prepare_data)
+    monkeypatch.setattr(experiments.training.train, "fit_run", fit_run)
     example = str(ROOT / "experiments" / "configs" / "example.yaml")
     with pytest.raises(Stop):
         main(["train", "--config", example, "--out_dir", str(tmp_path / "runs")])

@@ -96,13 +96,25 @@ def _run_keys() -> dict[str, Any]:
 def given_options(args: Namespace) -> dict[str, Any]:
     """The options of ``train`` or ``compare`` as a nested mapping (only those given: the
     config file's values lie under them); ``--model '{...}'`` stays a ``Replace``."""
-    given = args.as_dict()
+    given = plain(args.as_dict())
     for section in given.values():  # a section read from a file (--trainer FILE)
         if isinstance(section, dict):
             section.pop("__path__", None)
     if "model" in given:
         given["model"] = args["model"]  # as_dict() copies it into a plain dict
     return given
+
+
+def plain(value: Any) -> Any:
+    """``value`` with each number of a constrained type (a subclass of ``int`` or ``float``,
+    as the parser's ranged options give) as a plain ``int`` or ``float``: YAML-writable."""
+    if isinstance(value, dict):
+        return {key: plain(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [plain(item) for item in value]
+    if isinstance(value, int) and not isinstance(value, bool):
+        return int(value)
+    return float(value) if isinstance(value, float) else value
 
 
 def compare_parser() -> Parser:

@@ -41,14 +41,13 @@ class RunFiles(pl.Callback):
     """The run folder's files on global rank 0: ``config.yaml`` and the tokenizer at
     ``setup``, the tested model, card and ``result.json`` at ``on_fit_end``.
 
-    ``budgeted`` is the config with the budget the trainer runs under (``result.json``
-    records its ``max_steps`` and ``val_every``). The folder's identity is checked before
+    The folder's identity is checked before
     the trainer is built (``experiments.training.train``): resuming reads the folder's
     checkpoint and trims its logs, which must not happen to another config's run.
     """
 
-    def __init__(self, config: RunConfig, data: LMData, budgeted: RunConfig) -> None:
-        self.config, self.data, self.budgeted = config, data, budgeted
+    def __init__(self, config: RunConfig, data: LMData) -> None:
+        self.config, self.data = config, data
 
     def setup(self, trainer: pl.Trainer, task: pl.LightningModule, stage: str) -> None:
         if trainer.is_global_zero:
@@ -60,14 +59,15 @@ class RunFiles(pl.Callback):
     def on_fit_end(self, trainer: pl.Trainer, task: pl.LightningModule) -> None:
         if trainer.is_global_zero:
             assert isinstance(task, LMTask)
-            finish_run(self.config, self.data, trainer, task, self.budgeted)
+            finish_run(self.config, self.data, trainer, task)
 
 
 def finish_run(
-    config: RunConfig, data: LMData, trainer: pl.Trainer, task: LMTask, budgeted: RunConfig
+    config: RunConfig, data: LMData, trainer: pl.Trainer, task: LMTask
 ) -> dict[str, Any]:
-    """Select the weights, test them, write the run's model, card and ``result.json``;
-    returns the result."""
+    """Select the weights, test them, write the run's model, card and ``result.json``
+    (with the step budget the trainer ran under: ``max_steps`` and ``val_every``); returns
+    the result."""
     model, run_dir = task.model, config.run_dir
     checkpoint = callback(trainer, RunCheckpoint)
     averager = next((c for c in trainer.callbacks if isinstance(c, CheckpointAverager)), None)
@@ -95,7 +95,8 @@ def finish_run(
         "selected": selected,
         "steps": trainer.global_step,
         "best_step": checkpoint.best_step,  # with the budget: results.csv's cap_bound
-        **{key: getattr(budgeted.trainer, key) for key in ("max_steps", "val_every")},
+        "max_steps": trainer.max_steps,
+        "val_every": trainer.val_check_interval,
         "train_seconds": task.elapsed(),
         "train_tokens_per_s": meter.tokens_per_second,
         "train_mfu": meter.utilisation(),

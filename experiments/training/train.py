@@ -30,6 +30,7 @@ from experiments.training.checkpoints import disk_full_is_one_line
 from experiments.training.config import RunConfig
 from experiments.training.datamodule import load_data
 from experiments.training.kernels import matmul_precision
+from experiments.training.result import RunFiles
 from experiments.training.runs import RESULT_FILE, check_same_config
 from experiments.training.threads import check_threads, set_threads
 from experiments.training.trainer import Callback, fit_run
@@ -105,5 +106,6 @@ def _train_locked(
     processes = devices if isinstance(devices, int) else 1
     config.trainer.num_threads = set_threads(config.trainer.num_threads, processes)
     pl.seed_everything(config.seed, workers=True, verbose=False)
-    fit_run(config, data or prepare_data(config), callbacks or [])
+    data = data or prepare_data(config)
+    fit_run(config, data, [RunFiles(config, data), *(callbacks or [])])
     return json.loads(result_path.read_text()) if main else {}  # written by rank 0's RunFiles

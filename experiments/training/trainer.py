@@ -23,7 +23,6 @@ from experiments.training.datamodule import LMDataModule
 from experiments.training.loggers import build_loggers
 from experiments.training.progress import PROGRESS_FILE, ProgressFile
 from experiments.training.recipes import with_budget
-from experiments.training.result import RunFiles
 from experiments.training.task import LMTask
 from experiments.training.throughput import ThroughputMeter
 from neuralode_lm.solvers import SolverError
@@ -106,7 +105,7 @@ def build_trainer(
 
 def fit_run(config: RunConfig, data: LMData, callbacks: list[Callback]) -> None:
     """Build the run's model, task, data module and trainer, and fit (from ``last.ckpt``
-    when the run has one); the trainer's ``RunFiles`` writes the run folder's files."""
+    when the run has one)."""
     model = build_model(config.model, data.tokenizer.vocab_size)
     task = LMTask(
         model, config.optim, stateful=config.data.stateful, compile=config.trainer.compile
@@ -114,8 +113,7 @@ def fit_run(config: RunConfig, data: LMData, callbacks: list[Callback]) -> None:
     resume_from, resume_step = resume_point(config.run_dir)
     datamodule = LMDataModule(data, config.data, config.seed, config.trainer.val_batches)
     budgeted = with_budget(config, len(datamodule.train_batches()))
-    files = RunFiles(config, data, budgeted)
-    trainer = build_trainer(budgeted, [files, *callbacks], keep_logs_before=resume_step)
+    trainer = build_trainer(budgeted, callbacks, keep_logs_before=resume_step)
     fit(trainer, task, datamodule, resume_from)
 
 
