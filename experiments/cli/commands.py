@@ -15,7 +15,7 @@ from experiments.cli.parser import Parser, epilog
 from experiments.comparison.launchers import LAUNCH_KEYS, add_launch_options, launch_settings
 from experiments.config_errors import ConfigError
 from experiments.training.config import SECTIONS, Replace, RunConfig, load_yaml, parse_config
-from experiments.training.lightning_form import run_form_key, run_form_overrides
+from experiments.training.lightning_form import plain, run_form_key, run_form_overrides
 from experiments.training.run_parser import SHORT_FLAGS, run_parser
 from experiments.training.run_sections import ModelSection, ranged_type
 from experiments.training.threads import check_threads, set_threads
@@ -103,18 +103,6 @@ def given_options(args: Namespace) -> dict[str, Any]:
     if "model" in given:
         given["model"] = args["model"]  # as_dict() copies it into a plain dict
     return given
-
-
-def plain(value: Any) -> Any:
-    """``value`` with each number of a constrained type (a subclass of ``int`` or ``float``,
-    as the parser's ranged options give) as a plain ``int`` or ``float``: YAML-writable."""
-    if isinstance(value, dict):
-        return {key: plain(item) for key, item in value.items()}
-    if isinstance(value, list):
-        return [plain(item) for item in value]
-    if isinstance(value, int) and not isinstance(value, bool):
-        return int(value)
-    return float(value) if isinstance(value, float) else value
 
 
 def compare_parser() -> Parser:
