@@ -46,16 +46,6 @@ class TuneSpec:
     also_values: tuple[Any, ...] = (None,)
 
 
-@dataclass(frozen=True)
-class Trial:
-    """One arm at one tuned value (and one value of the second key)."""
-
-    arm: str
-    value: float
-    also: Any
-    run: str  # the run directory's name
-
-
 def tune_spec(grid: dict[str, Any], first_seed: int) -> TuneSpec | None:
     """The grid's ``tune:`` section, checked (None without one)."""
     section = grid.get("tune")

@@ -143,16 +143,6 @@ def alternate(
     return medians(alternating(calls, rounds, warmup=warmup))
 
 
-def step_loop(step: Callable[[torch.Tensor], Any], data: list[torch.Tensor]) -> Callable[[], None]:
-    """A call that runs ``step`` once over every batch of ``data``."""
-
-    def run() -> None:
-        for batch in data:
-            step(batch)
-
-    return run
-
-
 PEAK_SHAPE = (700, 200, 10_000)
 """``[M, K] @ [K, N]``: a 20 x 35 batch of width 200 through a 10k-word output layer."""
 
