@@ -4,6 +4,7 @@ matrix-product peak (cached per precision and thread count) and the MFU column."
 from __future__ import annotations
 
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -80,30 +81,32 @@ def test_the_utilisation_peak_counts_cpu_time_so_a_busy_core_does_not_change_it(
     against (a wall-clock peak measured at a busy moment gave utilisations over 100%)."""
     core = min(os.sched_getaffinity(0))  # Linux, as the project's machines
     before = os.sched_getaffinity(0)
-    os.sched_setaffinity(0, {core})
+    idle, loaded, wall = [], [], []  # three rounds, each idle then busy: medians compared,
+    os.sched_setaffinity(0, {core})  # so one disturbed measurement cannot decide
     try:
-        monkeypatch.setattr(speed, "_CPU_PEAKS", {})
-        idle = speed.peak_gflops_per_cpu_second("32-true")
-        busy = subprocess.Popen(
-            [
-                sys.executable,
-                "-c",
-                f"import os; os.sched_setaffinity(0, {{{core}}})\nwhile True: pass",
-            ]
-        )
-        try:
-            time.sleep(0.5)
+        for _ in range(3):
             monkeypatch.setattr(speed, "_CPU_PEAKS", {})
-            loaded = speed.peak_gflops_per_cpu_second("32-true")
-            torch.set_num_threads(1)
-            wall = speed.matmul_gflops(torch.float32)
-        finally:
-            busy.kill()
-            busy.wait()
+            idle.append(speed.peak_gflops_per_cpu_second("32-true"))
+            busy = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-c",
+                    f"import os; os.sched_setaffinity(0, {{{core}}})\nwhile True: pass",
+                ]
+            )
+            try:
+                time.sleep(0.5)
+                monkeypatch.setattr(speed, "_CPU_PEAKS", {})
+                loaded.append(speed.peak_gflops_per_cpu_second("32-true"))
+                torch.set_num_threads(1)
+                wall.append(speed.matmul_gflops(torch.float32))
+            finally:
+                busy.kill()
+                busy.wait()
     finally:
         os.sched_setaffinity(0, before)
-    assert wall < 0.75 * idle  # the competitor did take the core
-    assert loaded == pytest.approx(idle, rel=0.25)
+    assert statistics.median(wall) < 0.75 * statistics.median(idle)  # the core was taken
+    assert statistics.median(loaded) == pytest.approx(statistics.median(idle), rel=0.25)
 
 
 class _FakeCudaEvent:
