@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import typing
+from argparse import SUPPRESS
 from pathlib import Path
 from typing import Any, Optional
 
@@ -76,11 +77,12 @@ def add_run_options(parser: Parser, skip: set[str] | None = None) -> None:
             if flag not in parser._option_string_actions:
                 kind = kind if key == dest or same else {"type": keys[run_key]}
                 default = {"default": action.default} if key == dest else {}
-                text = help_text or f"same as {flags[0]} (the run form's name)"
+                alias = f"same as {flags[0]}" if "." not in key else SUPPRESS  # --seed listed;
+                text = help_text or alias  # the run form's dotted names accepted, not listed
                 parser.add_argument(flag, dest=key, help=text, **{**default, **kind})
-    budget = "the wall-clock budget in seconds (null: none; odelm train: --trainer.max_time)"
+    budget = "the wall-clock budget in seconds (null: none; as --trainer.max_time)"
     max_time = ranged_type("trainer.max_time_s", float)
-    parser.add_argument("--trainer.max_time_s", type=max_time, help=budget)
+    parser.add_argument("--trainer.max_time_s", type=max_time, help=SUPPRESS)
     parser.add_argument("--max-time-s", dest="trainer.max_time_s", type=max_time, help=budget)
 
 
@@ -111,8 +113,10 @@ def compare_parser() -> Parser:
         "odelm compare",
         "Train a grid of models on identical data, seeds and budget, then write tables and "
         "plots. Any shared config key may be overridden for every run as --section.key VALUE "
-        "(e.g. --trainer.max_steps 200 --optim.lr 3e-4); model keys given here (--model.KEY, "
-        "--model '{...}') lie under each run's own model section, whose keys win.",
+        "(e.g. --trainer.max_steps 200 --optim.lr 3e-4), spelled as odelm train spells it "
+        "(the grid files' names, such as --trainer.val_every or --trainer.num_threads, are "
+        "read too); model keys given here (--model.KEY, --model '{...}') lie under each "
+        "run's own model section, whose keys win.",
     )
     parser.add_argument("--grid", help="grid YAML file (give this or --preset)")
     parser.add_argument(
