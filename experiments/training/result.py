@@ -41,9 +41,9 @@ class RunFiles(pl.Callback):
     """The run folder's files on global rank 0: ``config.yaml`` and the tokenizer at
     ``setup``, the tested model, card and ``result.json`` at ``on_fit_end``.
 
-    The folder's identity is checked before
-    the trainer is built (``experiments.training.train``): resuming reads the folder's
-    checkpoint and trims its logs, which must not happen to another config's run.
+    The folder's identity is checked before the trainer is built
+    (``experiments.training.train``): resuming reads the folder's checkpoint and trims its
+    logs, which must not happen to another config's run.
     """
 
     def __init__(self, config: RunConfig, data: LMData) -> None:
