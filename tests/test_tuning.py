@@ -63,6 +63,29 @@ def test_edge_extends_every_arm_and_trials_stay_equal(tmp_path, capsys):
     assert (tmp_path / "tune.png").stat().st_size > 0
 
 
+def test_a_stalled_trial_is_marked_at_the_top_of_the_plot_not_drawn_to_scale(tmp_path, monkeypatch):
+    """A trial far above every chosen one (a stalled run) would squeeze the bowls: the
+    y-range ends 30% above the worst chosen trial and the stalled one is written there."""
+    from experiments.comparison import tuning
+    from experiments.comparison.plots import plt
+
+    spec = TuneSpec("optim.lr", (1.0, 2.0, 4.0), seed=1)
+    ppl = {(1.0, "a"): 290.0, (2.0, "a"): 280.0, (4.0, "a"): 656.0, (1.0, "b"): 300.0}
+    ppl |= {(2.0, "b"): 295.0, (4.0, "b"): 310.0}
+    rows = [
+        {"arm": arm, "also_value": "", "value": value, "valid_ppl": p, "chosen": p < 296}
+        for (value, arm), p in ppl.items()
+    ]
+    figures = []
+    close = plt.close
+    monkeypatch.setattr(plt, "close", figures.append)  # kept open to be read
+    tuning.plot_tuning(rows, spec, tmp_path / "tune.png")
+    (axis,) = figures[0].axes
+    assert axis.get_ylim()[1] == pytest.approx(1.3 * 295.0)
+    assert [text.get_text() for text in axis.texts] == ["a: 656 ^"]
+    close(figures[0])
+
+
 def test_extension_is_geometric_on_both_sides():
     assert extended((1.0, 2.0, 4.0), low=True, high=True) == (0.5, 1.0, 2.0, 4.0, 8.0)
     assert extended((0.6, 1.25, 2.5, 5.0), low=False, high=True)[-1] == 10.0

@@ -231,10 +231,21 @@ def write_tune_table(
 
 
 def plot_tuning(rows: list[dict[str, Any]], spec: TuneSpec, path: Path) -> None:
-    """Validation perplexity against the tuned value (log scale), one line per arm."""
+    """Validation perplexity against the tuned value (log scale), one line per arm; a trial
+    far above every arm's chosen one (a stalled run) is marked at the top edge with its
+    value, so that it does not squeeze the region where the arms differ."""
     from experiments.comparison.plots import plain_log_ticks, plt, style
 
     figure, axis = plt.subplots(figsize=(7.5, 4.5))
+    chosen = [_finite(r["valid_ppl"]) for r in rows if r["chosen"]]
+    top = 1.3 * max(chosen) if chosen and max(chosen) < math.inf else math.inf
+    above: dict[float, list[str]] = {}  # per tuned value: the trials off the top
+    for r in rows:
+        if top < _finite(r["valid_ppl"]) < math.inf:
+            above.setdefault(r["value"], []).append(f"{r['arm']}: {r['valid_ppl']:.0f} ^")
+    for value, labels in above.items():
+        axis.annotate("\n".join(labels), (value, top), xytext=(0, -4), textcoords="offset points",
+                      ha="center", va="top", fontsize="small")  # fmt: skip
     lines = sorted(
         {(r["arm"], r["also_value"]) for r in rows},
         key=lambda k: [r["arm"] for r in rows].index(k[0]),
@@ -254,6 +265,8 @@ def plot_tuning(rows: list[dict[str, Any]], spec: TuneSpec, path: Path) -> None:
                              edgecolors="black", zorder=5)  # fmt: skip
     axis.set_xscale("log")
     axis.set_yscale("log")
+    if top < math.inf and axis.get_ylim()[1] > top:
+        axis.set_ylim(top=top)  # the marked trials lie above it
     plain_log_ticks(axis, "y")
     axis.set_xticks(list(spec.values), [f"{v:g}" for v in spec.values])
     axis.minorticks_off()
