@@ -82,7 +82,7 @@ def test_a_stalled_trial_is_marked_at_the_top_of_the_plot_not_drawn_to_scale(tmp
     tuning.plot_tuning(rows, spec, tmp_path / "tune.png")
     (axis,) = figures[0].axes
     assert axis.get_ylim()[1] == pytest.approx(1.3 * 295.0)
-    assert [text.get_text() for text in axis.texts] == ["a: 656 ^"]
+    assert [text.get_text() for text in axis.texts] == ["a: 656 \u2191"]
     close(figures[0])
 
 

@@ -242,10 +242,17 @@ def plot_tuning(rows: list[dict[str, Any]], spec: TuneSpec, path: Path) -> None:
     above: dict[float, list[str]] = {}  # per tuned value: the trials off the top
     for r in rows:
         if top < _finite(r["valid_ppl"]) < math.inf:
-            above.setdefault(r["value"], []).append(f"{r['arm']}: {r['valid_ppl']:.0f} ^")
-    for value, labels in above.items():
+            above.setdefault(r["value"], []).append(f"{r['arm']}: {r['valid_ppl']:.0f} \u2191")
+    for value, labels in above.items():  # inside the frame at the first and last values
+        side = (
+            "right"
+            if value == max(spec.values)
+            else "left"
+            if value == min(spec.values)
+            else "center"
+        )
         axis.annotate("\n".join(labels), (value, top), xytext=(0, -4), textcoords="offset points",
-                      ha="center", va="top", fontsize="small")  # fmt: skip
+                      ha=side, va="top", fontsize="small")  # fmt: skip
     lines = sorted(
         {(r["arm"], r["also_value"]) for r in rows},
         key=lambda k: [r["arm"] for r in rows].index(k[0]),
