@@ -248,11 +248,17 @@ def test_compare_names_a_failed_run_keeps_the_others_and_retrains_changed_config
     grid = tmp_path / "grid.yaml"
     grid.write_text(yaml.safe_dump({"shared": GRID_SHARED, "runs": runs}))
     out = tmp_path / "out"
-    assert main(["compare", "--grid", str(grid), "--out", str(out)]) == 2
-    threads, err = capsys.readouterr().err.strip().split("\n")  # the thread policy's line first
+    assert main(["compare", "--grid", str(grid), "--out", str(out), "--jobs", "2"]) == 2
+    captured = capsys.readouterr()
+    threads, err = captured.err.strip().split("\n")  # the thread policy's line first
     log = out / "logs" / "broken.log"
     assert threads.startswith("threads: ") and "broken" in err and str(log) in err
-    assert "not divisible by n_heads=4" in log.read_text()
+    lines = captured.out.splitlines()
+    at = next(i for i, line in enumerate(lines) if "broken seed 0: FAILED (exit " in line)
+    assert lines[at].endswith(f"see {log}")
+    tail = lines[at + 1 : at + 6]  # the log's last lines, indented under it
+    assert tail[0].startswith("    | ") and any("not divisible by n_heads=4" in t for t in tail)
+    assert "1 trained, 0 kept, 1 failed of 2 runs" in captured.out
     finished = out / "runs" / "fine" / "result.json"
     assert json.loads(finished.read_text())["steps"] == 4
     assert "| fine |" in (out / "results.md").read_text()

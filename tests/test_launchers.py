@@ -165,38 +165,6 @@ def test_jobs_bound_how_many_run_at_once(tmp_path):
     assert [(tmp_path / "logs" / f"r{i}.log").read_text() for i in range(3)] == ["1\n"] * 3
 
 
-@pytest.mark.slow
-def test_compare_reports_a_failed_run_with_its_log_lines(tmp_path, tiny_model, capsys):
-    shared = {
-        "seed": 0,
-        "data": {"corpus": "grammar", "batch_size": 8, "bptt": 16, "eval_window": 64},
-        "trainer": {"max_steps": 4, "val_every": 2, "checkpoint_every": 2, "val_batches": 1},
-        "eval": {"bleu_sentences": 5, "continuation_sentences": 3},
-    }
-    runs = [
-        # valid keys and types that the model refuses when built (a run-time failure)
-        {"name": "broken", "model": {**tiny_model, "d_model": 30, "n_heads": 4}},
-        {"name": "fine", "model": tiny_model},
-    ]
-    grid = tmp_path / "grid.yaml"
-    grid.write_text(yaml.safe_dump({"shared": shared, "runs": runs}))
-    out = tmp_path / "out"
-    argv = ["compare", "--grid", str(grid), "--out", str(out), "--jobs", "2", "--num-threads", "1"]
-    assert main(argv) == 2
-    captured = capsys.readouterr()
-    log = out / "logs" / "broken.log"
-    lines = captured.out.splitlines()
-    at = next(i for i, line in enumerate(lines) if "broken seed 0: FAILED (exit " in line)
-    assert lines[at].endswith(f"see {log}")
-    tail = lines[at + 1 : at + 6]  # the log's last lines, indented under it
-    assert tail[0].startswith("    | ") and any(
-        "not divisible by n_heads=4" in line for line in tail[:5]
-    )
-    assert "1 trained, 0 kept, 1 failed of 2 runs" in captured.out
-    assert str(log) in captured.err and captured.err.count("\n") == 1  # one error line
-    assert json.loads((out / "runs" / "fine" / "result.json").read_text())["steps"] == 4
-
-
 def test_slurm_options_translate_to_submitit_parameters():
     given = {"partition": "gpu", "time": "1-02:30:00", "cpus": 4, "gpus": 1, "mem": 16}
     assert slurm_parameters(given, threads=2) == {

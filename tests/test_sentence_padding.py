@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -47,6 +49,9 @@ def test_gpt2_sentence_perplexity_ignores_batch_size_and_padding_side(grammar_da
 
 @pytest.mark.slow
 def test_augmented_ode_gpt2_is_invariant_within_tolerance_and_exactly_per_position(grammar_data):
+    valid = dataclasses.replace(grammar_data.split("valid"))
+    valid.sentences = valid.sentences[:32]  # a solve per sentence at batch 1: fewer
+    grammar_data = dataclasses.replace(grammar_data, splits={"valid": valid})
     torch.manual_seed(0)
     options = {"config": GPT2_TINY, "solver": {"rtol": 1e-3, "atol": 1e-4}}
     shared = build_model("aug-ode-gpt2", grammar_data.tokenizer.vocab_size, **options)
