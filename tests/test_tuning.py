@@ -32,14 +32,17 @@ SHARED = {
 def _fake_train(best: dict[str, float], calls: list[list[str]]):
     """Validation perplexity (log lr - log best)^2 + 10 for each arm: a bowl around best."""
 
-    def train(todo):
+    def train(todo, record):
         calls.append([name for name, _, _ in todo])
-        return {
+        results = {
             name: {
                 "valid_ppl": 10 + math.log(values["optim"]["lr"] / best[name.split("-")[1]]) ** 2
             }
             for name, values, _ in todo
         }
+        for name, result in results.items():
+            record(name, result)
+        return results
 
     return train
 
@@ -61,6 +64,29 @@ def test_edge_extends_every_arm_and_trials_stay_equal(tmp_path, capsys):
         ("a", "1.0"), ("b", "4.0")
     ]  # fmt: skip
     assert (tmp_path / "tune.png").stat().st_size > 0
+
+
+def test_tune_csv_fills_in_as_the_trials_finish(tmp_path):
+    """A sweep of days shows its trials so far: tune.csv is rewritten after each one,
+    nothing chosen until the sweep ends."""
+    spec = TuneSpec("optim.lr", (0.5, 1.0, 2.0), seed=1, extend=0)
+    filled = []
+
+    def train(todo, record):
+        for name, values, _ in todo:
+            record(name, {"valid_ppl": 10 + values["optim"]["lr"]})
+            rows = list(csv.DictReader((tmp_path / "tune.csv").open()))
+            assert len(rows) == 6 and {r["chosen"] for r in rows} == {"False"}
+            filled.append([r["valid_ppl"] for r in rows].count(""))
+        return {name: {"valid_ppl": 10 + values["optim"]["lr"]} for name, values, _ in todo}
+
+    run_tuning(spec, {"a": {"optim": {}}, "b": {"optim": {}}}, tmp_path, train)
+    assert filled == [5, 4, 3, 2, 1, 0]  # trials still to come, after each one
+    rows = list(csv.DictReader((tmp_path / "tune.csv").open()))
+    assert [(r["arm"], r["value"]) for r in rows if r["chosen"] == "True"] == [
+        ("a", "0.5"), ("b", "0.5")
+    ]  # fmt: skip
+    assert (tmp_path / "tune.png").stat().st_size > 0  # drawn once, at the end
 
 
 def test_a_stalled_trial_is_marked_at_the_top_of_the_plot_not_drawn_to_scale(tmp_path, monkeypatch):

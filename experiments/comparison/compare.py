@@ -37,7 +37,7 @@ from experiments.comparison.compute import write_compute
 from experiments.comparison.gpus import run_gpus
 from experiments.comparison.launchers import Job, Launch, run_jobs
 from experiments.comparison.tables import SEED_NOISE, write_tables
-from experiments.comparison.tuning import apply_choices, run_tuning, tune_spec
+from experiments.comparison.tuning import Recorder, apply_choices, run_tuning, tune_spec
 from experiments.training.config import ConfigError, load_yaml, merge, parse_config
 from experiments.training.progress import PROGRESS_FILE, duration
 from experiments.training.runfolder import (
@@ -231,8 +231,8 @@ def run_grid(
     failed: list[str] = []
     counts = {"trained": 0, "kept": 0}
 
-    def train(plans: list[PlannedRun]) -> dict[str, dict[str, Any]]:
-        finished, jobs = _train_runs(plans, out_dir, launch, failed)
+    def train(plans: list[PlannedRun], record: Recorder | None = None) -> dict[str, dict[str, Any]]:
+        finished, jobs = _train_runs(plans, out_dir, launch, failed, record)
         counts["trained"] += jobs
         counts["kept"] += len(plans) - jobs
         return finished
@@ -243,9 +243,11 @@ def run_grid(
             p.name: p.values for p in planned if p.name != SEED_NOISE and p.seed == planned[0].seed
         }
 
-        def train_trials(todo: list[tuple[str, dict[str, Any], str]]) -> dict[str, dict[str, Any]]:
+        def train_trials(
+            todo: list[tuple[str, dict[str, Any], str]], record: Recorder
+        ) -> dict[str, dict[str, Any]]:
             plans = [PlannedRun(label, spec.seed, name, values) for name, values, label in todo]
-            return train(plans)
+            return train(plans, record)
 
         spec, choices, _ = run_tuning(spec, arms, out_dir, train_trials)
         planned = apply_choices(planned, spec, choices, grid_baseline(grid))
@@ -278,11 +280,17 @@ def run_grid(
 
 
 def _train_runs(
-    planned: list[PlannedRun], out_dir: Path, launch: Launch, failed: list[str]
+    planned: list[PlannedRun],
+    out_dir: Path,
+    launch: Launch,
+    failed: list[str],
+    record: Recorder | None = None,
 ) -> tuple[dict[str, dict[str, Any]], int]:
-    """Train the runs not yet finished (failed ones are appended to ``failed``); the
-    finished results by run name and how many jobs were started."""
+    """Train the runs not yet finished (failed ones are appended to ``failed``; ``record``
+    hears of each result as it comes); the finished results by run name and how many jobs
+    were started."""
     finished: dict[str, dict[str, Any]] = {}
+    record = record or (lambda run, result: None)
     jobs = []
     for index, plan in enumerate(planned, start=1):
         label = f"[{index}/{len(planned)}] {plan.name} seed {plan.seed}"
@@ -291,6 +299,7 @@ def _train_runs(
             jobs.append(job)
         else:
             finished[plan.run] = job
+            record(plan.run, job)
 
     def done(job: Job, status: int, detail: str, seconds: float) -> None:
         result_file = out_dir / "runs" / job.run / RESULT_FILE
@@ -299,6 +308,7 @@ def _train_runs(
             print(f"{job.label}: FAILED ({detail}); see {job.log}{_log_tail(job.log)}", flush=True)
             return
         finished[job.run] = json.loads(result_file.read_text())
+        record(job.run, finished[job.run])
         print(
             f"{job.label}: trained and tested in {seconds:.0f} s, "
             f"test ppl {finished[job.run].get('test_ppl', math.nan):.2f}",

@@ -16,7 +16,8 @@ the chosen value *is* the arm's run at the trial seed (same config), so it is no
 twice. When an arm's best value is the first or last of the list, the list is extended by
 one value past that edge (the geometric continuation of the last two), for every arm, so
 the trials per arm stay equal; ``tune.csv`` and ``tune.png`` in the grid's folder hold the
-sweep, and a best value still at an edge after the extensions is reported.
+sweep (``tune.csv`` is rewritten as each trial finishes, so a long sweep shows how far it
+has got), and a best value still at an edge after the extensions is reported.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ from experiments.comparison.tables import SEED_NOISE
 from experiments.training.config import ConfigError, merge
 
 TUNE_KEYS = {"key", "values", "seed", "extend", "also"}
+Recorder = Callable[[str, dict[str, Any]], None]
+"""Called with a run's name and result as soon as it has one (trained or kept)."""
 
 
 @dataclass(frozen=True)
@@ -142,15 +145,21 @@ def run_tuning(
     spec: TuneSpec,
     arms: dict[str, dict[str, Any]],
     out_dir: Path,
-    train: Callable[[list[tuple[str, dict[str, Any], str]]], dict[str, dict[str, Any]]],
+    train: Callable[[list[tuple[str, dict[str, Any], str]], Recorder], dict[str, dict[str, Any]]],
 ) -> tuple[TuneSpec, dict[str, tuple[float, Any]], dict[str, dict[str, Any]]]:
-    """Train the trials (``train`` takes ``(run name, values, label)`` triples and returns
-    the finished results by run name), extending past an edge as the module says.
+    """Train the trials (``train`` takes ``(run name, values, label)`` triples and a
+    recorder it calls with each finished trial's name and result, and returns the finished
+    results by run name), extending past an edge as the module says.
 
     Returns the final spec, each arm's choice and the trials' results by run name.
     """
     results: dict[str, dict[str, Any]] = {}
     extensions = 0
+
+    def record(name: str, result: dict[str, Any]) -> None:  # tune.csv so far, nothing chosen
+        results[name] = result
+        write_tune_table(spec, arms, results, {}, out_dir, plot=False)
+
     while True:
         per_arm = len(spec.values) * len(spec.also_values)
         print(
@@ -168,7 +177,7 @@ def run_tuning(
                         label = f"[tune] {arm} {_slug(spec.key, value)}"
                         tuned = {**tuned_values(spec, values, value, also), "name": name}
                         todo.append((name, {**tuned, "seed": spec.seed}, label))
-        results.update(train(todo))
+        results.update(train(todo, record))
         scores = {
             (arm, v, a): results.get(trial_name(spec, arm, v, a), {}).get("valid_ppl")
             for arm in arms
@@ -200,9 +209,11 @@ def write_tune_table(
     results: dict[str, dict[str, Any]],
     choices: dict[str, tuple[float, Any]],
     out_dir: Path,
+    plot: bool = True,
 ) -> None:
-    """``tune.csv`` (one row per trial) and ``tune.png`` (validation perplexity against the
-    tuned value, one line per arm, the chosen value ringed)."""
+    """``tune.csv`` (one row per trial; a trial not yet finished has no perplexity) and,
+    with ``plot``, ``tune.png`` (validation perplexity against the tuned value, one line per
+    arm, the chosen value ringed)."""
     rows = []
     for arm in arms:
         for value in spec.values:
@@ -227,7 +238,8 @@ def write_tune_table(
         writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
-    plot_tuning(rows, spec, out_dir / "tune.png")
+    if plot:
+        plot_tuning(rows, spec, out_dir / "tune.png")
 
 
 def plot_tuning(rows: list[dict[str, Any]], spec: TuneSpec, path: Path) -> None:
