@@ -3,9 +3,10 @@
 The examples run in a fresh folder holding a copy of ``experiments/configs`` (they name
 ``experiments/configs/example.yaml``), after the README's main job has made ``runs/quick``
 (``odelm compare --preset quick --out runs/quick``, at 4 steps), so ``runs/quick/runs/rk4``
-exists as the examples expect. Budgets are tiny: ``odelm train`` and the quick grid get
-``--max-steps 4 --num-threads 1`` appended; any other grid is only resolved and checked
-(``--print_config``): the seed-paper grids train 12-20 min each on PTB. Shell lines run
+exists as the examples expect. Budgets are tiny: ``odelm train`` gets ``--max-steps 4
+--num-threads 1`` appended, the quick grid also ``--jobs 2`` (two runs at a time give the
+results of one at a time: tests/test_launchers.py); any other grid is only resolved and
+checked (``--print_config``): the seed-paper grids train 12-20 min each on PTB. Shell lines run
 through bash, with ``odelm`` a function that records each call's arguments as bash expanded
 them (loops, quotes); the calls then run in that order in one Python process, through the
 CLI's ``main`` (one interpreter start for all of them, not one per call: each start imports
@@ -45,7 +46,8 @@ ODELM = r"""
 odelm() {
   local extra=()
   case "$*" in
-    train*|*"--preset quick"*) extra=(--max-steps 4 --num-threads 1) ;;
+    train*) extra=(--max-steps 4 --num-threads 1) ;;
+    *"--preset quick"*) extra=(--max-steps 4 --num-threads 1 --jobs 2) ;;
     compare*) extra=(--print_config) ;;
   esac
   printf '%s\x1f' "$@" "${extra[@]}" >> "$ODELM_CALLS"
