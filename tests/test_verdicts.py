@@ -7,6 +7,8 @@ import csv
 import shutil
 from pathlib import Path
 
+import pytest
+
 from experiments.comparison.verdicts import BEGIN, END, PAGE, collect, markdown, summary, verdict
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -26,10 +28,10 @@ def test_readme_verdict_table_is_the_generated_one():
 
 def test_the_short_table_names_the_closest_comparison_and_links_each_claim():
     """The README's row for the ODE-LSTM head quotes its most significant field comparison
-    (SGD 5: +185.03, Holm p 0.0024) and links its full row on the verdicts page."""
+    (SGD 5: +185.03, Holm p 0.0029) and links its full row on the verdicts page."""
     short = summary(collect(RESULTS))
     row = next(line for line in short.splitlines() if "LSTM encoder" in line)
-    assert "head at SGD 5 +185.03* [+178.38, +191.67] p_Holm 0.0024" in row
+    assert "head at SGD 5 +185.03* [+178.38, +191.67] p_Holm 0.0029" in row
     assert (
         "(docs/results/verdicts.md#an-ode-head-improves-on-its-lstm-encoder-node-lm-table-1)" in row
     )
@@ -39,13 +41,32 @@ def test_the_short_table_names_the_closest_comparison_and_links_each_claim():
 
 def test_generated_numbers_are_the_grids_paired_differences():
     """Against the hand-checked published intervals (Table 5, 2 layers, RK2 vs residual:
-    +17.76 [+6.54, +28.98]) and Holm over the whole table: 42 comparisons at 3 seeds leave
-    none of Table 5's significant, so its verdict is 'not shown', not 'does not hold'."""
+    +17.76 [+6.54, +28.98]) and Holm over the whole table (42 comparisons): none of Table 5's
+    at equal parameters is significant, so its verdict is 'not shown', not 'does not hold';
+    at equal compute the study's 2-layer RK4 beats 8 layers on each of its 5 seeds (Holm p
+    0.009) and the other two study rows do not differ: 'mixed'."""
     table = markdown(collect(RESULTS), RESULTS)
     assert "2 layers RK2 +17.76 [+6.54, +28.98] p_Holm" in table
     claims = collect(RESULTS)
+    assert sum(len(claim["evidence"]) for claim in claims) == 42
     assert verdict(claims[0]["evidence"]).startswith("**not shown")
+    assert verdict(claims[1]["evidence"]).startswith("**mixed** (tuned: 1 of 3 better, 0 worse")
+    assert "2-layer RK4 vs 8 layers -10.04* [-12.24, -7.85] p_Holm 0.009" in table
     assert verdict(claims[3]["evidence"]).startswith("**does not hold**")  # ODE head at SGD 5
+
+
+def test_the_seed_noise_shown_is_the_a_a_row_against_the_run_it_repeats():
+    """A study claim compared with another arm (RK4 vs 8 layers) shows the grid's seed-noise
+    row against the residual block it repeats at seeds 1001-1005, the mean of the paired
+    differences seed-noise(1000 + s) - residual(s), not seed noise against the 8 layers."""
+    rows = list(csv.DictReader((RESULTS / "study-table5-2layer" / "results.csv").open()))
+    residual = {r["seed"]: float(r["test_ppl"]) for r in rows if r["name"] == "residual"}
+    noise = [float(r["test_ppl"]) - residual[r["pair"]] for r in rows if r["name"] == "seed-noise"]
+    assert len(noise) == 5
+    claims = collect(RESULTS)
+    shown = [e.noise.mean for e in claims[1]["evidence"] if e.kind == "study"]
+    assert shown == [pytest.approx(sum(noise) / 5, abs=1e-9)] * 3
+    assert f"seed noise {sum(noise) / 5:+.2f} [" in markdown(claims, RESULTS)
 
 
 def test_a_changed_result_changes_the_table(tmp_path):

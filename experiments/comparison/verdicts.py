@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from experiments.comparison.compare import grid_baseline, grid_path
 from experiments.comparison.stats import PairedDifference, holm
 from experiments.comparison.tables import SEED_NOISE, comparisons
 from experiments.training.config import ConfigError, load_yaml
@@ -45,7 +46,7 @@ class Evidence:
     label: str
     paired: PairedDifference | None
     protocol: str
-    noise: PairedDifference | None  # the grid's seed-noise row, if it has one
+    noise: PairedDifference | None  # the grid's seed-noise row (A/A), if it has one
     cap_bound: int  # runs of the model or baseline still improving at the budget
     p_holm: float | None = None
 
@@ -91,7 +92,7 @@ def collect(results_root: Path, spec_path: Path = SPEC) -> list[dict[str, Any]]:
                     item["label"],
                     paired[item["model"]],
                     rows[0].get("protocol", ""),
-                    paired.get(SEED_NOISE) if item["baseline"] != SEED_NOISE else None,
+                    _seed_noise(item["grid"], rows),
                     capped,
                 )
             )
@@ -102,6 +103,14 @@ def collect(results_root: Path, spec_path: Path = SPEC) -> list[dict[str, Any]]:
     for claim in claims:
         claim["evidence"] = [_with_p(e, by_id[id(e)]) for e in claim["evidence"]]
     return claims
+
+
+def _seed_noise(grid: str, rows: list[dict[str, Any]]) -> PairedDifference | None:
+    """The grid's seed-noise row against the run it repeats at other seeds (the preset's
+    ``baseline``, whatever the comparison's baseline): the A/A spread; None without one."""
+    if not any(r["name"] == SEED_NOISE for r in rows):
+        return None
+    return comparisons(rows, grid_baseline(load_yaml(grid_path(grid))))[SEED_NOISE]
 
 
 def _with_p(evidence: Evidence, p_holm: float | None) -> Evidence:
