@@ -74,7 +74,10 @@ def collect(results_root: Path, spec_path: Path = SPEC) -> list[dict[str, Any]]:
             path = results_root / item["grid"] / "results.csv"
             if not path.is_file():
                 continue  # a grid without results yet (the claim says so)
-            rows = cache.setdefault(item["grid"], read_results(path))
+            if item["grid"] not in cache:  # each grid's file and seed-noise row, once
+                rows = read_results(path)
+                cache[item["grid"]] = (rows, _seed_noise(item["grid"], rows))
+            rows, noise = cache[item["grid"]]
             names = {r["name"] for r in rows}
             missing = {item["model"], item["baseline"]} - names
             if missing:
@@ -92,7 +95,7 @@ def collect(results_root: Path, spec_path: Path = SPEC) -> list[dict[str, Any]]:
                     item["label"],
                     paired[item["model"]],
                     rows[0].get("protocol", ""),
-                    _seed_noise(item["grid"], rows),
+                    noise,
                     capped,
                 )
             )
