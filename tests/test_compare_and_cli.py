@@ -12,6 +12,7 @@ import yaml
 from experiments.cli.bench import REQUIRED_FIELDS, judge
 from experiments.cli.main import main
 from experiments.comparison.compare import expand_grid, grid_seeds, run_grid
+from experiments.comparison.launchers import Launch
 from experiments.training.config import ConfigError
 
 SHARED = {
@@ -72,7 +73,7 @@ def test_compare_writes_seed_rows_statistics_plots_and_resumes_without_redoing(
     ]
     grid_file.write_text(yaml.safe_dump({"shared": SHARED, "runs": runs, "baseline": "bigram"}))
     out = tmp_path / "out"
-    results = run_grid(grid_file, out, num_seeds=2)
+    results = run_grid(grid_file, out, num_seeds=2, launch=Launch(jobs=2))  # as one at a time
     assert [(r["name"], r["seed"]) for r in results] == [
         ("rk2", 0), ("bigram", 0), ("rk2", 1), ("bigram", 1)
     ]  # fmt: skip

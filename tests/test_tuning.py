@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from experiments.comparison.compare import expand_grid, run_grid
+from experiments.comparison.launchers import Launch
 from experiments.comparison.tuning import (
     TuneSpec,
     apply_choices,
@@ -170,7 +171,7 @@ def test_a_tuned_grid_writes_the_sweep_the_noise_row_and_holm(tmp_path, tiny_mod
     }
     grid_file = tmp_path / "grid.yaml"
     grid_file.write_text(yaml.safe_dump(grid))
-    results = run_grid(grid_file, tmp_path / "out")
+    results = run_grid(grid_file, tmp_path / "out", launch=Launch(jobs=2))  # as one at a time
     out = tmp_path / "out"
     assert {r["run"].split("-lr")[0] for r in results} == {
         "tune-base",
