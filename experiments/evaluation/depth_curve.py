@@ -93,6 +93,7 @@ def plot_depth(rows: list[dict[str, Any]], path: Path, title: str) -> dict[str, 
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import LogLocator, NullFormatter, ScalarFormatter
 
     points = curve_points(rows)
     figure, axes = plt.subplots(figsize=(7, 4.8))
@@ -119,6 +120,10 @@ def plot_depth(rows: list[dict[str, Any]], path: Path, title: str) -> dict[str, 
             text = f"{name} steps" if kind == "x" else name
             axes.annotate(text, (nfe, ppl), textcoords="offset points", xytext=(6, 4), fontsize=8)
     axes.set_xscale("log")
+    axes.set_yscale("log")  # perplexity is exp(loss): equal ratios, equal heights
+    axes.yaxis.set_major_locator(LogLocator(subs=(1.0, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 7.0)))
+    axes.yaxis.set_major_formatter(ScalarFormatter())
+    axes.yaxis.set_minor_formatter(NullFormatter())
     axes.set_xlabel("NFE per token (evaluations of F, all blocks)")
     axes.set_ylabel("test perplexity")
     axes.set_title("\n".join(textwrap.wrap(title, 80)), fontsize=8)
