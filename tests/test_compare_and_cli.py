@@ -73,7 +73,8 @@ def test_compare_writes_seed_rows_statistics_plots_and_resumes_without_redoing(
     ]
     grid_file.write_text(yaml.safe_dump({"shared": SHARED, "runs": runs, "baseline": "bigram"}))
     out = tmp_path / "out"
-    results = run_grid(grid_file, out, num_seeds=2, launch=Launch(jobs=2))  # as one at a time
+    # two runs at a time give the results of one at a time (tests/test_launchers.py)
+    results = run_grid(grid_file, out, num_seeds=2, launch=Launch(jobs=2))
     assert [(r["name"], r["seed"]) for r in results] == [
         ("rk2", 0), ("bigram", 0), ("rk2", 1), ("bigram", 1)
     ]  # fmt: skip

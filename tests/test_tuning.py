@@ -171,7 +171,8 @@ def test_a_tuned_grid_writes_the_sweep_the_noise_row_and_holm(tmp_path, tiny_mod
     }
     grid_file = tmp_path / "grid.yaml"
     grid_file.write_text(yaml.safe_dump(grid))
-    results = run_grid(grid_file, tmp_path / "out", launch=Launch(jobs=2))  # as one at a time
+    # two runs at a time give the results of one at a time (tests/test_launchers.py)
+    results = run_grid(grid_file, tmp_path / "out", launch=Launch(jobs=2))
     out = tmp_path / "out"
     assert {r["run"].split("-lr")[0] for r in results} == {
         "tune-base",
