@@ -92,7 +92,8 @@ def test_tune_csv_fills_in_as_the_trials_finish(tmp_path):
 
 def test_a_stalled_trial_is_marked_at_the_top_of_the_plot_not_drawn_to_scale(tmp_path, monkeypatch):
     """A trial far above every chosen one (a stalled run) would squeeze the bowls: the
-    y-range ends 30% above the worst chosen trial and the stalled one is written there."""
+    y-range ends 30% above the worst chosen trial, the stalled one is marked at that edge and
+    listed with its value beside the plot."""
     from experiments.comparison import tuning
     from experiments.comparison.plots import plt
 
@@ -109,7 +110,9 @@ def test_a_stalled_trial_is_marked_at_the_top_of_the_plot_not_drawn_to_scale(tmp
     tuning.plot_tuning(rows, spec, tmp_path / "tune.png")
     (axis,) = figures[0].axes
     assert axis.get_ylim()[1] == pytest.approx(1.3 * 295.0)
-    assert [text.get_text() for text in axis.texts] == ["a: 656 \u2191"]
+    assert [text.get_text() for text in axis.texts] == ["\u2191 off the top:\na at 4: 656"]
+    marks = [c.get_offsets().tolist() for c in axis.collections if c.get_offsets().size]
+    assert [[4.0, pytest.approx(1.3 * 295.0)]] in marks  # the arrow at the top edge
     close(figures[0])
 
 

@@ -244,44 +244,36 @@ def write_tune_table(
 
 def plot_tuning(rows: list[dict[str, Any]], spec: TuneSpec, path: Path) -> None:
     """Validation perplexity against the tuned value (log scale), one line per arm; a trial
-    far above every arm's chosen one (a stalled run) is marked at the top edge with its
-    value, so that it does not squeeze the region where the arms differ."""
+    far above every arm's chosen one (a stalled run) is marked by an arrow at the top edge in
+    its arm's colour and listed with its value under the legend, so that it does not squeeze
+    the region where the arms differ."""
     from experiments.comparison.plots import plain_log_ticks, plt, style
 
     figure, axis = plt.subplots(figsize=(7.5, 4.5))
     chosen = [_finite(r["valid_ppl"]) for r in rows if r["chosen"]]
     top = 1.3 * max(chosen) if chosen and max(chosen) < math.inf else math.inf
-    above: dict[float, list[str]] = {}  # per tuned value: the trials off the top
-    for r in rows:
-        if top < _finite(r["valid_ppl"]) < math.inf:
-            above.setdefault(r["value"], []).append(f"{r['arm']}: {r['valid_ppl']:.0f} \u2191")
-    for value, labels in above.items():  # inside the frame at the first and last values
-        side = (
-            "right"
-            if value == max(spec.values)
-            else "left"
-            if value == min(spec.values)
-            else "center"
-        )
-        axis.annotate("\n".join(labels), (value, top), xytext=(0, -4), textcoords="offset points",
-                      ha=side, va="top", fontsize="small")  # fmt: skip
     lines = sorted(
         {(r["arm"], r["also_value"]) for r in rows},
         key=lambda k: [r["arm"] for r in rows].index(k[0]),
     )
+    above: list[str] = []  # the trials off the top, in the order of the lines
     for index, (arm, also) in enumerate(lines):
-        points = [
-            (r["value"], r["valid_ppl"])
-            for r in rows
-            if r["arm"] == arm and r["also_value"] == also and _finite(r["valid_ppl"]) < math.inf
-        ]
+        mine = [r for r in rows if r["arm"] == arm and r["also_value"] == also]
+        points = [(r["value"], r["valid_ppl"]) for r in mine if _finite(r["valid_ppl"]) < math.inf]
         label = arm if spec.also_key is None else f"{arm}, {_slug(spec.also_key, also)}"
         if points:
             axis.plot(*zip(*points), label=label, **style(index))
-        for r in rows:
-            if r["arm"] == arm and r["also_value"] == also and r["chosen"] and r["valid_ppl"]:
+        for r in mine:
+            if r["chosen"] and r["valid_ppl"]:
                 axis.scatter([r["value"]], [r["valid_ppl"]], s=160, facecolors="none",
                              edgecolors="black", zorder=5)  # fmt: skip
+            if top < _finite(r["valid_ppl"]) < math.inf:
+                axis.scatter([r["value"]], [top], marker="^", s=70, clip_on=False, zorder=6,
+                             color=style(index)["color"])  # fmt: skip
+                above.append(f"{label} at {r['value']:g}: {r['valid_ppl']:.0f}")
+    if above:
+        axis.text(1.03, 0.0, "\u2191 off the top:\n" + "\n".join(above), transform=axis.transAxes,
+                  ha="left", va="bottom", fontsize="small")  # fmt: skip
     axis.set_xscale("log")
     axis.set_yscale("log")
     if top < math.inf and axis.get_ylim()[1] > top:
