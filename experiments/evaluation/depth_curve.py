@@ -85,17 +85,13 @@ def curve_points(rows: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def plot_depth(rows: list[dict[str, Any]], path: Path, title: str) -> dict[str, Any]:
-    """Test perplexity against NFE per token, one line per method, the training depth
-    marked (a star and a dotted line) and the 2x/4x extrapolation ringed; writes ``path``
-    (PNG) and ``path`` with ``.json`` (the points), and returns the points."""
-    import matplotlib
+def plot_depth(points: dict[str, Any], path: Path, title: str) -> None:
+    """Test perplexity against NFE per token (``points``: ``curve_points``, or the
+    ``depth.json`` it wrote), one line per method, the training depth marked (a star and a
+    dotted line) and the 2x/4x extrapolation ringed; writes ``path`` (PNG) and ``path``
+    with ``.json`` (the points)."""
+    from experiments.comparison.plots import plain_log_ticks, plt
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.ticker import LogLocator, NullFormatter, ScalarFormatter
-
-    points = curve_points(rows)
     figure, axes = plt.subplots(figsize=(7, 4.8))
     for method, xy in points["series"].items():
         axes.plot(*zip(*xy), marker="o", markersize=4, label=method)
@@ -121,9 +117,7 @@ def plot_depth(rows: list[dict[str, Any]], path: Path, title: str) -> dict[str, 
             axes.annotate(text, (nfe, ppl), textcoords="offset points", xytext=(6, 4), fontsize=8)
     axes.set_xscale("log")
     axes.set_yscale("log")  # perplexity is exp(loss): equal ratios, equal heights
-    axes.yaxis.set_major_locator(LogLocator(subs=(1.0, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 7.0)))
-    axes.yaxis.set_major_formatter(ScalarFormatter())
-    axes.yaxis.set_minor_formatter(NullFormatter())
+    plain_log_ticks(axes, "y")
     axes.set_xlabel("NFE per token (evaluations of F, all blocks)")
     axes.set_ylabel("test perplexity")
     axes.set_title("\n".join(textwrap.wrap(title, 80)), fontsize=8)
@@ -132,4 +126,3 @@ def plot_depth(rows: list[dict[str, Any]], path: Path, title: str) -> dict[str, 
     figure.savefig(path, dpi=120)
     plt.close(figure)
     path.with_suffix(".json").write_text(json.dumps(points, indent=1))
-    return points

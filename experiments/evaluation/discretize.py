@@ -31,6 +31,7 @@ from jsonargparse import Namespace
 
 from experiments.data.batching import lm_nll
 from experiments.evaluation.depth_curve import (
+    curve_points,
     extrapolation,
     plot_depth,
     trained_label,
@@ -307,7 +308,7 @@ def cmd_discretize(args: Namespace) -> int:
     title = f"{Path(args.run).name}\n{rows[0]['protocol']}"
     plot_pareto([r for r in rows if "role" not in r], out / "discretize.png", title)
     if args.plot:
-        plot_depth(rows, out / "depth.png", f"test-time depth: {title}")
+        plot_depth(curve_points(rows), out / "depth.png", f"test-time depth: {title}")
     if args.json:
         for row in rows:
             print(json.dumps(row))
