@@ -43,3 +43,24 @@ def test_sentence_batches_have_no_compute_curve(tmp_path):
     assert write_compute(tmp_path, [result], "base") == []
     with pytest.raises(FileNotFoundError):
         (tmp_path / "compute.md").read_text()
+
+
+def test_seeds_with_different_flops_per_step_still_draw_their_mean_line(tmp_path):
+    """An adaptive solver's seeds differ in FLOPs per token (100 and 300): the mean line's
+    x at each step is the mean of the seeds' cumulative FLOPs (3 x 10 tokens x step x 200)."""
+    from experiments.comparison.compute import compute_curves, compute_figure, flops_to_target
+    from experiments.plotting import plt
+
+    results = [
+        _run(tmp_path, "base", 1, 10.0, [(10, 80.0), (20, 50.0)]),
+        _run(tmp_path, "ode", 1, 100.0, [(10, 90.0), (20, 70.0)]),
+        _run(tmp_path, "ode", 2, 300.0, [(10, 95.0), (20, 75.0)]),
+    ]
+    curves = compute_curves(tmp_path, results)
+    target, _ = flops_to_target(curves, "base")
+    figure = compute_figure(tmp_path, results, curves, "base", target)
+    left = figure.axes[0]
+    lines = {line.get_label(): line for line in left.get_lines()}
+    assert list(lines["ode"].get_xdata()) == [6e4, 1.2e5]
+    assert list(lines["ode"].get_ydata()) == [92.5, 72.5]
+    plt.close(figure)

@@ -95,7 +95,7 @@ def test_a_stalled_trial_is_marked_at_the_top_of_the_plot_not_drawn_to_scale(tmp
     y-range ends 30% above the worst chosen trial, the stalled one is marked at that edge and
     listed with its value beside the plot."""
     from experiments.comparison import tuning
-    from experiments.comparison.plots import plt
+    from experiments.plotting import plt
 
     spec = TuneSpec("optim.lr", (1.0, 2.0, 4.0), seed=1)
     ppl = {(1.0, "a"): 290.0, (2.0, "a"): 280.0, (4.0, "a"): 656.0, (1.0, "b"): 300.0}

@@ -17,8 +17,9 @@ from typing import Any
 
 import yaml
 
-from experiments.comparison.plots import _draw, plain_log_ticks, plt, read_metrics
+from experiments.comparison.plots import _draw, read_metrics
 from experiments.comparison.tables import group_by_model
+from experiments.plotting import plain_log_ticks, plt
 
 
 def step_flops(run_dir: Path, result: dict[str, Any]) -> float | None:
@@ -85,14 +86,31 @@ def write_compute(out_dir: Path, results: list[dict[str, Any]], baseline: str) -
         cell = f"{flops:.3g}" if flops is not None else "never within the budget"
         lines.append(f"| {name} | {cell} | {hits} of {total} |")
     (out_dir / "compute.md").write_text("\n".join(lines) + "\n")
+    figure = compute_figure(out_dir, results, curves, baseline, target)
+    path = out_dir / "ppl_vs_compute.png"
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+    return [path, out_dir / "compute.md"]
+
+
+def compute_figure(
+    out_dir: Path,
+    results: list[dict[str, Any]],
+    curves: dict[str, list[tuple[list[tuple[float, float]], float]]],
+    baseline: str,
+    target: float,
+) -> Any:
+    """Validation perplexity against cumulative training FLOPs (left) and wall time (right).
+    Each seed's steps map to its own FLOPs (an adaptive solver's seeds differ in FLOPs per
+    step), and the mean line's x is the mean over seeds, as for wall time."""
     logs = {r["run"]: read_metrics(out_dir / "runs" / r["run"]) for r in results}
     figure, (left, right) = plt.subplots(1, 2, figsize=(13, 4.5), sharey=True)
     for index, (name, runs) in enumerate(group_by_model(results).items()):
         seeds = curves.get(name)
         if not seeds:
             continue
-        scaled = [[(step * flops, v) for step, v in curve] for curve, flops in seeds]
-        _draw(left, index, name, scaled)
+        flops_x = [{step: step * flops for step, _ in curve} for curve, flops in seeds]
+        _draw(left, index, name, [curve for curve, _ in seeds], flops_x)
         timed = [(dict(logs[r["run"]].get("val/elapsed_s", [])), logs[r["run"]]) for r in runs]
         time_curves = [[(s, v) for s, v in log.get("val/ppl", []) if s in x] for x, log in timed]
         if all(time_curves):
@@ -110,7 +128,4 @@ def write_compute(out_dir: Path, results: list[dict[str, Any]], baseline: str) -
         "Equal training compute: validation perplexity against FLOPs and time", fontsize=9
     )
     figure.tight_layout()
-    path = out_dir / "ppl_vs_compute.png"
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
-    return [path, out_dir / "compute.md"]
+    return figure

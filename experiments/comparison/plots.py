@@ -18,14 +18,11 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
 from matplotlib.lines import Line2D
-from matplotlib.ticker import FixedLocator, FuncFormatter, MaxNLocator, NullLocator
+from matplotlib.ticker import FuncFormatter
 
 from experiments.comparison.tables import group_by_model
+from experiments.plotting import plain_log_ticks, plt
 
 LINE_STYLES = ("-", "--", "-.", ":")
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "h", "<", ">")
@@ -75,28 +72,6 @@ def selected_step(result: dict[str, Any], val_ppl: Series) -> tuple[float, float
     if result.get("selected") == "best validation":
         return min(val_ppl, key=lambda point: point[1])
     return val_ppl[-1]  # "last" or an average of the last validations: the final one
-
-
-def plain_log_ticks(axis: Any, which: str = "y") -> None:
-    """Plain-number ticks (``20``, ``50``, ``100``) on a log axis, never ``2x10^1``."""
-    low, high = axis.get_ylim() if which == "y" else axis.get_xlim()
-    ticks: list[float] = []
-    if high / low < 4:
-        ticks = [t for t in MaxNLocator(5).tick_values(low, high) if low <= t <= high]
-    else:
-        for mantissas in ((1, 1.5, 2, 3, 5, 7), (1, 2, 5), (1, 3), (1,)):
-            ticks = [
-                m * 10**k
-                for k in range(math.floor(math.log10(low)), math.ceil(math.log10(high)) + 1)
-                for m in mantissas
-                if low <= m * 10**k <= high
-            ]
-            if len(ticks) <= 8:
-                break
-    target = axis.yaxis if which == "y" else axis.xaxis
-    target.set_major_locator(FixedLocator(ticks))
-    target.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
-    target.set_minor_locator(NullLocator())
 
 
 def grammar_references(results: list[dict[str, Any]]) -> dict[str, float] | None:

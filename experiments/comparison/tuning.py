@@ -247,7 +247,8 @@ def plot_tuning(rows: list[dict[str, Any]], spec: TuneSpec, path: Path) -> None:
     far above every arm's chosen one (a stalled run) is marked by an arrow at the top edge in
     its arm's colour and listed with its value under the legend, so that it does not squeeze
     the region where the arms differ."""
-    from experiments.comparison.plots import plain_log_ticks, plt, style
+    from experiments.comparison.plots import style
+    from experiments.plotting import plain_log_ticks, plt
 
     figure, axis = plt.subplots(figsize=(7.5, 4.5))
     chosen = [_finite(r["valid_ppl"]) for r in rows if r["chosen"]]

@@ -90,7 +90,7 @@ def plot_depth(points: dict[str, Any], path: Path, title: str) -> None:
     ``depth.json`` it wrote), one line per method, the training depth marked (a star and a
     dotted line) and the 2x/4x extrapolation ringed; writes ``path`` (PNG) and ``path``
     with ``.json`` (the points)."""
-    from experiments.comparison.plots import plain_log_ticks, plt
+    from experiments.plotting import plain_log_ticks, plt
 
     figure, axes = plt.subplots(figsize=(7, 4.8))
     for method, xy in points["series"].items():

@@ -264,10 +264,7 @@ def write_table(rows: list[dict[str, Any]], path: Path) -> str:
 def plot_pareto(rows: list[dict[str, Any]], path: Path, title: str) -> None:
     """Perplexity against NFE per method, with the Pareto front (no setting is both
     cheaper and better)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from experiments.plotting import plt
 
     points = [r for r in rows if r.get("ppl") is not None]
     figure, axes = plt.subplots(figsize=(6.5, 4.5))
