@@ -125,8 +125,8 @@ a training run (config, Lightning task, run folder, the test of a model on a spl
 evaluation of trained runs, grids of runs, the command line. A sub-package imports only
 itself and those before it, with no exception (the FLOPs counter and BLEU sit in ``models``,
 ``evaluate`` in ``training``, which tests a run with them); the top-level modules
-(``config_errors``, ``plotting``, ``reference``) are leaves every layer may import, ``__main__`` sits
-above ``cli``."""
+(``config_errors``, ``plotting``, ``reference``) are leaves every layer may import,
+``__main__`` sits above ``cli``."""
 
 
 def _harness_level(module: str) -> int:
