@@ -15,7 +15,7 @@ import pytest
 
 from experiments.comparison.compare import expand_grid, grid_baseline
 from experiments.comparison.tables import SEED_NOISE
-from experiments.comparison.tuning import apply_choices, trial_name, tune_spec, tuned_values
+from experiments.comparison.tuning import apply_choices, trial_values, tune_spec
 from experiments.training.config import load_yaml, parse_config
 from experiments.training.runs import config_sha256
 
@@ -37,9 +37,8 @@ def planned_hashes(study: str) -> dict[str, str]:
     for plan in planned:
         if plan.seed == spec.seed and plan.name != SEED_NOISE:
             for value in spec.values:
-                name = trial_name(spec, plan.name, value, None)
-                values = {**tuned_values(spec, plan.values, value, None), "name": name}
-                hashes[name] = config_sha256(parse_config(values))
+                values = trial_values(spec, plan.name, plan.values, value, None)
+                hashes[values["name"]] = config_sha256(parse_config(values))
     for plan in apply_choices(planned, spec, choices, grid_baseline(grid)):
         hashes[plan.run] = config_sha256(parse_config(plan.values))
     return hashes

@@ -112,6 +112,15 @@ def tuned_values(spec: TuneSpec, values: dict[str, Any], value: float, also: Any
     return tuned if spec.also_key is None else merge(tuned, nested(spec.also_key, also))
 
 
+def trial_values(
+    spec: TuneSpec, arm: str, values: dict[str, Any], value: float, also: Any
+) -> dict[str, Any]:
+    """The config of one trial: the arm's values at the tuned value, named as its run
+    directory (``trial_name``), at the trial seed."""
+    name = trial_name(spec, arm, value, also)
+    return {**tuned_values(spec, values, value, also), "name": name, "seed": spec.seed}
+
+
 def extended(values: tuple[float, ...], low: bool, high: bool) -> tuple[float, ...]:
     """The list with one value added past each edge asked for (geometric continuation)."""
     result = list(values)
@@ -175,8 +184,7 @@ def run_tuning(
                     name = trial_name(spec, arm, value, also)
                     if name not in results:
                         label = f"[tune] {arm} {_slug(spec.key, value)}"
-                        tuned = {**tuned_values(spec, values, value, also), "name": name}
-                        todo.append((name, {**tuned, "seed": spec.seed}, label))
+                        todo.append((name, trial_values(spec, arm, values, value, also), label))
         results.update(train(todo, record))
         scores = {
             (arm, v, a): results.get(trial_name(spec, arm, v, a), {}).get("valid_ppl")
