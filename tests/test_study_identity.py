@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments.comparison.compare import expand_grid, grid_baseline
+from experiments.comparison.compare import expand_grid, grid_baseline, result_seeds
 from experiments.comparison.tables import SEED_NOISE
 from experiments.comparison.tuning import apply_choices, trial_values, tune_spec
 from experiments.training.config import load_yaml, parse_config
@@ -28,7 +28,7 @@ def planned_hashes(study: str) -> dict[str, str]:
     choices read from its ``tune.csv``."""
     grid = load_yaml(ROOT / "experiments" / "configs" / "grids" / f"{study}.yaml")
     planned = expand_grid(grid, Path("out"), {})
-    spec = tune_spec(grid, planned[0].seed)
+    spec = tune_spec(grid, result_seeds(planned))
     assert spec is not None and spec.also_key is None
     rows = list(csv.DictReader((ROOT / "docs" / "results" / study / "tune.csv").open()))
     spec = replace(spec, values=tuple(sorted({float(row["value"]) for row in rows})))

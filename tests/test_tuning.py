@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import math
+from dataclasses import replace
 
 import pytest
 import yaml
@@ -123,13 +124,29 @@ def test_extension_is_geometric_on_both_sides():
 
 def test_tune_section_is_checked(tmp_path, tiny_model):
     grid = {"shared": SHARED, "runs": [{"name": "a", "model": tiny_model}]}
-    assert tune_spec(grid, 3) is None
-    spec = tune_spec({**grid, "tune": {"key": "optim.lr", "values": [1, 2]}}, 3)
-    assert spec == TuneSpec("optim.lr", (1.0, 2.0), seed=3, extend=1)
+    assert tune_spec(grid, [3]) is None
+    spec = tune_spec({**grid, "tune": {"key": "optim.lr", "values": [1, 2]}}, [3, 4])
+    assert spec == TuneSpec("optim.lr", (1.0, 2.0), seed=5, extend=1)  # past the result seeds
     for bad in ({"key": "optim.lr", "values": [2, 1]}, {"key": "optim.lr"}, {"values": [1, 2]},
                 {"key": "optim.lr", "values": [1, 2], "extend": -1}, {"key": "x", "values": [1, 2], "typo": 1}):  # fmt: skip
         with pytest.raises(ConfigError, match="tune"):
-            tune_spec({**grid, "tune": bad}, 0)
+            tune_spec({**grid, "tune": bad}, [0])
+
+
+def test_the_tuning_seed_is_kept_out_of_the_results(tiny_model):
+    """A trial at a result seed would make that seed's result the best of several trials:
+    refused, unless the grid says it reuses the trial (the grids tuned before 0.4)."""
+    grid = {"runs": [{"name": "a", "model": tiny_model}]}
+    tune = {"key": "optim.lr", "values": [1, 2], "seed": 2}
+    with pytest.raises(
+        ConfigError, match=r"tune.seed 2 is also one of the grid's seeds \[1, 2, 3\]"
+    ):
+        tune_spec({**grid, "tune": tune}, [1, 2, 3])
+    assert tune_spec({**grid, "tune": tune}, [3, 4]).seed == 2
+    reused = tune_spec({**grid, "tune": {**tune, "trial_is_result": True}}, [1, 2, 3])
+    assert reused.seed == 2 and reused.trial_is_result
+    with pytest.raises(ConfigError, match="trial_is_result must be true or false"):
+        tune_spec({**grid, "tune": {**tune, "trial_is_result": "yes"}}, [1])
 
 
 def test_seed_noise_runs_pair_with_the_baseline_and_take_its_value(tmp_path, tiny_model):
@@ -150,10 +167,12 @@ def test_seed_noise_runs_pair_with_the_baseline_and_take_its_value(tmp_path, tin
     ]
     assert noise[0].values["model"] == {"family": "reference"} and noise[0].values["seed"] == 101
     assert [p.name for p in planned[:3]] == ["base", "a", "seed-noise"]  # seed by seed
-    spec = TuneSpec("optim.lr", (0.1, 0.2), seed=1)
+    spec = TuneSpec("optim.lr", (0.1, 0.2), seed=1, trial_is_result=True)
     tuned = apply_choices(planned, spec, {"base": (0.2, None), "a": (0.1, None)}, "base")
     by_run = {p.run: p for p in tuned}
     assert by_run[trial_name(spec, "base", 0.2, None)].seed == 1  # the trial is the seed-1 run
+    kept_out = apply_choices(planned, replace(spec, trial_is_result=False), {"base": (0.2, None), "a": (0.1, None)}, "base")  # fmt: skip
+    assert {p.run for p in kept_out} >= {"base-seed1", "a-seed1"}  # the seeds train apart
     assert by_run["a-seed2"].values["optim"]["lr"] == 0.1
     assert by_run["seed-noise-seed102"].values["optim"]["lr"] == 0.2
     with pytest.raises(ConfigError, match="seed_noise"):
@@ -169,7 +188,13 @@ def test_a_tuned_grid_writes_the_sweep_the_noise_row_and_holm(tmp_path, tiny_mod
             {"name": "base", "model": {"family": "reference"}},
             {"name": "rk2", "model": {**tiny_model, "block": "rk2"}},
         ],
-        "tune": {"key": "optim.lr", "values": [0.001, 0.01], "extend": 0},
+        "tune": {
+            "key": "optim.lr",
+            "values": [0.001, 0.01],
+            "extend": 0,
+            "seed": 0,
+            "trial_is_result": True,
+        },
         "seed_noise": 10,
     }
     grid_file = tmp_path / "grid.yaml"

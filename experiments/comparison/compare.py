@@ -187,6 +187,11 @@ def grid_baseline(grid: dict[str, Any]) -> str:
     return grid.get("baseline") or grid["runs"][0]["name"]
 
 
+def result_seeds(planned: list[PlannedRun]) -> list[int]:
+    """The seeds the grid's results are read at (its seed-noise row's seeds left out)."""
+    return sorted({plan.seed for plan in planned if plan.name != SEED_NOISE})
+
+
 def check_grid(
     grid: dict[str, Any],
     out_dir: Path,
@@ -197,7 +202,7 @@ def check_grid(
     (nothing is written: a bad grid or a folder odelm did not make is one error)."""
     planned = expand_grid(grid, out_dir, shared_override, num_seeds)
     grid_slurm(grid)
-    tune_spec(grid, planned[0].seed)
+    tune_spec(grid, result_seeds(planned))
     if out_dir.exists() and not out_dir.is_dir():
         raise FolderWriteError(
             f"cannot make comparison folder {out_dir} (File exists); choose another folder"
@@ -237,7 +242,7 @@ def run_grid(
         counts["kept"] += len(plans) - jobs
         return finished
 
-    spec = tune_spec(grid, planned[0].seed)
+    spec = tune_spec(grid, result_seeds(planned))
     if spec is not None:
         arms = {
             p.name: p.values for p in planned if p.name != SEED_NOISE and p.seed == planned[0].seed

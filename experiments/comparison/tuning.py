@@ -5,15 +5,19 @@
     tune:
       key: optim.lr                 # a run-config key (dotted)
       values: [0.6, 1.25, 2.5, 5]   # tried in this order by every arm
-      seed: 1                       # the trials' seed (default: the grid's first)
+      seed: 0                       # the trials' seed, not one of the grid's seeds
+                                    # (default: one past the largest)
       extend: 1                     # values added past an edge, at most (default 1)
       also: {key: optim.anneal_patience, values: [2, 3]}   # optional second key
 
 Every arm (every run of the grid) trains once per value, or per pair of values with
 ``also``, at the trial seed and the grid's own budget; the value with the lowest
-validation perplexity is the arm's, and the grid's seeds then train at it. The trial at
-the chosen value *is* the arm's run at the trial seed (same config), so it is not trained
-twice. When an arm's best value is the first or last of the list, the list is extended by
+validation perplexity is the arm's, and the grid's seeds then train at it. The trial seed
+is kept out of the results: were it one of the grid's seeds, that seed's result would be the
+best of several trials, biased towards the arm with the luckiest trial, so a tune seed among
+the grid's seeds is refused unless the grid says ``trial_is_result: true`` (the protocol of
+the grids tuned before 0.4, whose trial at the chosen value *is* the arm's run at that
+seed and is not trained twice). When an arm's best value is the first or last of the list, the list is extended by
 one value past that edge (the geometric continuation of the last two), for every arm, so
 the trials per arm stay equal; ``tune.csv`` and ``tune.png`` in the grid's folder hold the
 sweep (``tune.csv`` is rewritten as each trial finishes, so a long sweep shows how far it
@@ -24,7 +28,7 @@ from __future__ import annotations
 
 import csv
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -32,7 +36,7 @@ from typing import Any
 from experiments.comparison.tables import SEED_NOISE
 from experiments.training.config import ConfigError, merge
 
-TUNE_KEYS = {"key", "values", "seed", "extend", "also"}
+TUNE_KEYS = {"key", "values", "seed", "extend", "also", "trial_is_result"}
 Recorder = Callable[[str, dict[str, Any]], None]
 """Called with a run's name and result as soon as it has one (trained or kept)."""
 
@@ -47,10 +51,12 @@ class TuneSpec:
     extend: int = 1
     also_key: str | None = None
     also_values: tuple[Any, ...] = (None,)
+    trial_is_result: bool = False
 
 
-def tune_spec(grid: dict[str, Any], first_seed: int) -> TuneSpec | None:
-    """The grid's ``tune:`` section, checked (None without one)."""
+def tune_spec(grid: dict[str, Any], seeds: Sequence[int]) -> TuneSpec | None:
+    """The grid's ``tune:`` section, checked against the grid's result ``seeds`` (None
+    without one)."""
     section = grid.get("tune")
     if section is None:
         return None
@@ -79,13 +85,27 @@ def tune_spec(grid: dict[str, Any], first_seed: int) -> TuneSpec | None:
     extend = section.get("extend", 1)
     if not isinstance(extend, int) or extend < 0:
         raise ConfigError(f"tune.extend must be a count >= 0, got {extend!r}")
+    reuse = section.get("trial_is_result", False)
+    if not isinstance(reuse, bool):
+        raise ConfigError(f"tune.trial_is_result must be true or false, got {reuse!r}")
+    seed = section.get("seed", max(seeds, default=0) + 1)
+    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
+        raise ConfigError(f"tune.seed must be a seed (an integer >= 0), got {seed!r}")
+    if seed in seeds and not reuse:
+        raise ConfigError(
+            f"tune.seed {seed} is also one of the grid's seeds {list(seeds)}: tuning trials "
+            "need a seed of their own, or that seed's result is the best of several trials; "
+            f"choose another (e.g. tune.seed: {max(seeds) + 1}), or set "
+            "tune.trial_is_result: true to reuse the trial as that seed's run"
+        )
     return TuneSpec(
         section["key"],
         tuple(float(v) for v in values),
-        int(section.get("seed", first_seed)),
+        seed,
         extend,
         also.get("key"),
         tuple(also["values"]) if also else (None,),
+        reuse,
     )
 
 
@@ -305,13 +325,14 @@ def apply_choices(
     planned: list[Any], spec: TuneSpec, choices: dict[str, tuple[float, Any]], baseline: str
 ) -> list[Any]:
     """The grid's runs at their arm's chosen value; the run at the trial seed is the trial
-    itself (seed-noise runs take the baseline's value and are never trials)."""
+    itself where the grid says ``trial_is_result`` (seed-noise runs take the baseline's value
+    and are never trials)."""
     tuned = []
     for plan in planned:
         arm = baseline if plan.name == SEED_NOISE else plan.name
         value, also = choices[arm]
         values = tuned_values(spec, plan.values, value, also)
-        if plan.seed == spec.seed and plan.name != SEED_NOISE:
+        if spec.trial_is_result and plan.seed == spec.seed and plan.name != SEED_NOISE:
             run = trial_name(spec, arm, value, also)
             values = {**values, "name": run}
             plan = replace(plan, run=run)

@@ -1,4 +1,4 @@
-"""Training recipes: the optimizers, plateau annealing and epoch budgets (the named presets,
+"""Training recipes: the optimizers, the rate schedules and epoch budgets (the named presets,
 ``RECIPES``, are configuration data and live in ``experiments.training.config``).
 
 A run config, a grid's ``shared`` section or one grid run says ``recipe: NAME``; the
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -93,6 +93,22 @@ def inverse_sqrt_lambda(warmup_steps: int):
     def factor(step: int) -> float:
         step = step + 1
         return step / warmup if step < warmup else math.sqrt(warmup / step)
+
+    return factor
+
+
+def warmup_cosine_lambda(warmup_steps: int, total_steps: int) -> Callable[[int], float]:
+    """Linear warmup to the peak rate over ``warmup_steps``, then a cosine decay that reaches
+    0 after ``total_steps`` optimizer steps: the rate is a function of the step alone, so no
+    validation (noisy on a small split) can move it."""
+    warmup = max(1, warmup_steps)
+    decay = max(1, total_steps - warmup)
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        progress = min(1.0, (step - warmup) / decay)
+        return 0.5 * (1.0 + math.cos(math.pi * progress))
 
     return factor
 

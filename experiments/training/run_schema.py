@@ -85,8 +85,10 @@ class OptimConfig:
         betas: Adam's two betas
         momentum: SGD momentum (sgd only)
         weight_decay: L2 penalty (adam, sgd) or decoupled decay (adamw)
-        schedule: constant, inverse_sqrt (after a linear warmup) or plateau (the lr is
-            divided by anneal_factor after anneal_patience validations without a new best)
+        schedule: constant, inverse_sqrt (after a linear warmup), cosine (linear warmup,
+            then a cosine decay to 0 at the run's last step: the validation curve never moves
+            the rate) or plateau (the lr is divided by anneal_factor after anneal_patience
+            validations without a new best)
         warmup_steps: steps of linear warmup
         anneal_factor: plateau schedule: divide the lr by this
         anneal_patience: plateau schedule: validations without a new best before dividing
@@ -99,7 +101,7 @@ class OptimConfig:
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
     momentum: float = 0.0
     weight_decay: float = 0.0
-    schedule: Literal["constant", "inverse_sqrt", "plateau"] = "constant"
+    schedule: Literal["constant", "inverse_sqrt", "cosine", "plateau"] = "constant"
     warmup_steps: int = 0
     anneal_factor: float = 4.0
     anneal_patience: int = 1

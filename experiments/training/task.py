@@ -29,6 +29,7 @@ from experiments.training.recipes import (
     PlateauAnnealer,
     build_optimizer,
     inverse_sqrt_lambda,
+    warmup_cosine_lambda,
 )
 from neuralode_lm.solvers.monitor import loss_scaling
 from odelm.contract import call_model, check_stateful, detach_state
@@ -250,9 +251,17 @@ class LMTask(pl.LightningModule):
             )
         if self.optim.schedule in ("constant", "plateau"):
             return {"optimizer": optimizer}
-        schedule = torch.optim.lr_scheduler.LambdaLR(
-            optimizer, inverse_sqrt_lambda(self.optim.warmup_steps)
-        )
+        if self.optim.schedule == "cosine":
+            total = self.trainer.estimated_stepping_batches  # max_steps, or epochs x batches
+            if not math.isfinite(total):
+                raise OdelmError(
+                    "optim.schedule cosine decays over the run's step budget, and this run "
+                    "has none: set trainer.max_steps or trainer.max_epochs"
+                )
+            factor = warmup_cosine_lambda(self.optim.warmup_steps, int(total))
+        else:
+            factor = inverse_sqrt_lambda(self.optim.warmup_steps)
+        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
 
     @classmethod
