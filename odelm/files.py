@@ -20,3 +20,21 @@ def atomic_write(path: str | os.PathLike[str], suffix: str = ".partial") -> Iter
         partial.unlink(missing_ok=True)
         raise
     os.replace(partial, path)
+
+
+def write_all(texts: dict[Path, str]) -> None:
+    """Write every file of ``texts`` or none: each is written whole beside its target
+    first, and only when all of them are written are they renamed into place (a failed
+    write leaves every target as it was)."""
+    partials: list[tuple[Path, Path]] = []
+    try:
+        for path, text in texts.items():
+            partial = path.with_name(path.name + ".partial")
+            partials.append((partial, path))
+            partial.write_text(text, encoding="utf-8")
+    except BaseException:
+        for partial, _ in partials:
+            partial.unlink(missing_ok=True)
+        raise
+    for partial, path in partials:
+        os.replace(partial, path)

@@ -2,21 +2,60 @@
 
 import math
 
+import numpy as np
 import pytest
 
-from experiments.comparison.stats import paired_difference, summarize, t_quantile_975
+from experiments.comparison.stats import (
+    detectable_difference,
+    paired_difference,
+    summarize,
+    t_quantile_975,
+)
 from experiments.comparison.tables import markdown_table
 
 
-def test_t_quantiles_match_the_standard_table():
-    assert t_quantile_975(1) == 12.706
-    assert t_quantile_975(2) == 4.303
-    assert t_quantile_975(9) == 2.262
-    assert t_quantile_975(60) == pytest.approx(2.000)
-    assert t_quantile_975(10**9) == pytest.approx(1.960, abs=1e-6)
-    assert 2.021 > t_quantile_975(50) > 2.000
+def test_t_quantiles_are_exact():
+    """Against the table's 3 decimals and the normal limit; exact, not interpolated."""
+    assert t_quantile_975(1) == pytest.approx(12.706, abs=5e-4)
+    assert t_quantile_975(4) == pytest.approx(2.776445105, abs=1e-9)
+    assert t_quantile_975(9) == pytest.approx(2.262, abs=5e-4)
+    assert t_quantile_975(10**9) == pytest.approx(1.959964, abs=1e-6)
     with pytest.raises(ValueError, match=">= 1"):
         t_quantile_975(0)
+
+
+def test_paired_intervals_equal_scipys_exact_t_intervals():
+    """The interval and p-value of every n from 2 to 12 equal scipy's paired t-test's to
+    1e-9 (an independent implementation: ``scipy.stats.ttest_rel``)."""
+    from scipy.stats import ttest_rel
+
+    rng = np.random.default_rng(7)
+    for n in range(2, 13):
+        model, baseline = rng.normal(300, 10, n), rng.normal(305, 10, n)
+        d = paired_difference(dict(enumerate(model)), dict(enumerate(baseline)))
+        exact = ttest_rel(model, baseline)
+        low, high = exact.confidence_interval(0.95)
+        assert d.ci_low == pytest.approx(low, abs=1e-9)
+        assert d.ci_high == pytest.approx(high, abs=1e-9)
+        assert d.p_value == pytest.approx(exact.pvalue, abs=1e-9)
+
+
+def test_detectable_difference_has_the_stated_power():
+    """At the detectable difference a simulated paired t-test rejects 80% of the time; the
+    figure grows as the level tightens and falls as 1/sqrt(n) for large n."""
+    from scipy.stats import t as student_t
+
+    sd, n = 10.0, 5
+    effect = detectable_difference(sd, n, alpha=0.05)
+    rng = np.random.default_rng(0)
+    diffs = rng.normal(effect, sd, size=(40000, n))
+    t = diffs.mean(1) / (diffs.std(1, ddof=1) / math.sqrt(n))
+    rejected = np.mean(np.abs(t) > student_t.ppf(0.975, n - 1))
+    assert rejected == pytest.approx(0.8, abs=0.01)
+    assert detectable_difference(sd, n, alpha=0.05 / 6) > effect
+    # large n: the normal approximation (z_0.975 + z_0.8) sd / sqrt(n)
+    assert detectable_difference(1.0, 10**4) == pytest.approx((1.959964 + 0.841621) / 100, rel=1e-3)
+    assert detectable_difference(sd, 1) == math.inf
 
 
 def test_summary_is_mean_and_sample_standard_deviation():
@@ -33,13 +72,13 @@ def test_paired_difference_is_a_t_interval_over_seed_pairs():
     baseline = {0: 9.0, 1: 10.5, 2: 10.8}
     d = paired_difference(model, baseline)
     # differences 1.0, 1.5, 0.2: mean 0.9, sd sqrt((0.01 + 0.36 + 0.49) / 2) = sqrt(0.43)
-    half = 4.303 * math.sqrt(0.43) / math.sqrt(3)
+    half = 4.302652730 * math.sqrt(0.43) / math.sqrt(3)
     assert d.n == 3 and d.mean == pytest.approx(0.9)
     assert (d.ci_low, d.ci_high) == (pytest.approx(0.9 - half), pytest.approx(0.9 + half))
     assert d.significant is False  # the interval [-0.73, 2.53] holds 0
     shifted = paired_difference({0: 11.0, 1: 12.1, 2: 13.0}, {0: 10.0, 1: 11.0, 2: 12.1})
     # differences 1.0, 1.1, 0.9: mean 1.0, sd 0.1, half-width 4.303 * 0.1 / sqrt(3)
-    assert shifted.ci_low == pytest.approx(1.0 - 4.303 * 0.1 / math.sqrt(3))
+    assert shifted.ci_low == pytest.approx(1.0 - 4.302652730 * 0.1 / math.sqrt(3))
     assert shifted.significant is True
     single = paired_difference({0: 3.0}, {0: 2.0})
     assert (single.mean, single.ci_low, single.significant) == (1.0, None, None)

@@ -1,15 +1,35 @@
 """The README's verdict table is the one `odelm verdicts` builds from the grids' results.csv
-files: a number changed on either side fails here."""
+files, each claim decided by its one pre-registered primary with Holm over the primaries
+only; a changed number on either side, a primary changed after its grid has results, or an
+input that cannot be read fails here, and a failed `--write` writes nothing."""
 
 from __future__ import annotations
 
 import csv
+import math
+import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
-from experiments.comparison.verdicts import BEGIN, END, PAGE, collect, markdown, summary, verdict
+from experiments.comparison import verdicts
+from experiments.comparison.stats import detectable_difference, paired_difference
+from experiments.comparison.verdicts import (
+    BEGIN,
+    END,
+    PAGE,
+    collect,
+    load_spec,
+    markdown,
+    primaries_sha256,
+    summary,
+    verdict,
+)
+from experiments.training.config import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "docs" / "results"
@@ -20,63 +40,136 @@ def _block(path: Path) -> str:
     return text.split(BEGIN, 1)[1].split(END, 1)[0].lstrip("\n")
 
 
+def _write_results(path: Path, rows: list[dict[str, object]]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=["name", "seed", "test_ppl", "pair"])
+        writer.writeheader()
+        writer.writerows(rows)
+
+
 def test_readme_verdict_table_is_the_generated_one():
     claims = collect(RESULTS)
     assert _block(ROOT / "README.md") == summary(claims, f"docs/results/{PAGE}")
     assert _block(RESULTS / PAGE) == markdown(claims, RESULTS)
 
 
-def test_the_short_table_names_the_closest_comparison_and_links_each_claim():
-    """The README's row for the ODE-LSTM head quotes its study comparison (each at its tuned
-    rate: +40.71, Holm p 0.0011; the study is read before the field-strength rows) and links
-    its full row on the verdicts page."""
-    short = summary(collect(RESULTS))
-    row = next(line for line in short.splitlines() if "LSTM encoder" in line)
-    assert "each at its tuned SGD rate +40.71* [+35.85, +45.57] p_Holm 0.0011" in row
-    assert (
-        "(docs/results/verdicts.md#an-ode-head-improves-on-its-lstm-encoder-node-lm-table-1)" in row
+def test_every_claim_has_one_primary_and_no_comparison_is_listed_twice():
+    spec = load_spec()
+    assert len(spec["claims"]) == 7
+    keys = [
+        (item["grid"], item["model"], item["baseline"])
+        for claim in spec["claims"]
+        for item in [claim["primary"], *claim["secondary"]]
+    ]
+    assert len(keys) == len(set(keys))
+    labels = [i["label"] for c in spec["claims"] for i in c["secondary"] if i["kind"] == "early"]
+    assert "Adam, 190 steps" in labels  # a quoted comma is kept, not cut
+
+
+def test_the_registered_commit_holds_the_same_primaries():
+    """The commit named in verdicts.yaml registered exactly today's primaries (so none was
+    chosen after its grid's data), and its hash is the one recorded beside it."""
+    spec = load_spec()
+    registered = spec["registered"]
+    assert registered["primaries_sha256"] == primaries_sha256(spec)
+    shown = subprocess.run(
+        ["git", "show", f"{registered['commit']}:experiments/configs/verdicts.yaml"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
     )
-    page = (RESULTS / PAGE).read_text()
-    assert '<a id="an-ode-head-improves-on-its-lstm-encoder-node-lm-table-1"></a>' in page
+    assert shown.returncode == 0, shown.stderr  # the commit is in this repository's history
+    assert primaries_sha256(yaml.safe_load(shown.stdout)) == registered["primaries_sha256"]
 
 
-def test_generated_numbers_are_the_grids_paired_differences():
-    """Against the hand-checked published intervals (Table 5, 2 layers, RK2 vs residual:
-    +17.76 [+6.54, +28.98]) and Holm over the whole table (55 comparisons): none of Table 5's
-    at equal parameters is significant, so its verdict is 'not shown', not 'does not hold';
-    at equal compute the study's 2-layer RK4 beats 8 layers on each of its 5 seeds (Holm p
-    0.012) and the other two study rows do not differ: 'mixed'. The continuous study's shared
-    field is 24.71 below the residual layer, p 0.003 in its grid, but not after Holm over the
-    table (0.14): 'not shown'."""
-    table = markdown(collect(RESULTS), RESULTS)
-    assert "2 layers RK2 +17.76 [+6.54, +28.98] p_Holm" in table
-    claims = collect(RESULTS)
-    assert sum(len(claim["evidence"]) for claim in claims) == 55
-    assert verdict(claims[0]["evidence"]).startswith("**not shown")
-    assert verdict(claims[1]["evidence"]).startswith("**mixed** (tuned: 1 of 3 better, 0 worse")
-    assert "2-layer RK4 vs 8 layers -10.04* [-12.24, -7.85] p_Holm 0.012" in table
-    assert verdict(claims[3]["evidence"]).startswith("**does not hold**")  # ODE-LSTM, tuned
-    assert "4 Euler steps vs residual layer -24.71 [-35.41, -14.01] p_Holm 0.14;" in table
-    assert verdict(claims[5]["evidence"]).startswith("**not shown")
+def _study_root(tmp_path: Path, rk4_shift: float = -12.0) -> Path:
+    """A results folder where study2-table5-2layer has results (5 seeds): RK4 better than
+    the residual block by about ``-rk4_shift``."""
+    root = tmp_path / "results"
+    offsets = [1.5, -2.0, 0.5, 3.0, -1.0]
+    rows = []
+    for seed, offset in enumerate(offsets, start=1):
+        base = 300.0 + 4 * seed
+        rows += [
+            {"name": "residual", "seed": seed, "test_ppl": base},
+            {"name": "rk4", "seed": seed, "test_ppl": base + rk4_shift + offset},
+            {"name": "residual-8layer", "seed": seed, "test_ppl": base - 1 + offset / 2},
+            {"name": "macaron", "seed": seed, "test_ppl": base + 2 * offset},
+            {"name": "rk2", "seed": seed, "test_ppl": base + 1},
+            {"name": "rk2-learnable", "seed": seed, "test_ppl": base + 2},
+            {"name": "residual-4layer", "seed": seed, "test_ppl": base},
+        ]
+    _write_results(root / "study2-table5-2layer" / "results.csv", rows)
+    for name in {
+        item["grid"]
+        for claim in load_spec()["claims"]
+        for item in claim["secondary"]
+        if item["kind"] not in verdicts.PLANNED
+    }:
+        shutil.copytree(RESULTS / name, root / name)
+    return root
+
+
+def test_holm_runs_over_the_primaries_only(tmp_path):
+    """With one primary's grid in, its Holm p is its p times 7 (the claims; the pending
+    primaries count as p = 1 and rank after it), its detectable difference is the one at
+    level 0.05 / 7, and the secondaries keep their unadjusted p."""
+    claims = collect(_study_root(tmp_path))
+    primary = claims[0]["primary"]
+    diffs = {s: -12.0 + o for s, o in enumerate([1.5, -2.0, 0.5, 3.0, -1.0], start=1)}
+    expected = paired_difference(diffs, dict.fromkeys(diffs, 0.0))
+    assert primary.paired.mean == pytest.approx(expected.mean)
+    assert primary.p_holm == pytest.approx(min(1.0, 7 * expected.p_value))
+    assert primary.level == pytest.approx(0.05 / 7)
+    assert primary.detectable == pytest.approx(detectable_difference(expected.sd, 5, 0.05 / 7))
+    assert verdict(primary) == "holds"
+    assert [verdict(c["primary"]) for c in claims[3:]] == ["pending"] * 4
+    secondary = next(e for e in claims[0]["secondary"] if e.kind == "study-v1")
+    assert secondary.p_holm is None and secondary.paired.p_value < 0.05
+    row = next(line for line in summary(claims).splitlines() if "equal parameters" in line)
+    assert f"p_Holm {primary.p_holm:.2g}, n 5, detectable ±{primary.detectable:.1f}" in row
+
+
+def test_a_worse_primary_does_not_hold_and_a_small_one_is_not_shown(tmp_path):
+    worse = collect(_study_root(tmp_path / "a", rk4_shift=+15.0))
+    assert verdict(worse[0]["primary"]) == "does not hold"
+    small = collect(_study_root(tmp_path / "b", rk4_shift=-0.4))
+    assert verdict(small[0]["primary"]) == "not shown"
+    assert math.isfinite(small[0]["primary"].detectable)
+
+
+def test_a_primary_changed_after_its_grid_has_results_is_refused(tmp_path):
+    root = _study_root(tmp_path)
+    spec = yaml.safe_load(verdicts.SPEC.read_text())
+    spec["claims"][0]["primary"]["baseline"] = "residual-4layer"  # chosen after the data
+    spec["claims"][0]["secondary"] = [
+        s for s in spec["claims"][0]["secondary"] if s["model"] != "rk4" or s["kind"] != "study"
+    ]
+    path = tmp_path / "verdicts.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    with pytest.raises(ConfigError, match="primaries differ from those registered"):
+        collect(root, path)
+    assert collect(RESULTS, path)  # no primary has results yet: still free to change
 
 
 def test_the_seed_noise_shown_is_the_a_a_row_against_the_run_it_repeats():
-    """A study claim compared with another arm (RK4 vs 8 layers) shows the grid's seed-noise
-    row against the residual block it repeats at seeds 1001-1005, the mean of the paired
-    differences seed-noise(1000 + s) - residual(s), not seed noise against the 8 layers."""
+    """A plateau-protocol comparison with another arm (RK4 vs 8 layers) shows the grid's
+    seed-noise row against the residual block it repeats at seeds 1001-1005, not against
+    the 8 layers."""
     rows = list(csv.DictReader((RESULTS / "study-table5-2layer" / "results.csv").open()))
     residual = {r["seed"]: float(r["test_ppl"]) for r in rows if r["name"] == "residual"}
     noise = [float(r["test_ppl"]) - residual[r["pair"]] for r in rows if r["name"] == "seed-noise"]
     assert len(noise) == 5
     claims = collect(RESULTS)
-    shown = [e.noise.mean for e in claims[1]["evidence"] if e.kind == "study"]
-    assert shown == [pytest.approx(sum(noise) / 5, abs=1e-9)] * 3
+    shown = [e.noise.mean for e in claims[1]["secondary"] if e.kind == "study-v1"]
+    assert shown == [pytest.approx(sum(noise) / 5, abs=1e-9)]
     assert f"seed noise {sum(noise) / 5:+.2f} [" in markdown(claims, RESULTS)
 
 
 def test_a_changed_result_changes_the_table(tmp_path):
     root = tmp_path / "results"
-    shutil.copytree(RESULTS / "macaron-field", root / "macaron-field")
+    shutil.copytree(RESULTS, root)
     path = root / "macaron-field" / "results.csv"
     before = markdown(collect(root), root)
     with path.open() as handle:
@@ -87,3 +180,56 @@ def test_a_changed_result_changes_the_table(tmp_path):
         writer.writeheader()
         writer.writerows(rows)
     assert markdown(collect(root), root) != before
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        ("missing-folder", "is not a folder"),
+        ("nan", "line 2 .* test_ppl is 'nan', not a number"),
+        ("no-csv", "cannot read .*results.csv"),
+        ("no-markers", "has no verdict markers"),
+    ],
+)
+def test_verdicts_write_nothing_unless_every_input_was_read(tmp_path, damage, message):
+    """A typo in --results, a nan or a missing results.csv, or a README without markers:
+    one line, exit 2, and neither the README nor verdicts.md changes."""
+    root = tmp_path / "results"
+    shutil.copytree(RESULTS, root)
+    readme = tmp_path / "README.md"
+    readme.write_text((ROOT / "README.md").read_text())
+    page_before, readme_before = (root / PAGE).read_bytes(), readme.read_bytes()
+    results = root
+    if damage == "missing-folder":
+        results = tmp_path / "typo"
+    elif damage == "nan":
+        path = root / "macaron-field" / "results.csv"
+        lines = path.read_text().splitlines()
+        head, first = lines[0].split(","), lines[1].split(",")
+        first[head.index("test_ppl")] = "nan"
+        path.write_text("\n".join([lines[0], ",".join(first), *lines[2:]]) + "\n")
+    elif damage == "no-csv":
+        (root / "macaron-field" / "results.csv").unlink()
+    else:
+        readme.write_text(readme.read_text().replace(END, ""))
+        readme_before = readme.read_bytes()
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "experiments",
+            "verdicts",
+            "--results",
+            str(results),
+            "--write",
+            str(readme),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 2, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+    assert re.search(message, done.stderr), done.stderr
+    assert readme.read_bytes() == readme_before
+    assert (root / PAGE).read_bytes() == page_before

@@ -201,30 +201,54 @@ def verdicts_parser() -> Parser:
         default="docs/results",
         help="folder holding one folder per grid with its results.csv",
     )
-    parser.add_argument(
+    output = parser.add_mutually_exclusive_group()
+    output.add_argument(
         "--write",
         help="put the short table between the verdict markers of this file (README.md), and "
-        "the full one between those of RESULTS/verdicts.md",
+        "the full one between those of RESULTS/verdicts.md; every input is checked first, "
+        "and both files are written or neither",
+    )
+    output.add_argument(
+        "--json",
+        action="store_true",
+        help="the table as JSON: each claim's verdict, its primary with Holm over the "
+        "primaries and its detectable difference, the secondaries with their unadjusted p",
     )
     return parser
 
 
 def cmd_verdicts(args: Namespace) -> int:
+    import json
     from pathlib import Path
 
-    from experiments.comparison.verdicts import PAGE, collect, markdown, summary, write_block
+    from experiments.comparison.verdicts import (
+        PAGE,
+        as_json,
+        collect,
+        markdown,
+        summary,
+        with_block,
+    )
+    from odelm.files import write_all
 
     results = Path(args.results)
     claims = collect(results)
+    if args.json:
+        print(json.dumps(as_json(claims), indent=1))
+        return 0
     if not args.write:
         print(markdown(claims, results), end="")
         return 0
-    for path, table in (
-        (Path(args.write), summary(claims, f"{results.as_posix()}/{PAGE}")),
-        (results / PAGE, markdown(claims, results)),
-    ):
-        changed = write_block(path, table)
-        print(f"{path}: verdict table {'rewritten' if changed else 'unchanged'}")
+    targets = {
+        Path(args.write): with_block(
+            Path(args.write), summary(claims, f"{results.as_posix()}/{PAGE}")
+        ),
+        results / PAGE: with_block(results / PAGE, markdown(claims, results)),
+    }
+    changed = {path: text != path.read_text(encoding="utf-8") for path, text in targets.items()}
+    write_all({path: text for path, text in targets.items() if changed[path]})
+    for path in targets:
+        print(f"{path}: verdict table {'rewritten' if changed[path] else 'unchanged'}")
     return 0
 
 

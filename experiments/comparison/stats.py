@@ -1,6 +1,7 @@
 """Seed statistics for comparisons: mean, sample standard deviation, a seed-paired
-difference to a baseline with a two-sided 95% Student-t confidence interval and p-value,
-and Holm's step-down adjustment of a family of p-values.
+difference to a baseline with a two-sided 95% Student-t confidence interval and p-value
+(exact quantiles, scipy), the difference such a test could detect, and Holm's step-down
+adjustment of a family of p-values.
 
 Pairing by seed removes what two models share at one seed (data order, initialisation
 stream), so the interval is over the differences ``model(seed) - baseline(seed)`` for the
@@ -12,27 +13,15 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import pairwise
-
-# Two-sided 95% quantiles t_{0.975, df} of Student's t for df = 1..30 (standard tables).
-_T975 = (
-    12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
-    2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
-    2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042,
-)  # fmt: skip
-# Beyond the table: known anchors, interpolated linearly in 1/df (exact to 3 decimals).
-_T975_TAIL = ((30, 2.042), (40, 2.021), (60, 2.000), (120, 1.980), (math.inf, 1.960))
 
 
 def t_quantile_975(df: int) -> float:
-    """The 97.5% quantile of Student's t with ``df`` degrees of freedom (df >= 1)."""
+    """The 97.5% quantile of Student's t with ``df`` degrees of freedom (df >= 1), exact."""
+    from scipy.stats import t as student_t
+
     if df < 1:
         raise ValueError(f"degrees of freedom must be >= 1, got {df}")
-    if df <= len(_T975):
-        return _T975[df - 1]
-    (df_lo, t_lo), (df_hi, t_hi) = next(pair for pair in pairwise(_T975_TAIL) if df <= pair[1][0])
-    weight = (1 / df_lo - 1 / df) / (1 / df_lo - 1 / df_hi)
-    return t_lo + weight * (t_hi - t_lo)
+    return float(student_t.ppf(0.975, df))
 
 
 @dataclass(frozen=True)
@@ -66,6 +55,7 @@ class PairedDifference:
     ci_low: float | None  # None when n < 2 (no interval: "n/a")
     ci_high: float | None
     p_value: float | None = None  # two-sided paired t-test of mean 0 (None when n < 2)
+    sd: float | None = None  # sample standard deviation of the paired differences
 
     @property
     def significant(self) -> bool | None:
@@ -103,6 +93,7 @@ def paired_difference(
         t_p_value(
             summary.mean / error if error else math.copysign(math.inf, summary.mean), summary.n - 1
         ),
+        summary.sd,
     )
 
 
@@ -126,3 +117,30 @@ def holm(p_values: Sequence[float | None]) -> list[float | None]:
         running = max(running, min(1.0, (m - rank) * p))
         adjusted[index] = running
     return adjusted
+
+
+def detectable_difference(sd: float, n: int, alpha: float = 0.05, power: float = 0.8) -> float:
+    """The smallest true mean difference a two-sided paired t-test of ``n`` pairs at level
+    ``alpha`` detects with probability ``power``, were the paired differences' standard
+    deviation ``sd`` (the noncentral t: the figure a "no significant difference" is read
+    against). Infinite when ``n < 2``; 0 when ``sd`` is 0."""
+    from scipy.optimize import brentq
+    from scipy.stats import nct
+    from scipy.stats import t as student_t
+
+    if n < 2 or not math.isfinite(sd):
+        return math.inf
+    if sd == 0:
+        return 0.0
+    df = n - 1
+    critical = float(student_t.ppf(1 - alpha / 2, df))
+
+    def shortfall(effect: float) -> float:
+        shift = effect * math.sqrt(n) / sd
+        wrong_side = float(nct.cdf(-critical, df, shift))  # NaN where it underflows
+        return float(nct.sf(critical, df, shift)) + (wrong_side if wrong_side > 0 else 0.0) - power
+
+    high = sd
+    while shortfall(high) < 0:
+        high *= 2
+    return float(brentq(shortfall, 0.0, high, xtol=1e-10 * sd))
