@@ -10,12 +10,12 @@ import math
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
+from experiments.cli.main import main
 from experiments.comparison import verdicts
 from experiments.comparison.stats import detectable_difference, paired_difference
 from experiments.comparison.verdicts import (
@@ -77,10 +77,14 @@ def test_the_registered_commit_holds_the_same_primaries():
         ["git", "show", f"{registered['commit']}:experiments/configs/verdicts.yaml"],
         cwd=ROOT,
         capture_output=True,
+        check=False,
         text=True,
     )
     assert shown.returncode == 0, shown.stderr  # the commit is in this repository's history
     assert primaries_sha256(yaml.safe_load(shown.stdout)) == registered["primaries_sha256"]
+    for grid in {claim["primary"]["grid"] for claim in spec["claims"]}:  # each study says so
+        text = (ROOT / "experiments" / "configs" / "grids" / f"{grid}.yaml").read_text()
+        assert f"registered in commit {registered['commit']}" in text, grid
 
 
 def _study_root(tmp_path: Path, rk4_shift: float = -12.0) -> Path:
@@ -112,21 +116,33 @@ def _study_root(tmp_path: Path, rk4_shift: float = -12.0) -> Path:
 
 
 def test_holm_runs_over_the_primaries_only(tmp_path):
-    """With one primary's grid in, its Holm p is its p times 7 (the claims; the pending
-    primaries count as p = 1 and rank after it), its detectable difference is the one at
-    level 0.05 / 7, and the secondaries keep their unadjusted p."""
+    """With one grid's three primaries in, Holm runs over the 7 claims' primaries (the
+    pending ones at p = 1, ranked last): each p is multiplied by 7, 6, 5 in rank order; the
+    detectable difference is the one at that rank's level 0.05 / (7 - rank); the
+    secondaries keep their unadjusted p."""
     claims = collect(_study_root(tmp_path))
-    primary = claims[0]["primary"]
-    diffs = {s: -12.0 + o for s, o in enumerate([1.5, -2.0, 0.5, 3.0, -1.0], start=1)}
-    expected = paired_difference(diffs, dict.fromkeys(diffs, 0.0))
-    assert primary.paired.mean == pytest.approx(expected.mean)
-    assert primary.p_holm == pytest.approx(min(1.0, 7 * expected.p_value))
-    assert primary.level == pytest.approx(0.05 / 7)
-    assert primary.detectable == pytest.approx(detectable_difference(expected.sd, 5, 0.05 / 7))
-    assert verdict(primary) == "holds"
+    offsets = dict(enumerate([1.5, -2.0, 0.5, 3.0, -1.0], start=1))
+    zero = dict.fromkeys(offsets, 0.0)
+    by_hand = [
+        paired_difference({s: -12.0 + o for s, o in offsets.items()}, zero),  # RK4 vs residual
+        paired_difference({s: -11.0 + o / 2 for s, o in offsets.items()}, zero),  # vs 8 layers
+        paired_difference({s: 2 * o for s, o in offsets.items()}, zero),  # Macaron
+    ]
+    ranked = sorted(range(3), key=lambda i: by_hand[i].p_value)
+    running = 0.0
+    for rank, index in enumerate(ranked):
+        primary = claims[index]["primary"]
+        running = max(running, min(1.0, (7 - rank) * by_hand[index].p_value))
+        assert primary.paired.mean == pytest.approx(by_hand[index].mean)
+        assert primary.p_holm == pytest.approx(running, rel=1e-9)
+        assert primary.level == pytest.approx(0.05 / (7 - rank))
+        expected = detectable_difference(by_hand[index].sd, 5, 0.05 / (7 - rank))
+        assert primary.detectable == pytest.approx(expected)
+    assert [verdict(c["primary"]) for c in claims[:3]] == ["holds", "holds", "not shown"]
     assert [verdict(c["primary"]) for c in claims[3:]] == ["pending"] * 4
-    secondary = next(e for e in claims[0]["secondary"] if e.kind == "study-v1")
+    secondary = next(e for e in claims[0]["secondary"] if e.label == "2 layers RK4")
     assert secondary.p_holm is None and secondary.paired.p_value < 0.05
+    primary = claims[0]["primary"]
     row = next(line for line in summary(claims).splitlines() if "equal parameters" in line)
     assert f"p_Holm {primary.p_holm:.2g}, n 5, detectable ±{primary.detectable:.1f}" in row
 
@@ -163,7 +179,7 @@ def test_the_seed_noise_shown_is_the_a_a_row_against_the_run_it_repeats():
     assert len(noise) == 5
     claims = collect(RESULTS)
     shown = [e.noise.mean for e in claims[1]["secondary"] if e.kind == "study-v1"]
-    assert shown == [pytest.approx(sum(noise) / 5, abs=1e-9)]
+    assert len(shown) == 3 and shown == [pytest.approx(sum(noise) / 5, abs=1e-9)] * 3
     assert f"seed noise {sum(noise) / 5:+.2f} [" in markdown(claims, RESULTS)
 
 
@@ -191,7 +207,7 @@ def test_a_changed_result_changes_the_table(tmp_path):
         ("no-markers", "has no verdict markers"),
     ],
 )
-def test_verdicts_write_nothing_unless_every_input_was_read(tmp_path, damage, message):
+def test_verdicts_write_nothing_unless_every_input_was_read(tmp_path, capsys, damage, message):
     """A typo in --results, a nan or a missing results.csv, or a README without markers:
     one line, exit 2, and neither the README nor verdicts.md changes."""
     root = tmp_path / "results"
@@ -213,23 +229,10 @@ def test_verdicts_write_nothing_unless_every_input_was_read(tmp_path, damage, me
     else:
         readme.write_text(readme.read_text().replace(END, ""))
         readme_before = readme.read_bytes()
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "experiments",
-            "verdicts",
-            "--results",
-            str(results),
-            "--write",
-            str(readme),
-        ],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-    )
-    assert done.returncode == 2, done.stderr
-    assert len(done.stderr.strip().splitlines()) == 1
-    assert re.search(message, done.stderr), done.stderr
+    code = main(["verdicts", "--results", str(results), "--write", str(readme)])
+    printed = capsys.readouterr().err
+    assert code == 2, printed
+    assert len(printed.strip().splitlines()) == 1
+    assert re.search(message, printed), printed
     assert readme.read_bytes() == readme_before
     assert (root / PAGE).read_bytes() == page_before

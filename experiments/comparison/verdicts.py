@@ -110,15 +110,15 @@ def read_results(path: Path) -> list[dict[str, Any]]:
     if not rows or not {"name", "seed", "test_ppl"} <= set(rows[0]):
         raise ConfigError(f"{path} has no rows with name, seed and test_ppl: not a results.csv")
     for line, row in enumerate(rows, start=2):
+        text = row["test_ppl"]
         try:
-            row["seed"] = int(row["seed"])
-            row["test_ppl"] = float(row["test_ppl"])
+            row["seed"], row["test_ppl"] = int(row["seed"]), float(text)
         except (TypeError, ValueError):
             row["test_ppl"] = math.nan
         if not math.isfinite(row["test_ppl"]):
             raise ConfigError(
                 f"{path} line {line} ({row.get('name')}, seed {row.get('seed')}): test_ppl is "
-                f"{row.get('test_ppl')!r}, not a number; re-run that run or remove its row"
+                f"{text!r}, not a number; re-run that run or remove its row"
             )
         row["pair"] = int(row["pair"]) if row.get("pair") else None
     return rows
@@ -169,14 +169,14 @@ def _evidence(kind: str, item: dict[str, Any], root: Path, cache: dict[str, Any]
 
 def _check_registered(spec: dict[str, Any], claims: list[dict[str, Any]], path: Path) -> None:
     """Refuse primaries changed after any of their grids has results."""
-    if any(c["primary"].paired is not None for c in claims):
-        if primaries_sha256(spec) != spec["registered"].get("primaries_sha256"):
-            raise ConfigError(
-                f"{path}: the primaries differ from those registered in commit "
-                f"{spec['registered'].get('commit')} and their grids have results: a primary "
-                "cannot change after the data exist; restore it (add a new comparison as a "
-                "secondary)"
-            )
+    has_results = any(c["primary"].paired is not None for c in claims)
+    if has_results and primaries_sha256(spec) != spec["registered"].get("primaries_sha256"):
+        raise ConfigError(
+            f"{path}: the primaries differ from those registered in commit "
+            f"{spec['registered'].get('commit')} and their grids have results: a primary "
+            "cannot change after the data exist; restore it (add a new comparison as a "
+            "secondary)"
+        )
 
 
 def _with_holm(claims: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -259,8 +259,10 @@ def markdown(claims: list[dict[str, Any]], results_root: Path = Path("docs/resul
     """The full verdict table (one row per claim: its primary, then every secondary by
     kind) and its reading note; each grid's details link to its page."""
     lines = [
-        "| claim | verdict | primary: Δ test perplexity [95% CI], Holm p over the primaries "
-        "| secondary (exploratory): Δ [95% CI], unadjusted p | details |",
+        (
+            "| claim | verdict | primary: Δ test perplexity [95% CI], Holm p over the primaries "
+            "| secondary (exploratory): Δ [95% CI], unadjusted p | details |"
+        ),
         "|---|---|---|---|---|",
     ]
     for claim in claims:
