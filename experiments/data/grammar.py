@@ -317,7 +317,7 @@ class ProbabilisticGrammar:
         return words, log_probability
 
 
-def _sample_splits(
+def sample_splits(
     seed: int, sizes: dict[str, int] | None
 ) -> dict[str, list[tuple[list[str], float]]]:
     """``(words, log-probability)`` per sentence per split, from one seeded stream."""
@@ -337,7 +337,7 @@ def generate_splits(
     """
     return {
         split: [words for words, _ in sentences]
-        for split, sentences in _sample_splits(seed, sizes).items()
+        for split, sentences in sample_splits(seed, sizes).items()
     }
 
 
@@ -347,7 +347,7 @@ def true_split_perplexity(seed: int = 0, split: str = "test") -> float:
     The score a perfect model gets on exactly the sentences a run is tested on; it differs
     from ``expected_perplexity`` by the sampling noise of a finite split.
     """
-    sentences = _sample_splits(seed, None)[split]
+    sentences = sample_splits(seed, None)[split]
     tokens = sum(len(words) + 1 for words, _ in sentences)
     return math.exp(-sum(log_p for _, log_p in sentences) / tokens)
 

@@ -16,6 +16,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cache
 
+import numpy as np
+import torch
+
+from experiments.data.batching import sentence_batch
 from experiments.data.grammar import (
     ADJECTIVES,
     ADVERBS,
@@ -29,11 +33,21 @@ from experiments.data.grammar import (
     plural_noun,
     zipf,
 )
+from experiments.data.grammar_automaton import TokenAutomaton
 
 GRAMMAR_DEPTHS = (1, 2, 3, 4)
 """The depths of the family (``data.grammar_depth``): the deepest nesting of relative clauses."""
 
 NUMBERS = ("SG", "PL")
+
+SPLIT_TOKENS = 100_000
+"""Tokens (``<eos>`` included) at least in each fixed evaluation split, valid and test."""
+
+STREAM_EPOCH = 1000
+"""Batches in one nominal epoch of streamed training (no batch is ever read twice)."""
+
+_TAGS = {"valid": 1, "test": 2, "train": 3}
+"""The first word of every seed sequence: evaluation splits and training never share one."""
 
 
 @dataclass(frozen=True)
@@ -114,3 +128,75 @@ def family_grammar(depth: int) -> ProbabilisticGrammar:
     grammar = ProbabilisticGrammar(depth_rules(depth))
     grammar.check_ll1()
     return grammar
+
+
+@cache
+def family_automaton(depth: int) -> TokenAutomaton:
+    """The depth-``depth`` grammar as a next-word automaton (built once)."""
+    return TokenAutomaton.compile(family_grammar(depth))
+
+
+def _rng(*key: int) -> np.random.Generator:
+    return np.random.default_rng(np.random.SeedSequence(list(key)))
+
+
+@cache
+def family_split(depth: int, seed: int, split: str) -> tuple[list[list[str]], float]:
+    """The fixed ``valid`` or ``test`` sample of the depth-``depth`` grammar for corpus
+    ``seed``: whole sentences (words, ``<eos>`` last) up to at least ``SPLIT_TOKENS``
+    tokens, and the true grammar's exact total log-probability of them."""
+    automaton, rng = family_automaton(depth), _rng(_TAGS[split], seed, depth)
+    sentences: list[list[int]] = []
+    log_probability, tokens = 0.0, 0
+    while tokens < SPLIT_TOKENS:
+        chunk, _ = automaton.sentences(rng, 1024)
+        for sentence in chunk:
+            sentences.append(sentence)
+            log_probability += automaton.log_probability(sentence)
+            tokens += len(sentence)
+            if tokens >= SPLIT_TOKENS:
+                break
+    words = [[automaton.words[i] for i in sentence] for sentence in sentences]
+    return words, log_probability
+
+
+@dataclass(frozen=True)
+class GrammarStream:
+    """Never-repeated training data of the depth-``depth`` grammar for corpus ``seed``.
+
+    Training batch ``index`` of run seed ``run_seed`` is drawn from its own stream,
+    ``numpy.random.SeedSequence([3, seed, depth, run_seed, index])`` (the leading 3 keeps it
+    apart from the evaluation splits' streams), so a batch is a pure function of its
+    index: a resumed run reads exactly the batches the uninterrupted one would have.
+    """
+
+    depth: int
+    seed: int
+
+    @property
+    def words(self) -> tuple[str, ...]:
+        """The grammar's vocabulary, ``<eos>`` first."""
+        return family_automaton(self.depth).words
+
+    def batch(
+        self,
+        run_seed: int,
+        index: int,
+        rows: int,
+        length: int,
+        ids: torch.Tensor,
+        *,
+        sentences: bool = False,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Batch ``index``, in tokenizer ids (``ids[w]`` for grammar word ``w``, ``<eos>``
+        first): ``rows`` streams of ``length`` tokens after an ``<eos>`` (``[rows, length +
+        1]``, each row from a sentence start), or with ``sentences`` ``rows`` whole
+        sentences padded on the right with their mask."""
+        automaton = family_automaton(self.depth)
+        rng = _rng(_TAGS["train"], self.seed, self.depth, run_seed, index)
+        eos = int(ids[0])
+        if sentences:
+            drawn, _ = automaton.sentences(rng, rows)
+            return sentence_batch([ids[s].tolist() for s in drawn], eos, eos)
+        words = torch.from_numpy(automaton.stream(rng, rows, length))
+        return torch.cat([torch.full((rows, 1), eos, dtype=torch.long), ids[words]], dim=1)
