@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -133,20 +134,29 @@ class TokenAutomaton:
         surprisal = -np.sum(probabilities * np.where(probabilities > 0, log_probs, 0.0), axis=1)
         return float(visits @ surprisal / visits.sum())
 
-    def draw(self, states: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-        """One word for each of ``states``, drawn from its next-word distribution."""
-        uniform = rng.random(len(states))
-        return (self.cumulative[states] <= uniform[:, None]).sum(axis=1)
+    @cached_property
+    def _shifted(self) -> np.ndarray:
+        """Every state's cumulative row plus the state's number, end to end: one sorted
+        array, so one ``searchsorted`` draws a word for many states at once."""
+        return (self.cumulative + np.arange(self.num_states)[:, None]).ravel()
+
+    def draw(self, states: np.ndarray, uniform: np.ndarray) -> np.ndarray:
+        """One word for each of ``states`` from its next-word distribution, by inverting
+        its cumulative at ``uniform`` (draws in ``[0, 1)``): the words whose cumulative is
+        at most the draw, counted."""
+        found = np.searchsorted(self._shifted, states + uniform, side="right")
+        return found - states * len(self.words)
 
     def stream(self, rng: np.random.Generator, rows: int, length: int) -> np.ndarray:
         """``[rows, length]`` words: ``rows`` independent streams of sentences, each from
         the start state, ``<eos>`` after every sentence."""
-        out = np.empty((rows, length), dtype=np.int64)
+        out = np.empty((length, rows), dtype=np.int64)
         states = np.full(rows, self.start, dtype=np.int64)
+        uniform = rng.random((length, rows))
         for t in range(length):
-            out[:, t] = words = self.draw(states, rng)
+            out[t] = words = self.draw(states, uniform[t])
             states = self.transitions[states, words]
-        return out
+        return out.T
 
     def sentences(self, rng: np.random.Generator, count: int) -> tuple[list[list[int]], float]:
         """``count`` sentences (word indices, ``<eos>`` included) and their total
@@ -156,7 +166,7 @@ class TokenAutomaton:
         columns: list[tuple[np.ndarray, np.ndarray]] = []
         total = 0.0
         while active.size:
-            words = self.draw(states[active], rng)
+            words = self.draw(states[active], rng.random(active.size))
             total += float(self.log_probs[states[active], words].sum())
             columns.append((active, words))
             states[active] = self.transitions[states[active], words]
