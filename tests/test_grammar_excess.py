@@ -5,6 +5,7 @@ prints the exact entropies."""
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 
@@ -17,7 +18,7 @@ from experiments.training.config import DataConfig
 from experiments.training.datamodule import EvalSettings, load_data
 from experiments.training.evaluate import CUT_SENTENCES_NOTE, evaluate
 
-NO_BLEU = {"bleu_sentences": 0}
+NO_BLEU: dict[str, Any] = {"bleu_sentences": 0}
 
 
 @pytest.mark.parametrize("depth", GRAMMAR_DEPTHS)
@@ -54,7 +55,7 @@ def test_the_embedded_grammar_has_no_excess_either() -> None:
 
 
 def test_tables_show_excess_and_the_true_grammar_row() -> None:
-    runs = [
+    runs: list[dict[str, Any]] = [
         {
             "name": name,
             "seed": seed,
@@ -74,7 +75,7 @@ def test_tables_show_excess_and_the_true_grammar_row() -> None:
     assert "0.1050" in rows["a"] and "0.2050" in rows["b"]
     true_row = rows["true grammar"].strip("| ").split(" | ")
     assert true_row[2] == f"{math.exp(2.25):.2f} (exact)" and true_row[5:7] == ["0.0000", "1.0000"]
-    other_splits = [{**r, "test_true_nll_per_token": 2.25 + r["seed"]} for r in runs]
+    other_splits = [{**r, "test_true_nll_per_token": 2.25 + int(r["seed"])} for r in runs]
     assert "| true grammar |" not in markdown_table(other_splits, "a")
 
 

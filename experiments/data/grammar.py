@@ -230,7 +230,9 @@ class ProbabilisticGrammar:
                 continue
             index = table.get((symbol, tokens[position]))
             if index is None:
-                raise GrammarError(f"{symbol} cannot start with word {position} {tokens[position]!r}")
+                raise GrammarError(
+                    f"{symbol} cannot start with word {position} {tokens[position]!r}"
+                )
             probability, rhs = self.rules[symbol][index]
             total += math.log(probability)
             stack.extend(reversed(rhs))

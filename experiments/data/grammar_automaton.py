@@ -75,9 +75,9 @@ class TokenAutomaton:
         transitions = np.full((sink + 1, len(words)), sink, dtype=np.int64)
         transitions[:, 0] = 0
         for state, row in enumerate(rows):
-            for word, (probability, after) in row.items():
-                log_probs[state, word] = math.log(probability)
-                transitions[state, word] = index[after]
+            for position, (probability, after) in row.items():
+                log_probs[state, position] = math.log(probability)
+                transitions[state, position] = index[after]
         probabilities = np.exp(log_probs)
         cumulative = np.cumsum(probabilities, axis=1)
         # Past a state's last possible word the cumulative is exactly 1, so a uniform draw

@@ -116,9 +116,7 @@ def depth_rules(
         # The clause's own subject may embed one level less; its verb agrees with that
         # subject and closes the clause (the object is the gap: "that the cat follows").
         rules[f"RC_{level}"] = _choice(shape.embed, ("that", f"REL_{level}"))
-        rules[f"REL_{level}"] = [
-            (0.5, (f"NP_{n}_{level - 1}", f"VT_{n}")) for n in NUMBERS
-        ]
+        rules[f"REL_{level}"] = [(0.5, (f"NP_{n}_{level - 1}", f"VT_{n}")) for n in NUMBERS]
     return rules
 
 

@@ -100,7 +100,7 @@ def excess_loss(
     if reference is None:
         return {}
     excess = (nll - reference) / tokens
-    out = {
+    out: dict[str, Any] = {
         "true_nll_per_token": reference / tokens,
         "excess_nll_per_token": excess,
         "ppl_ratio": math.exp(excess),
