@@ -89,3 +89,16 @@ def test_data_info_prints_the_exact_entropies(capsys) -> None:
     assert f"true entropy rate {family_grammar(3).entropy_per_token:.6f} nats/token" in out
     assert f"NLL on this test split (seed 0) is {test_nll:.6f} nats/token" in out
     assert "train: streamed" in out
+
+
+def test_plots_draw_the_family_grammars_perplexity() -> None:
+    from experiments.comparison.plots import grammar_references
+
+    data = load_data(DataConfig(grammar_depth=3, seed=1))
+    tokens = data.split("test").ids.numel()
+    label = [{"protocol": data.protocol}] * 2
+    assert grammar_references(label) == {
+        "expected": pytest.approx(math.exp(family_grammar(3).entropy_per_token)),
+        "test_split": pytest.approx(math.exp(data.reference_nll["test"] / tokens)),
+    }
+    assert grammar_references([*label, {"protocol": "grammar (embedded, seed 1)"}]) is None

@@ -13,6 +13,7 @@ grammar's: 110 words and ``<eos>``.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import cache
 
@@ -156,6 +157,17 @@ def family_split(depth: int, seed: int, split: str) -> tuple[list[list[str]], fl
                 break
     words = [[automaton.words[i] for i in sentence] for sentence in sentences]
     return words, log_probability
+
+
+def reference_perplexities(depth: int, seed: int) -> dict[str, float]:
+    """What plots draw beside results of the depth-``depth`` family: the true grammar's
+    perplexity in expectation (``expected``) and on corpus ``seed``'s test split."""
+    words, log_probability = family_split(depth, seed, "test")
+    tokens = sum(len(sentence) for sentence in words)
+    return {
+        "expected": family_grammar(depth).expected_perplexity,
+        "test_split": math.exp(-log_probability / tokens),
+    }
 
 
 @dataclass(frozen=True)
