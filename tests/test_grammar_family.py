@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+from experiments.data.batching import sentence_batch
 from experiments.data.corpora import CorpusError, load_corpus
 from experiments.data.grammar import GrammarError, ProbabilisticGrammar
 from experiments.data.grammar_automaton import TokenAutomaton
@@ -141,10 +142,11 @@ def test_every_clause_agrees_with_its_own_subject() -> None:
 @pytest.mark.parametrize("depth", GRAMMAR_DEPTHS)
 def test_sampled_sentences_carry_their_derivations_probability(depth: int) -> None:
     grammar, automaton = family_grammar(depth), family_automaton(depth)
-    sentences, total = automaton.sentences(np.random.default_rng(depth), 300)
-    parsed = [grammar.log_probability([automaton.words[i] for i in s[:-1]]) for s in sentences]
+    sentences = automaton.sentences(np.random.default_rng(depth), 300)
     assert all(s[-1] == 0 and 0 not in s[:-1] for s in sentences)
-    assert math.fsum(parsed) == pytest.approx(total, abs=1e-8)
+    for sentence in sentences:
+        parsed = grammar.log_probability([automaton.words[i] for i in sentence[:-1]])
+        assert automaton.log_probability(sentence) == pytest.approx(parsed, abs=1e-10)
 
 
 def test_bad_depths_are_one_line_errors() -> None:
@@ -196,7 +198,31 @@ def test_training_batches_are_pure_functions_of_their_index_and_never_repeat() -
     automaton = family_automaton(3)
     for row in first.tolist():  # every row starts a sentence and is a possible stream
         assert row[0] == 0 and math.isfinite(automaton.log_probability(row[1:]))
-    tokens, mask = stream.batch(5, 7, rows=4, length=0, ids=ids, sentences=True)
-    for row, keep in zip(tokens.tolist(), mask.tolist()):
-        sentence = [w for w, k in zip(row, keep) if k][1:]
-        assert sentence[-1] == 0 and math.isfinite(automaton.log_probability(sentence))
+    tokens, mask = stream.batch(5, 7, rows=6, length=0, ids=ids, sentences=True)
+    drawn = [
+        [w for w, k in zip(row, keep) if k] for row, keep in zip(tokens.tolist(), mask.tolist())
+    ]
+    for sentence in drawn:
+        assert sentence[0] == 0 and 0 not in sentence[1:-1] and sentence[-1] == 0
+        assert math.isfinite(automaton.log_probability(sentence[1:]))
+    # padded as the harness pads sentences: <eos> first, <eos> on the right, masked out
+    expected = sentence_batch([s[1:] for s in drawn], 0, 0)
+    assert torch.equal(tokens, expected[0]) and torch.equal(mask, expected[1])
+
+
+@pytest.mark.parametrize("depth", GRAMMAR_DEPTHS)
+def test_the_sampler_draws_from_the_grammar_its_splits_scatter_around_the_entropy(
+    depth: int,
+) -> None:
+    automaton, rate = family_automaton(depth), family_grammar(depth).entropy_per_token
+    column = {word: i for i, word in enumerate(automaton.words)}
+    words, log_probability = family_split(depth, 0, "test")
+    surprisal = np.array([-automaton.log_probability([column[w] for w in s]) for s in words])
+    lengths = np.array([len(s) for s in words])
+    assert -log_probability == pytest.approx(surprisal.sum(), rel=1e-12)
+    # ratio estimator: its standard error from the residuals surprisal - rate * length
+    error = np.std(surprisal - rate * lengths, ddof=1) / np.sqrt(len(words)) / lengths.mean()
+    assert abs(surprisal.sum() / lengths.sum() - rate) < 4 * error
+    first = np.bincount(automaton.stream(np.random.default_rng(1), 20_000, 1)[:, 0], minlength=110)
+    expected = 20_000 * np.exp(automaton.log_probs[automaton.start])
+    assert np.all(np.abs(first - expected) <= 5 * np.sqrt(expected + 1))

@@ -23,8 +23,11 @@ import numpy as np
 from experiments.data.grammar import GrammarError, ProbabilisticGrammar
 
 EOS_WORD = "<eos>"
-MAX_STATES = 200_000
-"""More parser stacks than this: the grammar's stack is unbounded, no table for it."""
+MAX_STATES = 4096
+"""More parser stacks than this: the grammar's stack is unbounded (or too deep for the
+sampler's one sorted table, whose ``state + draw`` must resolve draws to 1e-12)."""
+SENTENCE_STEPS = 32
+"""Words drawn per block while sampling whole sentences (blocks repeat until all ended)."""
 
 Stack = tuple[str, ...]
 
@@ -137,45 +140,55 @@ class TokenAutomaton:
     @cached_property
     def _shifted(self) -> np.ndarray:
         """Every state's cumulative row plus the state's number, end to end: one sorted
-        array, so one ``searchsorted`` draws a word for many states at once."""
+        array, so one ``searchsorted`` of ``state + draw`` finds, for many states at once,
+        the flat index ``state * words + word`` of the word drawn (at most ``MAX_STATES``
+        rows keep ``state + draw`` within 1e-13 of the draw)."""
         return (self.cumulative + np.arange(self.num_states)[:, None]).ravel()
 
-    def draw(self, states: np.ndarray, uniform: np.ndarray) -> np.ndarray:
-        """One word for each of ``states`` from its next-word distribution, by inverting
-        its cumulative at ``uniform`` (draws in ``[0, 1)``): the words whose cumulative is
-        at most the draw, counted."""
-        found = np.searchsorted(self._shifted, states + uniform, side="right")
-        return found - states * len(self.words)
+    @cached_property
+    def _next_state(self) -> np.ndarray:
+        """The state after each flat index ``state * words + word``, as floats (the next
+        ``state + draw`` is one addition)."""
+        return self.transitions.ravel().astype(np.float64)
+
+    def _walk(self, uniform: np.ndarray, states: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``[steps, rows]`` words of ``rows`` streams from ``states`` (floats), one step
+        per row of draws ``uniform`` (in ``[0, 1)``: each state's cumulative inverted at
+        it), and the states after them."""
+        found = np.empty(uniform.shape, dtype=np.int64)
+        uniform = uniform * (1.0 - 1e-12)  # state + draw never rounds up to the next state
+        for t in range(uniform.shape[0]):
+            found[t] = np.searchsorted(self._shifted, states + uniform[t], side="right")
+            states = self._next_state[found[t]]
+        return found % len(self.words), states
+
+    def _starts(self, rows: int) -> np.ndarray:
+        return np.full(rows, float(self.start))
 
     def stream(self, rng: np.random.Generator, rows: int, length: int) -> np.ndarray:
         """``[rows, length]`` words: ``rows`` independent streams of sentences, each from
         the start state, ``<eos>`` after every sentence."""
-        out = np.empty((length, rows), dtype=np.int64)
-        states = np.full(rows, self.start, dtype=np.int64)
-        uniform = rng.random((length, rows))
-        for t in range(length):
-            out[t] = words = self.draw(states, uniform[t])
-            states = self.transitions[states, words]
-        return out.T
+        return self._walk(rng.random((length, rows)), self._starts(rows))[0].T
 
-    def sentences(self, rng: np.random.Generator, count: int) -> tuple[list[list[int]], float]:
-        """``count`` sentences (word indices, ``<eos>`` included) and their total
-        log-probability (the sum of every word's exact conditional)."""
-        states = np.full(count, self.start, dtype=np.int64)
-        active = np.arange(count)
-        columns: list[tuple[np.ndarray, np.ndarray]] = []
-        total = 0.0
-        while active.size:
-            words = self.draw(states[active], rng.random(active.size))
-            total += float(self.log_probs[states[active], words].sum())
-            columns.append((active, words))
-            states[active] = self.transitions[states[active], words]
-            active = active[words != 0]
-        out: list[list[int]] = [[] for _ in range(count)]
-        for rows, words in columns:
-            for row, word in zip(rows.tolist(), words.tolist()):
-                out[row].append(word)
-        return out, total
+    def sentence_array(self, rng: np.random.Generator, count: int) -> np.ndarray:
+        """``[count, T]`` words: ``count`` sentences from the start state, each ending with
+        its ``<eos>`` and padded with ``<eos>`` to the longest (``T`` words)."""
+        blocks, states, ended = [], self._starts(count), np.zeros(count, dtype=bool)
+        while not ended.all():  # blocks of steps until every row has ended a sentence
+            words, states = self._walk(rng.random((SENTENCE_STEPS, count)), states)
+            blocks.append(words)
+            ended |= (words == 0).any(axis=0)
+        words = np.concatenate(blocks)
+        ends = words == 0
+        real = np.cumsum(ends, axis=0) - ends == 0  # no <eos> before
+        width = int(real.sum(axis=0).max())
+        return np.where(real, words, 0)[:width].T
+
+    def sentences(self, rng: np.random.Generator, count: int) -> list[list[int]]:
+        """``count`` sentences, each a list of word indices ending with ``<eos>``."""
+        array = self.sentence_array(rng, count)
+        lengths = (array != 0).sum(axis=1) + 1
+        return [row[:length] for row, length in zip(array.tolist(), lengths.tolist())]
 
     def log_probability(self, words: list[int]) -> float:
         """The exact log-probability of word indices read from the start state (a

@@ -20,7 +20,6 @@ from functools import cache
 import numpy as np
 import torch
 
-from experiments.data.batching import sentence_batch
 from experiments.data.grammar import (
     ADJECTIVES,
     ADVERBS,
@@ -148,7 +147,7 @@ def family_split(depth: int, seed: int, split: str) -> tuple[list[list[str]], fl
     sentences: list[list[int]] = []
     log_probability, tokens = 0.0, 0
     while tokens < SPLIT_TOKENS:
-        chunk, _ = automaton.sentences(rng, 1024)
+        chunk = automaton.sentences(rng, 1024)
         for sentence in chunk:
             sentences.append(sentence)
             log_probability += automaton.log_probability(sentence)
@@ -204,9 +203,13 @@ class GrammarStream:
         sentences padded on the right with their mask."""
         automaton = family_automaton(self.depth)
         rng = _rng(_TAGS["train"], self.seed, self.depth, run_seed, index)
-        eos = int(ids[0])
-        if sentences:
-            drawn, _ = automaton.sentences(rng, rows)
-            return sentence_batch([ids[s].tolist() for s in drawn], eos, eos)
-        words = torch.from_numpy(automaton.stream(rng, rows, length))
-        return torch.cat([torch.full((rows, 1), eos, dtype=torch.long), ids[words]], dim=1)
+        lookup = ids.numpy()
+        if sentences:  # as batching.sentence_batch pads them: <eos> first, on the right
+            drawn = automaton.sentence_array(rng, rows)
+            ends = drawn == 0
+            real = np.cumsum(ends, axis=1) - ends == 0
+            tokens = np.concatenate([np.zeros((rows, 1), dtype=np.int64), drawn], axis=1)
+            mask = np.concatenate([np.ones((rows, 1), dtype=bool), real], axis=1)
+            return torch.from_numpy(lookup[tokens]), torch.from_numpy(mask)
+        words = automaton.stream(rng, rows, length)
+        return torch.from_numpy(lookup[np.pad(words, ((0, 0), (1, 0)))])
