@@ -142,7 +142,7 @@ class TokenAutomaton:
         """Every state's cumulative row plus the state's number, end to end: one sorted
         array, so one ``searchsorted`` of ``state + draw`` finds, for many states at once,
         the flat index ``state * words + word`` of the word drawn (at most ``MAX_STATES``
-        rows keep ``state + draw`` within 1e-13 of the draw)."""
+        rows keep ``state + draw`` within 1e-12 of the draw)."""
         return (self.cumulative + np.arange(self.num_states)[:, None]).ravel()
 
     @cached_property
