@@ -29,6 +29,7 @@ REQUIRED_FIELDS = ("bench", "metric", "value", "target", "unit", "better")
 
 BENCHMARKS: dict[str, str] = {
     "corpus-load": "benchmarks.corpus:corpus_load",
+    "grammar-stream": "benchmarks.grammar_stream:grammar_stream",
     "rk-overhead": "benchmarks.rk_blocks:rk_overhead",
     "generate-cache": "benchmarks.rk_blocks:generate_cache",
     "ode-batching": "benchmarks.ode_heads:ode_batching",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ from experiments.data.corpora import (
     SPLITS,
     Corpus,
 )
+from experiments.data.grammar_family import GRAMMAR_DEPTHS
 
 
 def print_rows(rows: list[dict[str, Any]], as_json: bool) -> None:
@@ -42,7 +44,11 @@ def _fmt(value: Any) -> str:
 
 
 def corpus_info(
-    name: str, data_dir: str | None, protocol: str | None = None, seed: int = 0
+    name: str,
+    data_dir: str | None,
+    protocol: str | None = None,
+    seed: int = 0,
+    grammar_depth: int | None = None,
 ) -> dict[str, Any]:
     """Splits found, lines, words and tokens per split, vocabulary size, file checksums.
 
@@ -52,17 +58,24 @@ def corpus_info(
     from experiments.data.checksums import checksum_status, sha256_file
     from experiments.data.corpora import load_corpus, read_lines, split_files
 
-    if protocol is not None or name == "grammar":
+    if protocol is not None or name == "grammar" or grammar_depth is not None:
         corpus: Corpus = load_corpus(
-            name, data_dir, protocol=protocol or "full", seed=seed, verify_checksums=False
+            name,
+            data_dir,
+            protocol=protocol or "full",
+            seed=seed,
+            verify_checksums=False,
+            grammar_depth=grammar_depth,
         )
+        reference = corpus.reference_nll
         lines, label, paths = corpus.lines, corpus.protocol, corpus.files
     else:
         paths = {split: str(path) for split, path in split_files(name, data_dir).items()}
         if not paths:
             load_corpus(name, data_dir)  # raises the error naming files and folders searched
         lines = {split: read_lines(Path(path)) for split, path in paths.items()}
-        label = "files as found"
+        label, reference = "files as found", {}
+    streamed = bool(protocol is not None or name == "grammar") and corpus.stream is not None
     splits = {}
     for split, split_lines in lines.items():
         tokens = sum(len(line) for line in split_lines)
@@ -82,27 +95,31 @@ def corpus_info(
         "corpus": name,
         "protocol": label,
         "splits": splits,
-        "missing": [split for split in SPLITS if split not in lines],
+        "missing": [s for s in SPLITS if s not in lines and not (s == "train" and streamed)],
         "vocab_size": len({word for ls in lines.values() for line in ls for word in line}),
         "files": files,
     }
     if name == "grammar":
-        from experiments.data.grammar import (
-            ProbabilisticGrammar,
-            default_rules,
-            true_split_perplexity,
-        )
+        from experiments.data.grammar import ProbabilisticGrammar, default_rules
+        from experiments.data.grammar_family import family_grammar
 
-        grammar = ProbabilisticGrammar(default_rules())
+        grammar = (
+            ProbabilisticGrammar(default_rules())
+            if grammar_depth is None
+            else family_grammar(grammar_depth)
+        )
+        test_nll = reference["test"] / splits["test"]["tokens"]
+        info["grammar_depth"] = grammar_depth
         info["entropy_nats_per_token"] = grammar.entropy_per_token
         info["expected_perplexity"] = grammar.expected_perplexity
-        info["true_test_perplexity"] = true_split_perplexity(seed, "test")
+        info["true_test_nll_per_token"] = test_nll
+        info["true_test_perplexity"] = math.exp(test_nll)
     return info
 
 
 def cmd_data_info(args: Namespace) -> int:
     seed = args.seed
-    info = corpus_info(args.corpus, args.data_dir, args.protocol, seed)
+    info = corpus_info(args.corpus, args.data_dir, args.protocol, seed, args.grammar_depth)
     if args.json:
         print(json.dumps(info))
         return 0
@@ -110,14 +127,18 @@ def cmd_data_info(args: Namespace) -> int:
     if info["missing"]:
         print(f"missing splits: {', '.join(info['missing'])} (train with --protocol mini)")
     print_rows([{"split": k, **v} for k, v in info["splits"].items()], False)
+    if info.get("grammar_depth") is not None:
+        print("train: streamed, every sentence drawn afresh (none repeated)")
     for split, entry in info["files"].items():
         print(f"{split} file {entry['path']}: checksum {entry['checksum']}")
     if "expected_perplexity" in info:
         print(
-            f"true entropy rate {info['entropy_nats_per_token']:.4f} nats/token: the true "
-            f"grammar's perplexity is {info['expected_perplexity']:.3f} in expectation and "
-            f"{info['true_test_perplexity']:.3f} on this test split (seed {seed}); compare a "
-            "model's test perplexity with the latter"
+            f"true entropy rate {info['entropy_nats_per_token']:.6f} nats/token (exact); the "
+            f"true grammar's NLL on this test split (seed {seed}) is "
+            f"{info['true_test_nll_per_token']:.6f} nats/token: its perplexity is "
+            f"{info['expected_perplexity']:.3f} in expectation and "
+            f"{info['true_test_perplexity']:.3f} on this test split; compare a model's test "
+            "perplexity with the latter (its excess loss is the difference in nats/token)"
         )
     return 0
 
@@ -157,6 +178,14 @@ def data_info_parser() -> Parser:
     )
     parser.add_argument(
         "--seed", type=values.data_seed, default=0, help="seed of the grammar corpus"
+    )
+    parser.add_argument(
+        "--grammar-depth",
+        "--data.grammar_depth",
+        dest="grammar_depth",
+        type=int,
+        choices=GRAMMAR_DEPTHS,
+        help="the grammar family of that depth (data.grammar_depth; default: the embedded grammar)",
     )
     parser.add_argument("--json", action="store_true", help="one JSON object instead of a table")
     return parser

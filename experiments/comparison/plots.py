@@ -76,13 +76,23 @@ def selected_step(result: dict[str, Any], val_ppl: Series) -> tuple[float, float
 
 def grammar_references(results: list[dict[str, Any]]) -> dict[str, float] | None:
     """The true grammar's perplexity, expected and on the test split, when every run used
-    the grammar corpus of one seed (read from the protocol label)."""
-    seeds = {re.search(r"^grammar .*seed (\d+)", str(r.get("protocol", ""))) for r in results}
-    if not results or None in seeds or len({m.group(1) for m in seeds}) != 1:
+    the grammar corpus of one seed, or the grammar family's of one depth and seed (read
+    from the protocol label)."""
+    pattern = r"^grammar(?:-depth (\d))? .*seed (\d+)"
+    found = {re.search(pattern, str(r.get("protocol", ""))) for r in results}
+    if not results or None in found:
         return None
+    keys = {m.groups() for m in found if m is not None}
+    if len(keys) != 1:
+        return None
+    depth, seed = keys.pop()
+    if depth is not None:
+        from experiments.data.grammar_family import reference_perplexities as family
+
+        return family(int(depth), int(seed))
     from experiments.data.grammar import reference_perplexities
 
-    return reference_perplexities(int(seeds.pop().group(1)))
+    return reference_perplexities(int(seed))
 
 
 def _label(name: str, runs: list[dict[str, Any]]) -> str:

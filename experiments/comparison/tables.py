@@ -20,6 +20,9 @@ CSV_COLUMNS = [
     "parameters",
     "test_ppl",
     "test_ppl_per_word",
+    "test_true_nll_per_token",
+    "test_excess_nll_per_token",
+    "test_ppl_ratio",
     "test_bleu_tf",
     "test_bleu_cont",
     "test_nfe",
@@ -46,6 +49,8 @@ CSV_COLUMNS = [
 # perplexity and Δ); per-word perplexity, BLEU, memory, steps, time, family, recipe and
 # configuration are per run in results.csv.
 MEAN_COLUMNS = [
+    ("test_excess_nll_per_token", "excess loss (nats/token)"),
+    ("test_ppl_ratio", "perplexity ratio"),
     ("valid_ppl", "valid perplexity"),
     ("test_nfe", "NFE"),
     ("test_flops_per_token", "forward FLOPs/token"),
@@ -166,11 +171,16 @@ def markdown_table(results: list[dict[str, Any]], baseline: str) -> str:
         cells = [name, _format("parameters", _mean(runs, "parameters")), ppl_cell, *delta_cells]
         cells += [_format(key, _mean(runs, key)) for key, _ in mean_columns]
         lines.append("| " + " | ".join(cells) + " |")
+    true_row = _true_grammar_row(results, mean_columns, len(header))
+    if true_row:
+        lines.append(true_row)
     protocols = "; ".join(sorted({str(r.get("protocol")) for r in results}))
     seeds = ", ".join(str(s) for s in sorted({r["seed"] for r in results}))
     note = NOTE.format(seeds=seeds, baseline=baseline)
     if SEED_NOISE in groups:
         note += SEED_NOISE_NOTE.format(baseline=baseline)
+    if any(r.get("test_excess_nll_per_token") is not None for r in results):
+        note += EXCESS_NOTE
     lines += ["", f"Data protocol: {protocols}.", "", note]
     return "\n".join(lines) + "\n"
 
@@ -182,6 +192,28 @@ SEED_NOISE_NOTE = (
     "(seed-noise excluded), from which the word significant is taken. cap-bound: runs "
     "whose best checkpoint was their last validation at the budget (still improving)."
 )
+
+
+EXCESS_NOTE = (
+    " Excess loss: the model's test NLL minus the true grammar's exact NLL of the same test "
+    "split, in nats per token (0 is the optimum); perplexity ratio: exp(excess), the "
+    "model's test perplexity over the true grammar's. The row true grammar scores the "
+    "generating grammar itself."
+)
+
+
+def _true_grammar_row(
+    results: list[dict[str, Any]], mean_columns: list[tuple[str, str]], width: int
+) -> str | None:
+    """The generating grammar as a row (its exact test NLL, excess 0), when every run was
+    tested on one generated split; None otherwise."""
+    true_nll = {r.get("test_true_nll_per_token") for r in results}
+    if len(true_nll) != 1 or not isinstance(value := true_nll.pop(), float):
+        return None
+    known = {"test_excess_nll_per_token": 0.0, "test_ppl_ratio": 1.0}
+    cells = ["true grammar", "-", f"{math.exp(value):.2f} (exact)", "-", "-"]
+    cells += [_format(key, known.get(key)) for key, _ in mean_columns]
+    return "| " + " | ".join(cells[:width]) + " |"
 
 
 def _delta_cells(
@@ -231,4 +263,6 @@ def _format(key: str, value: float | None) -> str:
         return f"{value:.0f}"
     if key == "train_mfu":
         return f"{value:.1%}"
+    if key in ("test_excess_nll_per_token", "test_ppl_ratio"):
+        return f"{value:.4f}"
     return f"{value:.3f}" if "bleu" in key else f"{value:.2f}"

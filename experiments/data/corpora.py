@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from experiments.data.checksums import ChecksumError, checksum_status
 from experiments.data.registry import (  # re-exported: the loader's public names
@@ -27,15 +28,24 @@ from experiments.data.registry import (  # re-exported: the loader's public name
     CorpusError,
 )
 
+if TYPE_CHECKING:
+    from experiments.data.grammar_family import GrammarStream
+
 
 @dataclass
 class Corpus:
-    """Lines of words per split (each line ends with ``<eos>``) and where they came from."""
+    """Lines of words per split (each line ends with ``<eos>``) and where they came from.
+
+    A generated corpus knows more: ``reference_nll``, the true grammar's exact total NLL
+    (nats) of each split, and for the grammar family ``stream``, its training data drawn
+    on the fly (there is then no ``train`` split of lines)."""
 
     name: str
     protocol: str
     lines: dict[str, list[list[str]]]
     files: dict[str, str] = field(default_factory=dict)
+    reference_nll: dict[str, float] = field(default_factory=dict)
+    stream: GrammarStream | None = None
 
     def split(self, split: str) -> list[list[str]]:
         if split not in self.lines:
@@ -166,11 +176,13 @@ def load_corpus(
     seed: int = 0,
     download: bool = False,
     verify_checksums: bool = True,
+    grammar_depth: int | None = None,
 ) -> Corpus:
     """Load a corpus by name: ``ptb``, ``wikitext2``, ``wikitext2-raw``, ``text`` or ``grammar``.
 
     ``text`` reads the folder ``data_dir``; ``grammar`` generates the embedded corpus from
-    ``seed`` and needs no files. ``protocol="mini"`` trains on the valid split. With
+    ``seed`` and needs no files (with ``grammar_depth``, the family of that depth:
+    streamed training, fixed valid and test samples). ``protocol="mini"`` trains on the valid split. With
     ``download=True`` a named corpus whose files for the protocol are missing is fetched
     into the cache (only those files). A named corpus's file whose known checksum does not
     match raises ``ChecksumError`` unless ``verify_checksums=False``.
@@ -179,12 +191,10 @@ def load_corpus(
         raise CorpusError(f"unknown corpus {name!r}; valid: {', '.join(CORPUS_NAMES)}")
     if protocol not in PROTOCOLS:
         raise CorpusError(f"unknown protocol {protocol!r}; valid: {', '.join(PROTOCOLS)}")
+    if grammar_depth is not None and name != "grammar":
+        raise CorpusError(f"data.grammar_depth is for the grammar corpus, not {name!r}")
     if name == "grammar":
-        from experiments.data.grammar import generate_splits
-
-        lines = {s: [words + [EOS] for words in ws] for s, ws in generate_splits(seed).items()}
-        lines, label = apply_protocol(f"grammar (embedded, seed {seed})", lines, protocol)
-        return Corpus(name, label, lines)
+        return _grammar_corpus(seed, protocol, grammar_depth)
     paths = split_files(name, data_dir)
     needed = protocol_splits(protocol)
     missing = [split for split in needed if split not in paths]
@@ -210,3 +220,32 @@ def load_corpus(
         label, {split: read_lines(paths[split]) for split in needed}, protocol
     )
     return Corpus(name, label, lines, files={s: str(p) for s, p in paths.items()})
+
+
+def _grammar_corpus(seed: int, protocol: str, depth: int | None) -> Corpus:
+    """The embedded grammar corpus, or the depth family's (``depth`` 1-4)."""
+    if depth is None:
+        from experiments.data.grammar import sample_splits
+
+        drawn = sample_splits(seed, None)
+        lines = {s: [words + [EOS] for words, _ in ws] for s, ws in drawn.items()}
+        nll = {s: -sum(log_p for _, log_p in ws) for s, ws in drawn.items()}
+        lines, label = apply_protocol(f"grammar (embedded, seed {seed})", lines, protocol)
+        reference = nll if protocol == "full" else {"test": nll["test"]}  # mini moves valid
+        return Corpus("grammar", label, lines, reference_nll=reference)
+    from experiments.data.grammar_family import GRAMMAR_DEPTHS, GrammarStream, family_split
+
+    if depth not in GRAMMAR_DEPTHS:
+        raise CorpusError(
+            f"data.grammar_depth must be one of {', '.join(map(str, GRAMMAR_DEPTHS))}, got {depth}"
+        )
+    if protocol != "full":
+        raise CorpusError("the grammar family streams its training data: use protocol full")
+    splits = {split: family_split(depth, seed, split) for split in ("valid", "test")}
+    return Corpus(
+        "grammar",
+        f"grammar-depth {depth} (streamed train, seed {seed})",
+        {split: words for split, (words, _) in splits.items()},
+        reference_nll={split: -log_p for split, (_, log_p) in splits.items()},
+        stream=GrammarStream(depth, seed),
+    )

@@ -27,7 +27,7 @@ from odelm.errors import OdelmError
 
 Rule = tuple[float, tuple[str, ...]]
 
-_NOUNS = [
+NOUNS = [
     "dog",
     "cat",
     "bird",
@@ -49,21 +49,22 @@ _NOUNS = [
     "pilot",
     "judge",
 ]
-_INTRANSITIVE = ["sleep", "run", "laugh", "sing", "swim", "wait", "fall", "smile", "dance", "work"]
-_TRANSITIVE = ["see", "follow", "help", "like", "watch", "call", "visit", "know", "meet", "find"]
-_ADJECTIVES = ["big", "small", "old", "young", "happy", "quiet", "clever", "brave", "tall", "lazy"]
-_ADVERBS = ["slowly", "quickly", "today", "loudly", "again"]
-_PREPOSITIONS = ["near", "behind", "with", "under"]
+INTRANSITIVE = ["sleep", "run", "laugh", "sing", "swim", "wait", "fall", "smile", "dance", "work"]
+TRANSITIVE = ["see", "follow", "help", "like", "watch", "call", "visit", "know", "meet", "find"]
+ADJECTIVES = ["big", "small", "old", "young", "happy", "quiet", "clever", "brave", "tall", "lazy"]
+ADVERBS = ["slowly", "quickly", "today", "loudly", "again"]
+PREPOSITIONS = ["near", "behind", "with", "under"]
 
 
-def _zipf(words: list[str], exponent: float = 1.0) -> list[Rule]:
+def zipf(words: list[str], exponent: float = 1.0) -> list[Rule]:
     """Lexical rules with Zipfian probabilities (rank r gets weight 1 / r**exponent)."""
     weights = [1.0 / (rank + 1) ** exponent for rank in range(len(words))]
     total = sum(weights)
     return [(weight / total, (word,)) for weight, word in zip(weights, words)]
 
 
-def _plural_noun(noun: str) -> str:
+def plural_noun(noun: str) -> str:
+    """The plural of an English noun (``-ies`` after a consonant's ``y``, else ``-s``)."""
     return noun[:-1] + "ies" if noun.endswith("y") and noun[-2] not in "aeiou" else noun + "s"
 
 
@@ -90,17 +91,17 @@ def default_rules() -> dict[str, list[Rule]]:
     rules["ADJS"] = [(0.3, ("ADJ", "ADJS")), (0.7, ())]
     rules["PP"] = [(0.15, ("PREP", "PP_OBJ")), (0.85, ())]
     rules["ADVP"] = [(0.3, ("ADV",)), (0.7, ())]
-    rules["DET_SG"] = _zipf(["a", "this", "every", "one"], 0.7)
-    rules["DET_PL"] = _zipf(["some", "these", "many", "two", "several"], 0.7)
-    rules["N_SG"] = _zipf(_NOUNS)
-    rules["N_PL"] = _zipf([_plural_noun(noun) for noun in _NOUNS])
-    rules["VI_SG"] = _zipf([verb + "s" for verb in _INTRANSITIVE])
-    rules["VI_PL"] = _zipf(_INTRANSITIVE)
-    rules["VT_SG"] = _zipf([verb + "s" for verb in _TRANSITIVE])
-    rules["VT_PL"] = _zipf(_TRANSITIVE)
-    rules["ADJ"] = _zipf(_ADJECTIVES)
-    rules["ADV"] = _zipf(_ADVERBS)
-    rules["PREP"] = _zipf(_PREPOSITIONS)
+    rules["DET_SG"] = zipf(["a", "this", "every", "one"], 0.7)
+    rules["DET_PL"] = zipf(["some", "these", "many", "two", "several"], 0.7)
+    rules["N_SG"] = zipf(NOUNS)
+    rules["N_PL"] = zipf([plural_noun(noun) for noun in NOUNS])
+    rules["VI_SG"] = zipf([verb + "s" for verb in INTRANSITIVE])
+    rules["VI_PL"] = zipf(INTRANSITIVE)
+    rules["VT_SG"] = zipf([verb + "s" for verb in TRANSITIVE])
+    rules["VT_PL"] = zipf(TRANSITIVE)
+    rules["ADJ"] = zipf(ADJECTIVES)
+    rules["ADV"] = zipf(ADVERBS)
+    rules["PREP"] = zipf(PREPOSITIONS)
     return rules
 
 
@@ -193,21 +194,51 @@ class ProbabilisticGrammar:
 
     def check_ll1(self) -> None:
         """Raise GrammarError unless the grammar is LL(1), hence unambiguous."""
+        _ = self.parse_table
+
+    @cached_property
+    def parse_table(self) -> dict[tuple[str, str], int]:
+        """``(nonterminal, next word or <eos>) -> index of the one rule to expand``; raises
+        GrammarError when two rules share a lookahead (the grammar is not LL(1))."""
         nullable = self._nullable()
         first = self._first_sets(nullable)
         follow = self._follow_sets(nullable, first)
+        table: dict[tuple[str, str], int] = {}
         for symbol, alternatives in self.rules.items():
-            seen: set[str] = set()
-            for _, rhs in alternatives:
+            for index, (_, rhs) in enumerate(alternatives):
                 lookahead = self._first_of(rhs, nullable, first)
                 if self._sequence_nullable(rhs, nullable):
                     lookahead |= follow[symbol]
-                clash = seen & lookahead
+                clash = sorted(word for word in lookahead if (symbol, word) in table)
                 if clash:
-                    raise GrammarError(
-                        f"{symbol} is not LL(1): lookahead {sorted(clash)} is shared"
-                    )
-                seen |= lookahead
+                    raise GrammarError(f"{symbol} is not LL(1): lookahead {clash} is shared")
+                table.update({(symbol, word): index for word in lookahead})
+        return table
+
+    def log_probability(self, words: list[str]) -> float:
+        """The log-probability of a sentence (without ``<eos>``): the sum of the log rule
+        probabilities of its one derivation, found by LL(1) parsing; GrammarError when the
+        grammar cannot generate it."""
+        table, position, total, stack = self.parse_table, 0, 0.0, [self.start]
+        tokens = [*words, "<eos>"]
+        while stack:
+            symbol = stack.pop()
+            if symbol not in self.rules:
+                if tokens[position] != symbol:
+                    raise GrammarError(f"word {position} is {tokens[position]!r}, not {symbol!r}")
+                position += 1
+                continue
+            index = table.get((symbol, tokens[position]))
+            if index is None:
+                raise GrammarError(
+                    f"{symbol} cannot start with word {position} {tokens[position]!r}"
+                )
+            probability, rhs = self.rules[symbol][index]
+            total += math.log(probability)
+            stack.extend(reversed(rhs))
+        if position != len(words):
+            raise GrammarError(f"the sentence ends at word {position} of {len(words)}")
+        return total
 
     def _nullable(self) -> set[str]:
         nullable: set[str] = set()
@@ -288,7 +319,7 @@ class ProbabilisticGrammar:
         return words, log_probability
 
 
-def _sample_splits(
+def sample_splits(
     seed: int, sizes: dict[str, int] | None
 ) -> dict[str, list[tuple[list[str], float]]]:
     """``(words, log-probability)`` per sentence per split, from one seeded stream."""
@@ -308,7 +339,7 @@ def generate_splits(
     """
     return {
         split: [words for words, _ in sentences]
-        for split, sentences in _sample_splits(seed, sizes).items()
+        for split, sentences in sample_splits(seed, sizes).items()
     }
 
 
@@ -318,7 +349,7 @@ def true_split_perplexity(seed: int = 0, split: str = "test") -> float:
     The score a perfect model gets on exactly the sentences a run is tested on; it differs
     from ``expected_perplexity`` by the sampling noise of a finite split.
     """
-    sentences = _sample_splits(seed, None)[split]
+    sentences = sample_splits(seed, None)[split]
     tokens = sum(len(words) + 1 for words, _ in sentences)
     return math.exp(-sum(log_p for _, log_p in sentences) / tokens)
 

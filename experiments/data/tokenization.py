@@ -11,14 +11,15 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
 import torch
 
 from experiments.data.bpe import BPETokenizer
-from experiments.data.corpora import EOS, Corpus
+from experiments.data.corpora import EOS, Corpus, CorpusError
+from experiments.data.grammar_family import GrammarStream
 from odelm.errors import OdelmError
 
 
@@ -58,7 +59,8 @@ class WordTokenizer:
     @classmethod
     def from_corpus(cls, corpus: Corpus) -> WordTokenizer:
         """Closed vocabulary from every split present, so no test word becomes ``<unk>``."""
-        counts: dict[str, int] = {}
+        # A streamed corpus's every word, even one its fixed splits happen to lack.
+        counts = {word: 0 for word in corpus.stream.words} if corpus.stream else {}
         for lines in corpus.lines.values():
             for line in lines:
                 for word in line:
@@ -98,14 +100,33 @@ class EncodedSplit:
     num_words: int  # words + one <eos> per line
 
 
+@dataclass(frozen=True)
+class EncodedStream:
+    """A generated training stream and the tokenizer id of each of its words."""
+
+    source: GrammarStream
+    ids: torch.Tensor  # ids[w]: the tokenizer id of the grammar's word w (<eos> first)
+
+    def batch(
+        self, run_seed: int, index: int, rows: int, length: int, *, sentences: bool = False
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Training batch ``index`` of run seed ``run_seed`` (``GrammarStream.batch``)."""
+        return self.source.batch(run_seed, index, rows, length, self.ids, sentences=sentences)
+
+
 @dataclass
 class LMData:
-    """A corpus encoded by one tokenizer: what training, evaluation and comparison share."""
+    """A corpus encoded by one tokenizer: what training, evaluation and comparison share.
+
+    ``reference_nll``: the true grammar's exact total NLL of a split (generated corpora);
+    ``stream``: the training data of a streamed corpus, which then has no ``train`` split."""
 
     corpus_name: str
     protocol: str
     tokenizer: Tokenizer
     splits: dict[str, EncodedSplit]
+    reference_nll: dict[str, float] = field(default_factory=dict)
+    stream: EncodedStream | None = None
 
     def split(self, name: str) -> EncodedSplit:
         if name not in self.splits:
@@ -120,7 +141,11 @@ def encode_corpus(corpus: Corpus, tokenizer: Tokenizer) -> LMData:
         sentences = [tokenizer.encode_words(line) for line in lines]
         ids = torch.tensor([i for sentence in sentences for i in sentence], dtype=torch.long)
         splits[name] = EncodedSplit(ids, sentences, sum(len(line) for line in lines))
-    return LMData(corpus.name, corpus.protocol, tokenizer, splits)
+    stream = None
+    if corpus.stream is not None:
+        ids = torch.tensor(tokenizer.encode_words(list(corpus.stream.words)), dtype=torch.long)
+        stream = EncodedStream(corpus.stream, ids)
+    return LMData(corpus.name, corpus.protocol, tokenizer, splits, corpus.reference_nll, stream)
 
 
 def check_tokenizer(expected_fingerprint: str, tokenizer: Tokenizer) -> None:
@@ -178,6 +203,8 @@ def build_tokenizer(
     """A word vocabulary, or BPE trained on the train split (or loaded from a GPT-2 dir)."""
     if kind == "word":
         return WordTokenizer.from_corpus(corpus)
+    if corpus.stream is not None:
+        raise CorpusError("the grammar family is word-level: set data.tokenizer: word")
     if kind != "bpe":
         raise ValueError(f"unknown tokenizer {kind!r}; valid: word, bpe")
     if tokenizer_dir:

@@ -27,8 +27,15 @@ from experiments.data.batching import (
     stream_windows,
 )
 from experiments.data.corpora import load_corpus
+from experiments.data.grammar_family import STREAM_EPOCH
 from experiments.data.registry import CorpusError
-from experiments.data.tokenization import LMData, Tokenizer, build_tokenizer, encode_corpus
+from experiments.data.tokenization import (
+    EncodedStream,
+    LMData,
+    Tokenizer,
+    build_tokenizer,
+    encode_corpus,
+)
 from experiments.training.config import DataConfig, EvalConfig, RunConfig
 from experiments.training.config_checks import RANGES, check_range
 from odelm.errors import OdelmError
@@ -73,7 +80,8 @@ class SeededResumableSampler(Sampler[int]):
     Batch ``k`` of the run is ``permutation(epoch = k // n)[k % n]``, a pure function of the
     seed, the order version (``DATA_ORDERS``) and ``k``, so resuming at step ``k`` needs
     nothing but ``k``; with
-    ``shuffle=False`` it is batch ``k % n`` (the stateful order). ``start`` is the step
+    ``shuffle=False`` it is batch ``k % n`` (the stateful order), with ``stream=True`` batch
+    ``k`` itself (a streamed corpus draws batch ``k`` from its own seeded stream). ``start`` is the step
     (or a function returning it, read when an iteration begins): each iteration yields the
     next ``len(self)`` batches, so every Lightning epoch, and the validation at its end
     under a default ``pl.Trainer``, continues the same sequence. Each rank of a distributed
@@ -90,12 +98,16 @@ class SeededResumableSampler(Sampler[int]):
         *,
         shuffle: bool = True,
         order: int = 2,
+        stream: bool = False,
     ) -> None:
         self.size, self.seed, self.start = size, seed, start
         self.rank, self.world_size, self.shuffle, self.order = rank, world_size, shuffle, order
+        self.stream = stream
 
     def _index(self, global_batch: int) -> int:
         epoch, position = divmod(global_batch, self.size)
+        if self.stream:
+            return global_batch
         if not self.shuffle:
             return position
         generator = epoch_generator(self.seed, epoch, self.order)
@@ -110,6 +122,22 @@ class SeededResumableSampler(Sampler[int]):
         return max(1, self.size // self.world_size)
 
 
+class StreamedBatches:
+    """The training batches of a streamed corpus: item ``k`` is batch ``k`` of the run seed
+    (``EncodedStream.batch``), never read twice; a nominal epoch is ``STREAM_EPOCH``."""
+
+    def __init__(self, stream: EncodedStream, seed: int, config: DataConfig) -> None:
+        self.stream, self.seed, self.config = stream, seed, config
+
+    def __len__(self) -> int:
+        return STREAM_EPOCH
+
+    def __getitem__(self, index: int) -> Any:
+        cfg = self.config
+        sentences = cfg.batching == "sentences"
+        return self.stream.batch(self.seed, index, cfg.batch_size, cfg.bptt, sentences=sentences)
+
+
 def load_data(config: DataConfig) -> LMData:
     """Load, tokenize and encode a data section's corpus (what ``odelm train`` does):
     ``load_corpus`` -> ``build_tokenizer`` -> ``encode_corpus``."""
@@ -120,6 +148,7 @@ def load_data(config: DataConfig) -> LMData:
         seed=config.seed,
         download=config.download,
         verify_checksums=config.verify_checksums,
+        grammar_depth=config.grammar_depth,
     )
     tokenizer = build_tokenizer(
         corpus,
@@ -197,9 +226,18 @@ class LMDataModule(pl.LightningDataModule):
         """The vocabulary size a model of this data needs."""
         return self.data.tokenizer.vocab_size
 
-    def train_batches(self) -> list[Any]:
-        """One epoch of training batches (in stateful order when ``data.stateful``)."""
-        split, cfg = self.data.split("train"), self.config
+    def train_batches(self) -> list[Any] | StreamedBatches:
+        """One epoch of training batches (in stateful order when ``data.stateful``; drawn
+        on the fly, each index its own batch, for a streamed corpus)."""
+        cfg = self.config
+        if self.data.stream is not None:
+            if cfg.stateful:
+                raise ConfigError(
+                    "a streamed corpus draws every batch afresh, so there is no stream to "
+                    "carry a state along: set data.stateful: false"
+                )
+            return StreamedBatches(self.data.stream, self.seed, cfg)
+        split = self.data.split("train")
         if not split.sentences:
             hint = ""
             if "-mini (" in self.data.protocol:
@@ -237,6 +275,7 @@ class LMDataModule(pl.LightningDataModule):
             world,
             shuffle=self.config.shuffle and not self.config.stateful,
             order=self.config.order,
+            stream=isinstance(batches, StreamedBatches),
         )
         # A generator of its own: starting an epoch's iterator must not draw from torch's
         # global RNG (dropout's), or a resumed run would diverge from the uninterrupted one.

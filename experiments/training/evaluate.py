@@ -75,11 +75,39 @@ def perplexity(
         "words": words,
         "ppl": math.exp(total_nll / total_tokens),
         "ppl_per_word": math.exp(total_nll / words),
+        **excess_loss(total_nll, total_tokens, data.reference_nll.get(split), settings),
         "nfe": sum(nfe) / len(nfe) if nfe else None,
         "flops_per_token": total_flops / total_tokens,
         "flops_batches": len(batches),
         "flops_sample": FLOPS_SAMPLE,
     }
+
+
+CUT_SENTENCES_NOTE = (
+    "stream windows start mid-sentence without the sentence's start, which no model can "
+    "know, so the true grammar's NLL is below what any model can reach here: evaluate "
+    "with data.batching: sentences for an excess that is 0 for the true grammar"
+)
+
+
+def excess_loss(
+    nll: float, tokens: int, reference: float | None, settings: EvalSettings
+) -> dict[str, Any]:
+    """For a generated corpus (``reference``: the true grammar's exact total NLL of the
+    split): the true NLL per token, the excess loss (model minus true, nats per token) and
+    the ratio of the perplexities; nothing for other corpora. Every token is predicted once,
+    so both NLLs cover the same tokens."""
+    if reference is None:
+        return {}
+    excess = (nll - reference) / tokens
+    out: dict[str, Any] = {
+        "true_nll_per_token": reference / tokens,
+        "excess_nll_per_token": excess,
+        "ppl_ratio": math.exp(excess),
+    }
+    if settings.batching == "stream" and not settings.stateful:
+        out["excess_note"] = CUT_SENTENCES_NOTE
+    return out
 
 
 def evaluate(

@@ -53,6 +53,10 @@ class DataConfig:
             permutation stream; 1 is the order of runs published before it, where seed s's
             epoch e+1 repeats seed s+1's epoch e (kept so they reproduce)
         seed: seed of the generated grammar corpus
+        grammar_depth: the grammar family of that depth (1-4: relative clauses nested up
+            to that deep, with number agreement at each level), its training sentences
+            streamed (never repeated) and its valid and test splits fixed samples of at
+            least 100k tokens; null: the embedded grammar of fixed splits
     """
 
     corpus: str = "grammar"
@@ -73,6 +77,7 @@ class DataConfig:
     shuffle: bool = True
     order: Literal[1, 2] = 2
     seed: int = 0
+    grammar_depth: Literal[1, 2, 3, 4] | None = None
 
 
 @dataclass

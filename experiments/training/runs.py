@@ -57,6 +57,7 @@ IDENTITY_ADDED = {
     "trainer.max_time": None,
     "data.order": 1,
     "trainer.matmul_precision": "highest",
+    "data.grammar_depth": None,
 }
 """Keys added after runs were made, left out of the identity at these values (the old
 behaviour), so a run made before them keeps its hash and resumes. A run folder's
