@@ -18,15 +18,12 @@ import yaml
 from experiments.cli.main import main
 from experiments.comparison import verdicts
 from experiments.comparison.stats import detectable_difference, paired_difference
+from experiments.comparison.verdict_tables import BEGIN, END, PAGE, markdown, summary
 from experiments.comparison.verdicts import (
-    BEGIN,
-    END,
-    PAGE,
     collect,
     load_spec,
-    markdown,
     primaries_sha256,
-    summary,
+    regimes,
     verdict,
 )
 from experiments.training.config import ConfigError
@@ -43,24 +40,33 @@ def _block(path: Path) -> str:
 def _write_results(path: Path, rows: list[dict[str, object]]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=["name", "seed", "test_ppl", "pair"])
+        columns = [
+            "name",
+            "seed",
+            "test_ppl",
+            "pair",
+            "test_excess_nll_per_token",
+            "test_ppl_ratio",
+        ]
+        writer = csv.DictWriter(handle, fieldnames=columns)
         writer.writeheader()
         writer.writerows(rows)
 
 
 def test_readme_verdict_table_is_the_generated_one():
     claims = collect(RESULTS)
-    assert _block(ROOT / "README.md") == summary(claims, f"docs/results/{PAGE}")
-    assert _block(RESULTS / PAGE) == markdown(claims, RESULTS)
+    assert _block(ROOT / "README.md") == summary(claims, regimes(), f"docs/results/{PAGE}")
+    assert _block(RESULTS / PAGE) == markdown(claims, regimes(), RESULTS)
 
 
-def test_every_claim_has_one_primary_and_no_comparison_is_listed_twice():
+def test_every_claim_has_one_primary_per_regime_and_no_comparison_is_listed_twice():
     spec = load_spec()
     assert len(spec["claims"]) == 7
+    assert [len(claim["primary"]) for claim in spec["claims"]] == [3, 3, 3, 3, 1, 3, 3]
     keys = [
         (item["grid"], item["model"], item["baseline"])
         for claim in spec["claims"]
-        for item in [claim["primary"], *claim["secondary"]]
+        for item in [*claim["primary"].values(), *claim["secondary"]]
     ]
     assert len(keys) == len(set(keys))
     labels = [i["label"] for c in spec["claims"] for i in c["secondary"] if i["kind"] == "early"]
@@ -82,7 +88,8 @@ def test_the_registered_commit_holds_the_same_primaries():
     )
     assert shown.returncode == 0, shown.stderr  # the commit is in this repository's history
     assert primaries_sha256(yaml.safe_load(shown.stdout)) == registered["primaries_sha256"]
-    for grid in {claim["primary"]["grid"] for claim in spec["claims"]}:  # each study says so
+    grids = {item["grid"] for claim in spec["claims"] for item in claim["primary"].values()}
+    for grid in grids:  # each study says so
         text = (ROOT / "experiments" / "configs" / "grids" / f"{grid}.yaml").read_text()
         assert f"registered in commit {registered['commit']}" in text, grid
 
@@ -115,11 +122,11 @@ def _study_root(tmp_path: Path, rk4_shift: float = -12.0) -> Path:
     return root
 
 
-def test_holm_runs_over_the_primaries_only(tmp_path):
-    """With one grid's three primaries in, Holm runs over the 7 claims' primaries (the
-    pending ones at p = 1, ranked last): each p is multiplied by 7, 6, 5 in rank order; the
-    detectable difference is the one at that rank's level 0.05 / (7 - rank); the
-    secondaries keep their unadjusted p."""
+def test_holm_runs_over_every_primary_of_every_regime(tmp_path):
+    """With one grid's three primaries in, Holm runs over the 19 primaries of the 3 regimes
+    (the pending ones at p = 1, ranked last): each p is multiplied by 19, 18, 17 in rank
+    order; the detectable difference is the one at that rank's level 0.05 / (19 - rank);
+    the secondaries keep their unadjusted p."""
     claims = collect(_study_root(tmp_path))
     offsets = dict(enumerate([1.5, -2.0, 0.5, 3.0, -1.0], start=1))
     zero = dict.fromkeys(offsets, 0.0)
@@ -131,34 +138,56 @@ def test_holm_runs_over_the_primaries_only(tmp_path):
     ranked = sorted(range(3), key=lambda i: by_hand[i].p_value)
     running = 0.0
     for rank, index in enumerate(ranked):
-        primary = claims[index]["primary"]
-        running = max(running, min(1.0, (7 - rank) * by_hand[index].p_value))
+        primary = claims[index]["primary"]["ptb-mini"]
+        running = max(running, min(1.0, (19 - rank) * by_hand[index].p_value))
         assert primary.paired.mean == pytest.approx(by_hand[index].mean)
         assert primary.p_holm == pytest.approx(running, rel=1e-9)
-        assert primary.level == pytest.approx(0.05 / (7 - rank))
-        expected = detectable_difference(by_hand[index].sd, 5, 0.05 / (7 - rank))
+        assert primary.level == pytest.approx(0.05 / (19 - rank))
+        expected = detectable_difference(by_hand[index].sd, 5, 0.05 / (19 - rank))
         assert primary.detectable == pytest.approx(expected)
-    assert [verdict(c["primary"]) for c in claims[:3]] == ["holds", "holds", "not shown"]
-    assert [verdict(c["primary"]) for c in claims[3:]] == ["pending"] * 4
+    words = [verdict(c["primary"]["ptb-mini"]) for c in claims]
+    assert words == ["holds", "holds", "not shown", "pending", "pending", "pending", "pending"]
+    assert {verdict(c["primary"].get("grammar-d3")) for c in claims} == {"pending", "-"}
     secondary = next(e for e in claims[0]["secondary"] if e.label == "2 layers RK4")
     assert secondary.p_holm is None and secondary.paired.p_value < 0.05
-    primary = claims[0]["primary"]
-    row = next(line for line in summary(claims).splitlines() if "equal parameters" in line)
+    primary = claims[0]["primary"]["ptb-mini"]
+    row = next(line for line in summary(claims, regimes()).splitlines() if "equal param" in line)
     assert f"p_Holm {primary.p_holm:.2g}, n 5, detectable ±{primary.detectable:.1f}" in row
+
+
+def test_the_grammar_regime_reads_excess_loss(tmp_path):
+    """A grammar grid's primary is the paired difference of excess loss (nats per token),
+    not of perplexity, and is shown with 4 decimals."""
+    root = _study_root(tmp_path)
+    rows = []
+    for seed in range(1, 6):
+        for name, excess in [("residual-2layer", 0.050), ("rk4", 0.030)]:
+            value = excess + 0.001 * seed
+            rows.append({"name": name, "seed": seed, "test_ppl": 9.5 * math.exp(value),
+                         "test_excess_nll_per_token": value, "test_ppl_ratio": math.exp(value)})  # fmt: skip
+    for name in ("residual", "residual-4layer", "residual-8layer", "macaron", "node-shared",
+                 "node-weights4", "lstm", "ode-lstm"):  # fmt: skip
+        rows += [{"name": name, "seed": s, "test_ppl": 10.0, "test_excess_nll_per_token": 0.06,
+                  "test_ppl_ratio": 1.06} for s in range(1, 6)]  # fmt: skip
+    _write_results(root / "study-grammar-d3" / "results.csv", rows)
+    primary = collect(root)[0]["primary"]["grammar-d3"]
+    assert primary.regime.metric == "test_excess_nll_per_token"
+    assert primary.paired.mean == pytest.approx(-0.020)
+    assert "2 layers RK4 vs residual -0.0200" in summary(collect(root), regimes())
 
 
 def test_a_worse_primary_does_not_hold_and_a_small_one_is_not_shown(tmp_path):
     worse = collect(_study_root(tmp_path / "a", rk4_shift=+15.0))
-    assert verdict(worse[0]["primary"]) == "does not hold"
+    assert verdict(worse[0]["primary"]["ptb-mini"]) == "does not hold"
     small = collect(_study_root(tmp_path / "b", rk4_shift=-0.4))
-    assert verdict(small[0]["primary"]) == "not shown"
-    assert math.isfinite(small[0]["primary"].detectable)
+    assert verdict(small[0]["primary"]["ptb-mini"]) == "not shown"
+    assert math.isfinite(small[0]["primary"]["ptb-mini"].detectable)
 
 
 def test_a_primary_changed_after_its_grid_has_results_is_refused(tmp_path):
     root = _study_root(tmp_path)
     spec = yaml.safe_load(verdicts.SPEC.read_text())
-    spec["claims"][0]["primary"]["baseline"] = "residual-4layer"  # chosen after the data
+    spec["claims"][0]["primary"]["ptb-mini"]["baseline"] = "residual-4layer"  # after the data
     spec["claims"][0]["secondary"] = [
         s for s in spec["claims"][0]["secondary"] if s["model"] != "rk4" or s["kind"] != "study"
     ]
@@ -180,14 +209,14 @@ def test_the_seed_noise_shown_is_the_a_a_row_against_the_run_it_repeats():
     claims = collect(RESULTS)
     shown = [e.noise.mean for e in claims[1]["secondary"] if e.kind == "study-v1"]
     assert len(shown) == 3 and shown == [pytest.approx(sum(noise) / 5, abs=1e-9)] * 3
-    assert f"seed noise {sum(noise) / 5:+.2f} [" in markdown(claims, RESULTS)
+    assert f"seed noise {sum(noise) / 5:+.2f} [" in markdown(claims, regimes(), RESULTS)
 
 
 def test_a_changed_result_changes_the_table(tmp_path):
     root = tmp_path / "results"
     shutil.copytree(RESULTS, root)
     path = root / "macaron-field" / "results.csv"
-    before = markdown(collect(root), root)
+    before = markdown(collect(root), regimes(), root)
     with path.open() as handle:
         rows = list(csv.DictReader(handle))
     rows[0]["test_ppl"] = str(float(rows[0]["test_ppl"]) + 5.0)
@@ -195,7 +224,7 @@ def test_a_changed_result_changes_the_table(tmp_path):
         writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
-    assert markdown(collect(root), root) != before
+    assert markdown(collect(root), regimes(), root) != before
 
 
 @pytest.mark.parametrize(

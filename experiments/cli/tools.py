@@ -250,29 +250,29 @@ def cmd_verdicts(args: Namespace) -> int:
     import json
     from pathlib import Path
 
-    from experiments.comparison.verdicts import (
+    from experiments.comparison.verdict_tables import (
         PAGE,
         as_json,
-        collect,
         markdown,
         summary,
         with_block,
     )
+    from experiments.comparison.verdicts import collect, regimes
     from odelm.files import write_all
 
     results = Path(args.results)
-    claims = collect(results)
+    claims, order = collect(results), regimes()
     if args.json:
         print(json.dumps(as_json(claims), indent=1))
         return 0
     if not args.write:
-        print(markdown(claims, results), end="")
+        print(markdown(claims, order, results), end="")
         return 0
     targets = {
         Path(args.write): with_block(
-            Path(args.write), summary(claims, f"{results.as_posix()}/{PAGE}")
+            Path(args.write), summary(claims, order, f"{results.as_posix()}/{PAGE}")
         ),
-        results / PAGE: with_block(results / PAGE, markdown(claims, results)),
+        results / PAGE: with_block(results / PAGE, markdown(claims, order, results)),
     }
     changed = {path: text != path.read_text(encoding="utf-8") for path, text in targets.items()}
     write_all({path: text for path, text in targets.items() if changed[path]})

@@ -99,12 +99,15 @@ def _pair(result: dict[str, Any]) -> int:
     return int(pair) if pair is not None else int(result["seed"])
 
 
-def comparisons(results: list[dict[str, Any]], baseline: str) -> dict[str, PairedDifference | None]:
-    """Each model's seed-paired test-perplexity difference to ``baseline``."""
+def comparisons(
+    results: list[dict[str, Any]], baseline: str, metric: str = "test_ppl"
+) -> dict[str, PairedDifference | None]:
+    """Each model's seed-paired difference to ``baseline`` in ``metric`` (a results.csv
+    column: test perplexity, or excess loss on a grammar corpus)."""
     groups = group_by_model(results)
-    base = {_pair(r): _number(r.get("test_ppl")) for r in groups.get(baseline, [])}
+    base = {_pair(r): _number(r.get(metric)) for r in groups.get(baseline, [])}
     return {
-        name: paired_difference({_pair(r): _number(r.get("test_ppl")) for r in runs}, base)
+        name: paired_difference({_pair(r): _number(r.get(metric)) for r in runs}, base)
         for name, runs in groups.items()
         if name != baseline
     }
