@@ -152,7 +152,7 @@ def test_holm_runs_over_every_primary_of_every_regime(tmp_path):
     assert secondary.p_holm is None and secondary.paired.p_value < 0.05
     primary = claims[0]["primary"]["ptb-mini"]
     row = next(line for line in summary(claims, regimes()).splitlines() if "equal param" in line)
-    assert f"p_Holm {primary.p_holm:.2g}, n 5, detectable ±{primary.detectable:.1f}" in row
+    assert f"p_Holm {primary.p_holm:.2g}, n 5, detectable ±{primary.detectable:.2f}" in row
 
 
 def test_the_grammar_regime_reads_excess_loss(tmp_path):
