@@ -20,7 +20,17 @@ from experiments.training.config import load_yaml, parse_config
 from experiments.training.runs import config_sha256
 
 ROOT = Path(__file__).resolve().parents[1]
-STUDIES = ("study-continuous", "study-node-lm")
+GRIDS = ROOT / "experiments" / "configs" / "grids"
+RESULTS = ROOT / "docs" / "results"
+STUDIES = sorted(
+    path.stem
+    for path in GRIDS.glob("*.yaml")
+    if "tune" in load_yaml(path) and (RESULTS / path.stem / "tune.csv").is_file()
+)
+"""Every tuned grid with results: each must keep a record of every run."""
+WITHOUT_RECORDS = {"study-table5-2layer"}
+"""Superseded by study2-table5-2layer: its runs were made before records were kept (its
+page says so), so it cannot be re-checked run by run."""
 
 
 def planned_hashes(study: str) -> dict[str, str]:
@@ -34,8 +44,9 @@ def planned_hashes(study: str) -> dict[str, str]:
     spec = replace(spec, values=tuple(sorted({float(row["value"]) for row in rows})))
     choices = {row["arm"]: (float(row["value"]), None) for row in rows if row["chosen"] == "True"}
     hashes = {}
-    for plan in planned:
-        if plan.seed == spec.seed and plan.name != SEED_NOISE:
+    first = result_seeds(planned)[0]
+    for plan in planned:  # every arm's trials, at the tuning seed (a result seed or not)
+        if plan.seed == first and plan.name != SEED_NOISE:
             for value in spec.values:
                 values = trial_values(spec, plan.name, plan.values, value, None)
                 hashes[values["name"]] = config_sha256(parse_config(values))
@@ -47,7 +58,10 @@ def planned_hashes(study: str) -> dict[str, str]:
 @pytest.mark.slow  # 3 s of CPU time: parses every config of both grids
 @pytest.mark.parametrize("study", STUDIES)
 def test_every_study_run_has_the_identity_of_its_record(study):
-    records = ROOT / "docs" / "results" / study / "records"
+    if study in WITHOUT_RECORDS:
+        assert not (RESULTS / study / "records").exists()  # else it must be checked too
+        return
+    records = RESULTS / study / "records"
     recorded = {
         folder.name: json.loads((folder / "result.json").read_text())["config_sha256"]
         for folder in records.iterdir()
