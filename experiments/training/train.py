@@ -34,6 +34,7 @@ from experiments.training.result import RunFiles
 from experiments.training.runs import RESULT_FILE, check_same_config
 from experiments.training.threads import check_threads, set_threads
 from experiments.training.trainer import Callback, fit_run
+from odelm import files
 from odelm.errors import OdelmError
 from odelm.lightning import pl
 
@@ -53,11 +54,13 @@ def check_writable(folder: Path) -> None:
     if runfolder.is_worker_process():
         return
     try:
-        folder.mkdir(parents=True, exist_ok=True)
+        files.make_dir(folder)  # a run folder that is a link out of out_dir is refused
         probe = folder / ".write-test"
-        probe.write_text("ok")
-        probe.unlink()
+        files.write_text(probe, "ok", root=folder)
+        files.remove(probe, root=folder)
     except OSError as error:
+        if isinstance(error, OdelmError):
+            raise
         raise OutputDirError(
             f"cannot write to run directory {folder} ({error.strerror}); pick another out_dir"
         ) from None
@@ -83,6 +86,9 @@ def train(
     check_threads(config.trainer.num_threads)  # the machine's, before the folder is made
     if not runfolder.is_worker_process():  # rank 0 may be making the folder meanwhile
         runfolder.check_not_foreign(run_dir)
+    if not overwrite and _finished(run_dir):  # read only: not even the lock is written
+        check_same_config(run_dir, config)
+        return json.loads((run_dir / RESULT_FILE).read_text())
     check_writable(run_dir)
     with (
         runfolder.claimed_run(run_dir, overwrite=overwrite),
@@ -90,6 +96,12 @@ def train(
         matmul_precision(config.trainer.matmul_precision),
     ):
         return _train_locked(config, callbacks, data)
+
+
+def _finished(run_dir: Path) -> bool:
+    """A finished run of odelm's: a real folder (not a link) with its marker and result."""
+    marked = (run_dir / runfolder.RUN_MARKER).is_file()
+    return not run_dir.is_symlink() and marked and (run_dir / RESULT_FILE).is_file()
 
 
 def _train_locked(
