@@ -242,13 +242,15 @@ class CheckpointAverager(Callback):
 def resume_point(run_dir: Path) -> tuple[Path | None, int | None]:
     """``last.ckpt`` and its step when the run has one (checked readable), else (None, None).
 
-    Partial files left by a process killed mid-write are removed (by global rank 0).
+    Partial files left by a process killed mid-write, and a link planted at ``last.ckpt``
+    (the link, not its target), are removed (by global rank 0).
     """
     folder = run_dir / "checkpoints"
     files.check_inside(folder, run_dir, follow_last=True)  # never read or clean a link's folder
-    for partial in [] if runfolder.is_worker_process() else folder.glob("*.partial"):
-        files.remove(partial, root=run_dir)
     last = folder / LAST_FILE
+    stale = [*folder.glob("*.partial"), *([last] if last.is_symlink() else [])]
+    for path in [] if runfolder.is_worker_process() else stale:  # a link: odelm never wrote it
+        files.remove(path, root=run_dir)
     if not last.is_file():
         return None, None
     step = read_checkpoint(last).get("global_step")

@@ -99,9 +99,15 @@ def train(
 
 
 def _finished(run_dir: Path) -> bool:
-    """A finished run of odelm's: a real folder (not a link) with its marker and result."""
+    """A finished run of odelm's: a real folder with its marker and its result (not links)."""
     marked = (run_dir / runfolder.RUN_MARKER).is_file()
-    return not run_dir.is_symlink() and marked and (run_dir / RESULT_FILE).is_file()
+    return not run_dir.is_symlink() and marked and _has_result(run_dir)
+
+
+def _has_result(run_dir: Path) -> bool:
+    """The run wrote its ``result.json`` (a link planted there is no result)."""
+    path = run_dir / RESULT_FILE
+    return path.is_file() and not path.is_symlink()
 
 
 def _train_locked(
@@ -112,7 +118,7 @@ def _train_locked(
     if main:
         check_same_config(run_dir, config)
     result_path = run_dir / RESULT_FILE
-    if result_path.is_file():
+    if _has_result(run_dir):
         return json.loads(result_path.read_text())
     devices = config.trainer.devices  # the threads policy shares the cores among the processes
     processes = devices if isinstance(devices, int) else 1
