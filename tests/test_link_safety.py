@@ -15,7 +15,8 @@ from __future__ import annotations
 import ast
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -97,7 +98,7 @@ def _one_line(capsys) -> str:
 
 def _planted_rounds(kinds, setup, capsys, outside: Path, model: Path) -> int:
     """Plant links at every file path at once in a fresh folder and run the command
-    (``setup(round)`` makes both); a link that ends the run (named in its one-line error) is
+    (``setup(round)`` makes both; the command returns an exit status); a link that ends the run (named in its one-line error) is
     tried again alone later, the rest go on to the next round. Then a link at each folder
     path alone, which must be refused. Nothing outside may change in any round. Returns the
     number of rounds."""
@@ -106,10 +107,10 @@ def _planted_rounds(kinds, setup, capsys, outside: Path, model: Path) -> int:
     number = 0
     while pending or alone:
         names = pending or alone.pop()
-        folder, args = setup(number)
+        folder, command = setup(number)
         _plant(folder, names, kinds, outside / str(number), model)
         before = _snapshot(outside)
-        code = main(args)
+        code = command()
         err = _one_line(capsys)
         after = _snapshot(outside)
         changed = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
@@ -160,14 +161,14 @@ def test_a_link_at_any_path_a_run_writes_changes_nothing_outside(
         assert name in kinds  # the run wrote all it writes
     values = yaml.safe_load(config_file.read_text())
 
-    def setup(number: int) -> tuple[Path, list[str]]:
+    def setup(number: int) -> tuple[Path, Callable[[], int]]:
         out = tmp_path / f"try{number}"
         run = out / "run"
         run.mkdir(parents=True)
         (run / RUN_MARKER).write_text("{}")  # a folder odelm made, holding the links
         config = out / "run.yaml"
         config.write_text(yaml.safe_dump({**values, "out_dir": str(out)}))
-        return run, ["train", "--config", str(config), "--quiet"]
+        return run, partial(main, ["train", "--config", str(config), "--quiet"])
 
     capsys.readouterr()
     rounds = _planted_rounds(kinds, setup, capsys, tmp_path / "outside", model)
@@ -197,15 +198,56 @@ def test_a_link_at_any_path_a_comparison_writes_changes_nothing_outside(tmp_path
         assert name in kinds
     assert kinds[f"runs/{run.name}"]
 
-    def setup(number: int) -> tuple[Path, list[str]]:
+    def setup(number: int) -> tuple[Path, Callable[[], int]]:
         out = tmp_path / f"try{number}"
         out.mkdir()
         (out / COMPARISON_MARKER).write_text("{}")  # a folder odelm made, holding the links
-        return out, ["compare", "--grid", str(grid), "--out", str(out)]
+        return out, partial(main, ["compare", "--grid", str(grid), "--out", str(out)])
 
     capsys.readouterr()
     rounds = _planted_rounds(kinds, setup, capsys, tmp_path / "outside", run)
     assert rounds >= 1 + sum(kinds.values())
+
+
+@pytest.mark.slow
+def test_a_link_at_any_path_discretize_writes_changes_nothing_outside(
+    tmp_path, recorded, capsys, finished_run
+):
+    _, model = finished_run
+    options = ["--max-batches", "1", "--steps", "1"]
+    made = Path(shutil.copytree(model, tmp_path / "made" / "run", symlinks=True))
+    assert main(["discretize", str(made), *options]) == 0
+    kinds = _written(made / "discretize", recorded)
+    kinds = {f"discretize/{name}": kind for name, kind in kinds.items()} | {"discretize": True}
+    assert "discretize/discretize.md" in kinds and "discretize/discretize.png.partial" in kinds
+
+    def setup(number: int) -> tuple[Path, Callable[[], int]]:
+        run = Path(shutil.copytree(model, tmp_path / f"try{number}" / "run", symlinks=True))
+        return run, partial(main, ["discretize", str(run), *options])
+
+    capsys.readouterr()
+    assert _planted_rounds(kinds, setup, capsys, tmp_path / "outside", model) == 2
+
+
+def test_a_link_in_the_gpu_checks_folder_changes_nothing_outside(tmp_path, recorded, capsys):
+    from benchmarks.gpu_check import run_check
+
+    def check(out: Path) -> int:
+        run_check(out, phases=["environment"])
+        return 0
+
+    check(tmp_path / "made")
+    kinds = _written(tmp_path / "made", recorded)
+    assert "summary.json" in kinds and "summary.json.partial" in kinds
+    model = tmp_path / "model"  # the folder a link to a folder would lead to (none here)
+    model.mkdir()
+
+    def setup(number: int) -> tuple[Path, Callable[[], int]]:
+        out = tmp_path / f"try{number}"
+        out.mkdir()
+        return out, partial(check, out)
+
+    assert _planted_rounds(kinds, setup, capsys, tmp_path / "outside", model) == 1
 
 
 # What writes or deletes a file or folder: methods (on a path, a figure, a tokenizer or a

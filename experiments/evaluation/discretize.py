@@ -290,6 +290,8 @@ def plot_pareto(rows: list[dict[str, Any]], path: Path, title: str) -> None:
 def cmd_discretize(args: Namespace) -> int:
     if args.num_threads:
         torch.set_num_threads(args.num_threads)
+    out, root = Path(args.out or Path(args.run) / "discretize"), args.out or args.run
+    files.check_inside(out, root, follow_last=True)  # the output refused before any work
     rows = discretize(
         args.run,
         max_batches=args.max_batches,
@@ -299,8 +301,7 @@ def cmd_discretize(args: Namespace) -> int:
         depth=args.plot,
         device=args.device,
     )
-    out = Path(args.out or Path(args.run) / "discretize")
-    files.make_dir(out, root=args.out or args.run)  # the folder named, or one in the run
+    files.make_dir(out, root=root)  # the folder named, or one in the run
     table = write_table(rows, out / "discretize.md")
     title = f"{Path(args.run).name}\n{rows[0]['protocol']}"
     plot_pareto([r for r in rows if "role" not in r], out / "discretize.png", title)
