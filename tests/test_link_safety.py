@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 import shutil
 from collections.abc import Callable, Iterator
 from functools import partial
@@ -324,17 +325,22 @@ def _staged(function: ast.AST) -> set[str]:
 def _raw_writes(path: Path, base: Path = REPO) -> list[str]:
     """Each raw write in ``path`` that is not into what a ``STAGING`` helper handed out, as
     ``FILE:LINE CALL`` (``FILE`` relative to ``base``)."""
-    tree = ast.parse(path.read_text())
+    text = path.read_text()
+    words = {name.rsplit(".", 1)[-1] for name in WRITE_FUNCTIONS | WRITE_METHODS}
+    pattern = "|".join(sorted(words | {"open", "save"}))
+    if not re.search(rf"\b({pattern})\(", text):
+        return []  # no call of any of them: nothing to parse
     found = []
-    functions = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)]
-    for function in functions:
-        staged = _staged(function)
-        for call in ast.walk(function):
-            if isinstance(call, ast.Call) and _is_write(call):
-                receiver = call.func.value if isinstance(call.func, ast.Attribute) else None
-                touched = set().union(*(_names(a) for a in [receiver, *call.args] if a))
-                if not touched & staged:
-                    found.append(f"{path.relative_to(base)}:{call.lineno} {ast.unparse(call)}")
+    for function in ast.walk(ast.parse(text)):
+        if not isinstance(function, ast.FunctionDef | ast.AsyncFunctionDef):
+            continue
+        writes = [c for c in ast.walk(function) if isinstance(c, ast.Call) and _is_write(c)]
+        staged = _staged(function) if writes else set()
+        for call in writes:
+            receiver = call.func.value if isinstance(call.func, ast.Attribute) else None
+            touched = set().union(*(_names(a) for a in [receiver, *call.args] if a))
+            if not touched & staged:
+                found.append(f"{path.relative_to(base)}:{call.lineno} {ast.unparse(call)}")
     return sorted(set(found))
 
 
