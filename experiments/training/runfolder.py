@@ -10,7 +10,8 @@ While a process trains in a run folder it holds an exclusive ``flock`` on
 ``LOCK_FILE`` (released by the kernel when the process ends, however it ends); a second
 process gets ``RunInUseError`` naming the holder's PID. The run marker also records
 the SHA-256 of the files a finished run is loaded from, which ``verify_run_files``
-checks on load.
+checks on load. Every file here is written and deleted through ``odelm.files``, never
+through a link that leaves the run folder.
 """
 
 from __future__ import annotations

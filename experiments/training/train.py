@@ -10,7 +10,8 @@ config's hash). A run whose ``result.json`` exists is finished; one with a ``las
 resumes from it; either is reused only under the config it was made with
 (``experiments.training.runs``).
 
-``train`` claims the folder, checks its identity and returns a finished run's result;
+``train`` returns a finished run's result having written nothing (not even its lock), else
+claims the folder and checks its identity;
 ``experiments.training.trainer.fit_run`` builds the model, the task and the Lightning
 trainer of the run and fits, resuming through Lightning's ``ckpt_path``; the trainer's
 ``experiments.training.result.RunFiles`` callback writes the config and tokenizer at setup
