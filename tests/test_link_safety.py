@@ -176,6 +176,27 @@ def test_a_link_at_any_path_a_run_writes_changes_nothing_outside(
     assert rounds >= 1 + sum(kinds.values())
 
 
+@pytest.mark.slow
+def test_overwrite_removes_links_in_a_run_never_their_targets(tmp_path, capsys, finished_run):
+    config_file, model = finished_run
+    run = Path(shutil.copytree(model, tmp_path / "out" / "run", symlinks=True))
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    for path in sorted(run.iterdir()):  # every name the run holds but its marker
+        if path.name != RUN_MARKER:
+            target = outside / path.name
+            shutil.move(path, target)
+            path.symlink_to(target, target_is_directory=target.is_dir())
+    before = _snapshot(outside)
+    values = yaml.safe_load(config_file.read_text())
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump({**values, "out_dir": str(run.parent)}))
+    assert main(["train", "--config", str(tmp_path / "run.yaml"), "--quiet", "--overwrite"]) == 0
+    _one_line(capsys)
+    assert _snapshot(outside) == before
+    assert not any(path.is_symlink() for path in run.rglob("*"))
+    assert (run / "result.json").is_file() and (run / "checkpoints" / "last.ckpt").is_file()
+
+
 GRID = {
     "shared": {
         "seed": 0,
