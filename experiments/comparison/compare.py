@@ -227,7 +227,7 @@ def run_grid(
     grid = load_yaml(grid_file)
     planned = check_grid(grid, out_dir, shared_override or {}, num_seeds)
     launch = replace(launch, slurm={**grid_slurm(grid), **launch.slurm})
-    claim_folder(out_dir, COMPARISON_MARKER, "comparison")
+    claim_folder(out_dir, COMPARISON_MARKER, "comparison", named=True)
     files.make_dir(out_dir / "configs")
     failed: list[str] = []
     counts = {"trained": 0, "kept": 0}

@@ -115,12 +115,13 @@ def read_marker(folder: Path, marker: str = RUN_MARKER) -> dict[str, Any]:
     return values if isinstance(values, dict) else {}
 
 
-def claim_folder(folder: Path, marker: str, kind: str) -> None:
-    """Make ``folder`` (refusing a foreign one, or a link out of its parent) and mark it
-    as odelm's ``kind`` folder."""
+def claim_folder(folder: Path, marker: str, kind: str, named: bool = False) -> None:
+    """Make ``folder`` (refusing a foreign one) and mark it as odelm's ``kind`` folder. A
+    run's folder is a name odelm makes in ``out_dir``, never a link out of it; a folder the
+    user ``named`` (a comparison's ``--out``) may be a link."""
     check_not_foreign(folder, marker)
     try:
-        files.make_dir(folder)
+        files.make_dir(folder, root=folder if named else folder.parent)
         if not (folder / marker).is_file():
             _write_marker(folder, marker, {"kind": kind, "files": {}})
     except OSError as error:
