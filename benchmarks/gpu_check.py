@@ -52,6 +52,7 @@ import torch
 from benchmarks import gpu_phases, gpu_runs
 from benchmarks.gpu_models import FULL, SHORT, matmul_tflops
 from benchmarks.gpu_phases import Context, PhaseTimeout, last_line
+from odelm import files
 
 REPO = Path(__file__).resolve().parents[1]
 OPTIONAL = ("transformers", "pytorch_lightning", "lightning", "torchdiffeq", "jsonargparse", "yaml")
@@ -192,7 +193,7 @@ def run_phase(index: int, phase: Phase, ctx: Context, start: float, total_s: flo
             torch.set_num_threads(threads)  # a run trained in a phase sets its own
     record["seconds"] = round(time.monotonic() - started, 2)
     ctx.results[phase.name] = record
-    ctx.out.mkdir(parents=True, exist_ok=True)
+    files.make_dir(ctx.out, root=ctx.out)  # the folder named; no write leaves it
     write_json(ctx.out / f"{index:02d}-{phase.name}.json", record)
     write_json(ctx.out / "summary.json", summary(ctx))
     detail = record.get("summary") or record.get("reason") or record.get("error") or ""
@@ -203,7 +204,7 @@ def run_phase(index: int, phase: Phase, ctx: Context, start: float, total_s: flo
 
 def write_json(path: Path, values: dict[str, Any]) -> None:
     """``values`` as JSON (non-finite floats as null, unknown objects as text)."""
-    path.write_text(json.dumps(_finite(values), indent=2, default=str) + "\n")
+    files.write_text(path, json.dumps(_finite(values), indent=2, default=str) + "\n")
 
 
 def _finite(value: Any) -> Any:

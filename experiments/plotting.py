@@ -4,6 +4,8 @@ plot of the harness shares; a leaf that any sub-package may import."""
 from __future__ import annotations
 
 import math
+import os
+from pathlib import Path
 from typing import Any
 
 import matplotlib
@@ -12,7 +14,17 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 from matplotlib.ticker import FixedLocator, FuncFormatter, MaxNLocator, NullLocator
 
-__all__ = ["plain_log_ticks", "plt"]
+from odelm import files
+
+__all__ = ["plain_log_ticks", "plt", "save_figure"]
+
+
+def save_figure(figure: Any, path: str | os.PathLike[str], dpi: int = 120) -> None:
+    """Write ``figure`` to ``path`` (its format from the suffix) atomically, by the rule of
+    ``odelm.files`` (a link at ``path`` is replaced, never written through), and close it."""
+    with files.atomic_write(path) as partial:
+        figure.savefig(partial, format=Path(path).suffix.lstrip("."), dpi=dpi)
+    plt.close(figure)
 
 
 def plain_log_ticks(axis: Any, which: str = "y") -> None:

@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from odelm.errors import OdelmError
-from odelm.files import atomic_write
+from odelm.files import atomic_write, make_dir
 from odelm.hub import MODEL_TYPES, resolve
 
 if TYPE_CHECKING:
@@ -193,8 +193,7 @@ class PretrainedMixin:
         """
         from safetensors.torch import save_model
 
-        directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
+        directory = make_dir(directory, root=directory)  # the folder the caller names
         config = {**self.model_spec(), "metadata": _json_ready(metadata or {}, "metadata")}
         with atomic_write(directory / WEIGHTS_FILE) as partial:
             with _no_space_named(directory, WEIGHTS_FILE):

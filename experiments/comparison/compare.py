@@ -48,6 +48,7 @@ from experiments.training.runfolder import (
     claim_folder,
 )
 from experiments.training.runs import RESULT_FILE, config_changes
+from odelm import files
 from odelm.errors import OdelmError
 
 GRIDS_DIR = Path(__file__).parents[1] / "configs" / "grids"
@@ -231,8 +232,8 @@ def run_grid(
     grid = load_yaml(grid_file)
     planned = check_grid(grid, out_dir, shared_override or {}, num_seeds)
     launch = replace(launch, slurm={**grid_slurm(grid), **launch.slurm})
-    claim_folder(out_dir, COMPARISON_MARKER, "comparison")
-    (out_dir / "configs").mkdir(parents=True, exist_ok=True)
+    claim_folder(out_dir, COMPARISON_MARKER, "comparison", named=True)
+    files.make_dir(out_dir / "configs")
     failed: list[str] = []
     counts = {"trained": 0, "kept": 0}
 
@@ -343,8 +344,9 @@ def _prepare_run(plan: PlannedRun, out_dir: Path, label: str) -> Job | dict[str,
     else the job that trains it (re-trained with ``--overwrite`` if its config changed)."""
     name = plan.run
     path = out_dir / "configs" / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(plan.values, sort_keys=False))
+    files.write_text(path, yaml.safe_dump(plan.values, sort_keys=False), root=out_dir)
     run_dir = out_dir / "runs" / name
+    files.check_inside(run_dir, out_dir, follow_last=True)  # never a link out of the comparison
     config = parse_config(plan.values)
     changes = config_changes(run_dir, config)
     command = [sys.executable, "-m", "experiments", "train", "--config", str(path), "--quiet"]

@@ -19,7 +19,8 @@ import yaml
 
 from experiments.comparison.plots import _draw, read_metrics
 from experiments.comparison.tables import group_by_model
-from experiments.plotting import plain_log_ticks, plt
+from experiments.plotting import plain_log_ticks, plt, save_figure
+from odelm import files
 
 
 def step_flops(run_dir: Path, result: dict[str, Any]) -> float | None:
@@ -85,11 +86,10 @@ def write_compute(out_dir: Path, results: list[dict[str, Any]], baseline: str) -
     for name, (flops, hits, total) in reached.items():
         cell = f"{flops:.3g}" if flops is not None else "never within the budget"
         lines.append(f"| {name} | {cell} | {hits} of {total} |")
-    (out_dir / "compute.md").write_text("\n".join(lines) + "\n")
+    files.write_text(out_dir / "compute.md", "\n".join(lines) + "\n")
     figure = compute_figure(out_dir, results, curves, baseline, target)
     path = out_dir / "ppl_vs_compute.png"
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
+    save_figure(figure, path)
     return [path, out_dir / "compute.md"]
 
 

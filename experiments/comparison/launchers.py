@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from experiments.comparison.gpus import free_slot, job_env
 from experiments.training.threads import available_cores, busy_cores
+from odelm import files
 from odelm.errors import OdelmError
 
 if TYPE_CHECKING:
@@ -85,8 +86,8 @@ class Job:
 def run_command(command: list[str], log: str, cwd: str) -> int:
     """Run one training command with its output in ``log``; its exit status. What every
     launcher executes (a plain function, importable wherever the job runs)."""
-    Path(log).parent.mkdir(parents=True, exist_ok=True)
-    with open(log, "w") as handle:
+    files.make_dir(Path(log).parent)
+    with files.open_new(log) as handle:
         return subprocess.run(
             command,
             check=False,
@@ -223,8 +224,8 @@ class LocalLauncher:
 
     def start(self, job: Job) -> Any:
         """Start ``job`` in the lowest free slot, with its own GPUs when several are visible."""
-        job.log.parent.mkdir(parents=True, exist_ok=True)
-        handle = job.log.open("w")
+        files.make_dir(job.log.parent)  # a link there, or at the log, is not followed
+        handle = files.open_new(job.log)
         slot = free_slot({slot for child, _, slot in self.children if child.poll() is None})
         child = subprocess.Popen(
             job.command,

@@ -22,7 +22,8 @@ from matplotlib.lines import Line2D
 from matplotlib.ticker import FuncFormatter
 
 from experiments.comparison.tables import group_by_model
-from experiments.plotting import plain_log_ticks, plt
+from experiments.plotting import plain_log_ticks, plt, save_figure
+from odelm import files
 
 LINE_STYLES = ("-", "--", "-.", ":")
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "h", "<", ">")
@@ -142,8 +143,7 @@ def plot_comparison(out_dir: Path, results: list[dict[str, Any]]) -> list[Path]:
     def save(figure: plt.Figure, name: str) -> None:
         figure.suptitle(protocol + band_note, fontsize=8)
         figure.tight_layout()
-        figure.savefig(out_dir / name, dpi=120)
-        plt.close(figure)
+        save_figure(figure, out_dir / name)
         written.append(out_dir / name)
 
     for x_key, x_label, file_name in (
@@ -174,7 +174,7 @@ def plot_comparison(out_dir: Path, results: list[dict[str, Any]]) -> list[Path]:
         handles, _ = axis.get_legend_handles_labels()
         if not handles:  # no run validated (a budget shorter than val_every): no plot
             plt.close(figure)
-            (out_dir / file_name).unlink(missing_ok=True)
+            files.remove(out_dir / file_name)
             continue
         handles.append(_selected_handle(results))
         if references:
@@ -188,7 +188,7 @@ def plot_comparison(out_dir: Path, results: list[dict[str, Any]]) -> list[Path]:
         if _costs_differ(results, key):
             save(_cost_figure(groups, references, key, label), file_name)
         else:
-            (out_dir / file_name).unlink(missing_ok=True)
+            files.remove(out_dir / file_name)
 
     continuous = [n for n, runs in groups.items() if runs[0].get("family") == "continuous depth"]
     nfe = {n: [logs[r["run"]].get("train/nfe", []) for r in groups[n]] for n in continuous}

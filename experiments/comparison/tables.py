@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from experiments.comparison.stats import PairedDifference, holm, paired_difference, summarize
+from odelm import files
 
 # results.csv: one row per run, every column (``run`` is the run directory's name).
 CSV_COLUMNS = [
@@ -134,7 +135,10 @@ def cap_bound(result: dict[str, Any]) -> bool | None:
 def write_tables(results: list[dict[str, Any]], out_dir: Path, baseline: str) -> None:
     """Write ``results.csv`` (every run) and ``results.md`` (the table a paper would show)."""
     paired, adjusted = comparisons(results, baseline), adjusted_p_values(results, baseline)
-    with (out_dir / "results.csv").open("w", newline="") as handle:
+    with (
+        files.atomic_write(out_dir / "results.csv") as partial,
+        partial.open("w", newline="") as handle,
+    ):
         writer = csv.writer(handle)
         writer.writerow(CSV_COLUMNS)
         for result in results:
@@ -146,7 +150,7 @@ def write_tables(results: list[dict[str, Any]], out_dir: Path, baseline: str) ->
             }
             row = {**result, **extra}
             writer.writerow([_csv_value(row.get(key)) for key in CSV_COLUMNS])
-    (out_dir / "results.md").write_text(markdown_table(results, baseline))
+    files.write_text(out_dir / "results.md", markdown_table(results, baseline))
 
 
 def markdown_table(results: list[dict[str, Any]], baseline: str) -> str:

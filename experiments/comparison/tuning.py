@@ -35,6 +35,7 @@ from typing import Any
 
 from experiments.comparison.tables import SEED_NOISE
 from experiments.training.config import ConfigError, merge
+from odelm import files
 
 TUNE_KEYS = {"key", "values", "seed", "extend", "also", "trial_is_result"}
 Recorder = Callable[[str, dict[str, Any]], None]
@@ -262,7 +263,10 @@ def write_tune_table(
                         "run": trial_name(spec, arm, value, also),
                     }
                 )
-    with (out_dir / "tune.csv").open("w", newline="") as handle:
+    with (
+        files.atomic_write(out_dir / "tune.csv") as partial,
+        partial.open("w", newline="") as handle,
+    ):
         writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
@@ -276,7 +280,7 @@ def plot_tuning(rows: list[dict[str, Any]], spec: TuneSpec, path: Path) -> None:
     its arm's colour and listed with its value under the legend, so that it does not squeeze
     the region where the arms differ."""
     from experiments.comparison.plots import style
-    from experiments.plotting import plain_log_ticks, plt
+    from experiments.plotting import plain_log_ticks, plt, save_figure
 
     figure, axis = plt.subplots(figsize=(7.5, 4.5))
     chosen = [_finite(r["valid_ppl"]) for r in rows if r["chosen"]]
@@ -317,8 +321,7 @@ def plot_tuning(rows: list[dict[str, Any]], spec: TuneSpec, path: Path) -> None:
     axis.grid(True, alpha=0.3)
     axis.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small")
     figure.tight_layout()
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
+    save_figure(figure, path)
 
 
 def apply_choices(

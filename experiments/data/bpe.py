@@ -14,6 +14,7 @@ from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
+from odelm import files
 from odelm.errors import OdelmError
 
 
@@ -100,9 +101,11 @@ class BPETokenizer:
         return cls(tokenizer, eos, "<unk>")
 
     def save(self, path: str | os.PathLike[str]) -> None:
-        """Write ``tokenizer.json`` into directory ``path`` (created if needed)."""
-        Path(path).mkdir(parents=True, exist_ok=True)
-        self._tok.save(str(Path(path) / "tokenizer.json"))
+        """Write ``tokenizer.json`` into directory ``path`` (created if needed; refused if it is
+        a link out of its parent folder, ``odelm.files.make_dir``)."""
+        files.make_dir(path)
+        with files.atomic_write(Path(path) / "tokenizer.json") as partial:
+            self._tok.save(str(partial))
 
     def encode_line(self, line: str) -> list[int]:
         """Token ids of one pre-tokenized line, without a trailing end-of-sentence id."""

@@ -36,7 +36,7 @@ import pooch
 from experiments.data.checksums import ChecksumError, read_manifest, verify_file, write_manifest
 from experiments.data.extract import extract_splits, staging_folder
 from experiments.data.registry import SPLITS, CorpusSpec, DownloadError, corpus_spec
-from odelm import __version__
+from odelm import __version__, files
 
 __all__ = ["DownloadError", "DownloadStallError", "StallGuardDownloader", "download_corpus"]
 
@@ -189,7 +189,7 @@ def _cache_folder(cache_dir: Path, spec: CorpusSpec) -> Path:
         if folder.exists() and not folder.is_dir():
             raise DownloadError(f"the cache folder {folder} is a file; give --cache-dir a folder")
     try:
-        dest.mkdir(parents=True, exist_ok=True)
+        files.make_dir(dest, root=dest)  # the cache folder a user names (a link there is theirs)
     except OSError as error:
         raise DownloadError(
             f"cannot create the cache folder {dest} ({error.strerror}); give --cache-dir a "

@@ -25,6 +25,7 @@ from typing import IO
 
 from experiments.data.checksums import ChecksumError, sha256_file
 from experiments.data.registry import CorpusSpec, DownloadError
+from odelm import files
 
 MAX_MEMBER_BYTES = 64 << 20
 """The most one extracted split file may hold (64 MiB)."""
@@ -46,7 +47,7 @@ def staging_folder(dest: Path, spec: CorpusSpec) -> Iterator[Path]:
         fcntl.flock(descriptor, fcntl.LOCK_EX)  # a second download waits, then finds the files
         folder = dest / STAGING
         remove_stale_files(dest, spec)
-        folder.mkdir()
+        files.make_dir(folder, root=dest)
         try:
             yield folder
         finally:
@@ -58,19 +59,12 @@ def staging_folder(dest: Path, spec: CorpusSpec) -> Iterator[Path]:
 def remove_stale_files(dest: Path, spec: CorpusSpec) -> None:
     """Remove the staging folder's files and the partial files earlier versions left in
     ``dest`` (``.archive-*``, ``.<split file>.*.part``); nothing else is touched."""
-    folder = dest / STAGING
-    if folder.is_symlink():  # never follow it: only the link is odelm's to remove
-        folder.unlink()
-    elif folder.is_dir():
-        for path in folder.iterdir():
-            if path.is_file() or path.is_symlink():
-                path.unlink()
-        folder.rmdir()
+    files.remove(dest / STAGING, root=dest)  # a link there is removed, never followed
     patterns = [".archive-*", *(f".{name}.*.part" for name in spec.files.values())]
     for pattern in patterns:
         for path in dest.glob(pattern):
             if path.is_file():
-                path.unlink()
+                files.remove(path, root=dest)
 
 
 def archive_kind_error(archive: Path, url: str) -> DownloadError:
@@ -138,9 +132,13 @@ def extract_splits(
                 f"the limit of {MAX_MEMBER_BYTES} bytes per split file and {MAX_TOTAL_BYTES} in "
                 "all; refused before extracting (not this corpus's archive)"
             )
-        with opener() as stream, open(staging / f"{name}.part", "wb") as handle:
+        with (
+            opener() as stream,
+            files.atomic_write(staging / name, suffix=".part") as part,
+            part.open("wb") as handle,
+        ):
             shutil.copyfileobj(stream, handle, _CHUNK)
-        digests[name] = sha256_file(staging / f"{name}.part")
+        digests[name] = sha256_file(staging / name)
         if name in expected and digests[name] != expected[name]:
             raise ChecksumError(
                 f"checksum mismatch for {name} (member {member} of {url}): expected sha256 "
@@ -150,5 +148,5 @@ def extract_splits(
     if missing:
         raise DownloadError(f"archive {url} lacks {missing}; is it the right archive?")
     for name in digests:
-        os.replace(staging / f"{name}.part", dest / name)
+        files.move_file(staging / name, dest / name)
     return digests

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -31,6 +30,7 @@ from experiments.data.tokenization import (
     WordTokenizer,
     load_tokenizer,
 )
+from odelm import files
 
 HF_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 """What [`save_hf_tokenizer`][experiments.data.hf_tokenizer.save_hf_tokenizer] writes into a run."""
@@ -122,18 +122,22 @@ def _max_positions(run: Path) -> int | None:
 
 
 def save_hf_tokenizer(
-    tokenizer: Tokenizer, directory: str | os.PathLike[str], model_max_length: int | None = None
+    tokenizer: Tokenizer,
+    directory: str | os.PathLike[str],
+    model_max_length: int | None = None,
+    root: str | os.PathLike[str] | None = None,
 ) -> list[str]:
     """Write ``tokenizer.json`` and ``tokenizer_config.json`` (what ``AutoTokenizer`` reads) into
-    ``directory``; returns the names written. Nothing else in the folder is touched."""
-    directory = Path(directory)
+    ``directory``, inside the folder odelm owns ``root`` (default ``directory``: see
+    ``odelm.files``); returns the names written. Nothing else in the folder is touched."""
+    directory = files.make_dir(directory, root=directory if root is None else root)
     hf = to_hf_tokenizer(tokenizer, model_max_length)
     with tempfile.TemporaryDirectory(dir=directory) as staging:
         hf.save_pretrained(staging)
         config_path = Path(staging) / "tokenizer_config.json"
         config = json.loads(config_path.read_text())
         config["tokenizer_class"] = "PreTrainedTokenizerFast"
-        config_path.write_text(json.dumps(config, indent=2) + "\n")
+        files.write_text(config_path, json.dumps(config, indent=2) + "\n")
         for name in HF_TOKENIZER_FILES:
-            shutil.move(str(Path(staging) / name), str(directory / name))
+            files.move_file(Path(staging) / name, directory / name)
     return list(HF_TOKENIZER_FILES)

@@ -20,6 +20,7 @@ import torch
 from experiments.data.bpe import BPETokenizer
 from experiments.data.corpora import EOS, Corpus, CorpusError
 from experiments.data.grammar_family import GrammarStream
+from odelm import files
 from odelm.errors import OdelmError
 
 
@@ -84,7 +85,7 @@ class WordTokenizer:
         return "word:" + hashlib.sha256("\n".join(self.tokens).encode()).hexdigest()[:16]
 
     def save(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps({"kind": self.kind, "tokens": self.tokens}))
+        files.write_text(path, json.dumps({"kind": self.kind, "tokens": self.tokens}))
 
     @classmethod
     def load(cls, path: str | Path) -> WordTokenizer:

@@ -23,6 +23,7 @@ from typing import Any
 
 from neuralode_lm.depth_field import FixedGrid
 from neuralode_lm.transformer import NODETransformerLM
+from odelm import files
 
 FACTORS = (2, 4)
 """Extrapolation past the training depth: these multiples of the training steps."""
@@ -90,7 +91,7 @@ def plot_depth(points: dict[str, Any], path: Path, title: str) -> None:
     ``depth.json`` it wrote), one line per method, the training depth marked (a star and a
     dotted line) and the 2x/4x extrapolation ringed; writes ``path`` (PNG) and ``path``
     with ``.json`` (the points)."""
-    from experiments.plotting import plain_log_ticks, plt
+    from experiments.plotting import plain_log_ticks, plt, save_figure
 
     figure, axes = plt.subplots(figsize=(7, 4.8))
     for method, xy in points["series"].items():
@@ -123,6 +124,5 @@ def plot_depth(points: dict[str, Any], path: Path, title: str) -> None:
     axes.set_title("\n".join(textwrap.wrap(title, 80)), fontsize=8)
     axes.legend(fontsize=7)
     figure.tight_layout()
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
-    path.with_suffix(".json").write_text(json.dumps(points, indent=1))
+    save_figure(figure, path)
+    files.write_text(path.with_suffix(".json"), json.dumps(points, indent=1))

@@ -43,6 +43,7 @@ from neuralode_lm.depth_field import FixedGrid
 from neuralode_lm.solvers import solve
 from neuralode_lm.transformer import NODETransformerLM
 from ode_transformer.tableau import METHODS, TABLEAUX
+from odelm import files
 from odelm.contract import model_device
 from odelm.errors import OdelmError
 
@@ -257,14 +258,14 @@ def write_table(rows: list[dict[str, Any]], path: Path) -> str:
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     lines += ["| " + " | ".join(_format(row.get(c), c) for c in columns) + " |" for row in rows]
     text = f"Protocol: {rows[0]['protocol']}\n\n" + "\n".join(lines) + "\n"
-    path.write_text(text)
+    files.write_text(path, text)
     return text
 
 
 def plot_pareto(rows: list[dict[str, Any]], path: Path, title: str) -> None:
     """Perplexity against NFE per method, with the Pareto front (no setting is both
     cheaper and better)."""
-    from experiments.plotting import plt
+    from experiments.plotting import plt, save_figure
 
     points = [r for r in rows if r.get("ppl") is not None]
     figure, axes = plt.subplots(figsize=(6.5, 4.5))
@@ -283,13 +284,14 @@ def plot_pareto(rows: list[dict[str, Any]], path: Path, title: str) -> None:
     axes.set_title("\n".join(textwrap.wrap(title, 80)), fontsize=8)
     axes.legend(fontsize=8)
     figure.tight_layout()
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
+    save_figure(figure, path)
 
 
 def cmd_discretize(args: Namespace) -> int:
     if args.num_threads:
         torch.set_num_threads(args.num_threads)
+    out, root = Path(args.out or Path(args.run) / "discretize"), args.out or args.run
+    files.check_inside(out, root, follow_last=True)  # the output refused before any work
     rows = discretize(
         args.run,
         max_batches=args.max_batches,
@@ -299,8 +301,7 @@ def cmd_discretize(args: Namespace) -> int:
         depth=args.plot,
         device=args.device,
     )
-    out = Path(args.out or Path(args.run) / "discretize")
-    out.mkdir(parents=True, exist_ok=True)
+    files.make_dir(out, root=root)  # the folder named, or one in the run
     table = write_table(rows, out / "discretize.md")
     title = f"{Path(args.run).name}\n{rows[0]['protocol']}"
     plot_pareto([r for r in rows if "role" not in r], out / "discretize.png", title)

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
 
 from experiments.data.hf_tokenizer import save_hf_tokenizer
 from experiments.data.tokenization import load_tokenizer
+from odelm import files
 from odelm.hub import MODEL_TYPES
 from odelm.pretrained import CONFIG_FILE, WEIGHTS_FILE, read_config
 
@@ -34,16 +34,16 @@ def export_run(run_dir: str | os.PathLike[str], folder: str | os.PathLike[str]) 
     if out.exists() and any(out.iterdir()):
         raise ExportError(f"{out} is not empty; export a run into a new folder")
     saved = read_config(run / "model")  # checks that the run has a saved model
-    out.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(run / "model" / WEIGHTS_FILE, out / WEIGHTS_FILE)
+    files.make_dir(out, root=out)  # the folder named; no write leaves it (odelm.files)
+    files.copy_file(run / "model" / WEIGHTS_FILE, out / WEIGHTS_FILE)
     model_type = MODEL_TYPES.get(saved["architecture"])
     if model_type is not None:
         saved = {"model_type": model_type, **saved}
-    (out / CONFIG_FILE).write_text(json.dumps(saved, indent=2) + "\n")
+    files.write_text(out / CONFIG_FILE, json.dumps(saved, indent=2) + "\n")
     limit = saved["config"].get("max_positions")
     save_hf_tokenizer(load_tokenizer(run / "tokenizer"), out, limit)
     if (run / "README.md").is_file():
-        shutil.copyfile(run / "README.md", out / "README.md")
+        files.copy_file(run / "README.md", out / "README.md")
     return out
 
 

@@ -23,7 +23,7 @@ from typing import Any
 import yaml
 
 from experiments.training.config import RunConfig
-from odelm import __version__
+from odelm import __version__, files
 
 CARD_FILE = "README.md"
 HUB_DATASETS = {"ptb": "ptb_text_only", "wikitext2": "wikitext", "wikitext2-raw": "wikitext"}
@@ -200,5 +200,5 @@ folder is `data.data_dir`, else `$ODELM_DATA_DIR`. The config's SHA-256 is
 def write_card(config: RunConfig, result: dict[str, Any]) -> Path:
     """Write the run's ``README.md`` model card and return its path."""
     path = config.run_dir / CARD_FILE
-    path.write_text(card_text(config, result, git_commit()))
+    files.write_text(path, card_text(config, result, git_commit()))
     return path

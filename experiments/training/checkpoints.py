@@ -33,8 +33,8 @@ import torch
 from torch import nn
 
 from experiments.training import runfolder
+from odelm import files
 from odelm.errors import OdelmError
-from odelm.files import atomic_write
 from odelm.lightning import pl
 
 Callback, Checkpoint, TorchCheckpointIO = (
@@ -60,16 +60,17 @@ class UnsafeCheckpointError(CorruptCheckpointError):
 
 
 def atomic_save(obj: Any, path: str | Path) -> None:
-    """``torch.save`` to ``PATH.partial``, then rename: a crash never truncates ``path``.
+    """``torch.save`` to ``PATH.partial``, then rename: a crash never truncates ``path``, and
+    ``path``'s folder is never a link out of its own parent (``odelm.files.make_dir``).
 
     A full disk removes the partial file and raises ``DiskFullError`` naming the folder.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    files.make_dir(path.parent)
     try:
         # A Python file object makes a failed write an OSError with its errno instead of
         # a C++ stream error from torch's own writer.
-        with atomic_write(path) as partial, partial.open("wb") as handle:
+        with files.atomic_write(path) as partial, partial.open("wb") as handle:
             torch.save(obj, handle)
             handle.flush()
             os.fsync(handle.fileno())
@@ -241,12 +242,15 @@ class CheckpointAverager(Callback):
 def resume_point(run_dir: Path) -> tuple[Path | None, int | None]:
     """``last.ckpt`` and its step when the run has one (checked readable), else (None, None).
 
-    Partial files left by a process killed mid-write are removed (by global rank 0).
+    Partial files left by a process killed mid-write, and a link planted at ``last.ckpt``
+    (the link, not its target), are removed (by global rank 0).
     """
     folder = run_dir / "checkpoints"
-    for partial in [] if runfolder.is_worker_process() else folder.glob("*.partial"):
-        partial.unlink(missing_ok=True)
+    files.check_inside(folder, run_dir, follow_last=True)  # never read or clean a link's folder
     last = folder / LAST_FILE
+    stale = [*folder.glob("*.partial"), *([last] if last.is_symlink() else [])]
+    for path in [] if runfolder.is_worker_process() else stale:  # a link: odelm never wrote it
+        files.remove(path, root=run_dir)
     if not last.is_file():
         return None, None
     step = read_checkpoint(last).get("global_step")

@@ -12,6 +12,8 @@ import importlib.util
 from pathlib import Path
 
 from experiments.training.config import ConfigError
+from experiments.training.runfolder import is_worker_process
+from odelm import files
 from odelm.lightning import pl
 
 LOGGERS = ("csv", "tensorboard", "wandb")
@@ -21,7 +23,9 @@ def build_loggers(
     names: list[str], run_dir: Path, run_name: str, keep_csv_before: int | None = None
 ) -> list[pl.loggers.Logger]:
     """One Lightning logger per name in ``names`` (see ``LOGGERS``); a resumed run's CSV
-    keeps its rows logged before step ``keep_csv_before``."""
+    keeps its rows logged before step ``keep_csv_before``. TensorBoard and W&B get their
+    folders from ``odelm.files.writer_dir`` (no link in them) on global rank 0; the CSV
+    writer makes its own (``experiments.training.runs.HistoryCSVLogger``)."""
     from experiments.training.runs import HistoryCSVLogger
 
     loggers: list[pl.loggers.Logger] = []
@@ -31,6 +35,7 @@ def build_loggers(
                 HistoryCSVLogger(run_dir, name="logs", version="", keep_before=keep_csv_before)
             )
         elif name == "tensorboard":
+            _logger_dir(run_dir, name)
             loggers.append(pl.loggers.TensorBoardLogger(run_dir, name="tensorboard", version=""))
         elif name == "wandb":
             if importlib.util.find_spec("wandb") is None:
@@ -38,6 +43,7 @@ def build_loggers(
                     "trainer.logger wandb needs the wandb package: pip install wandb "
                     "(or choose csv / tensorboard)"
                 )
+            _logger_dir(run_dir, name)
             loggers.append(
                 pl.loggers.WandbLogger(
                     name=run_name, save_dir=str(run_dir), offline=True, project="odelm"
@@ -46,3 +52,9 @@ def build_loggers(
         else:
             raise ConfigError(f"trainer.logger {name!r} is not one of {', '.join(LOGGERS)}")
     return loggers
+
+
+def _logger_dir(run_dir: Path, name: str) -> None:
+    """The logger's folder ``RUN/NAME``, holding no link (on global rank 0, which writes it)."""
+    if not is_worker_process():
+        files.writer_dir(run_dir / name, root=run_dir)

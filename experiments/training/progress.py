@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from experiments.training.runs import write_json
+from odelm import files
 from odelm.lightning import pl
 
 Callback, Timer = pl.Callback, pl.callbacks.Timer
@@ -83,7 +84,7 @@ class ProgressFile(Callback):
             values["tokens_per_s"] = self.tokens / seconds
             values["steps_per_s"] = (trainer.global_step - self._first[1]) / seconds
             values["seconds"] = seconds
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        files.make_dir(self.path.parent)  # refused if a link out of the run folder
         write_json(self.path, values)
         self._written = now
 

@@ -27,6 +27,7 @@ from experiments.training.runs import (
 )
 from experiments.training.task import LMTask
 from experiments.training.throughput import ThroughputMeter, peak_memory_mb
+from odelm import files
 from odelm.errors import OdelmError
 from odelm.lightning import pl
 
@@ -53,7 +54,7 @@ class RunFiles(pl.Callback):
         if trainer.is_global_zero:
             run_dir = self.config.run_dir
             config = yaml.safe_dump(self.config.to_dict(), sort_keys=False)
-            (run_dir / CONFIG_FILE).write_text(config)
+            files.write_text(run_dir / CONFIG_FILE, config)
             self.data.tokenizer.save(run_dir / "tokenizer")
 
     def on_fit_end(self, trainer: pl.Trainer, task: pl.LightningModule) -> None:

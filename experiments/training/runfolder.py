@@ -10,7 +10,8 @@ While a process trains in a run folder it holds an exclusive ``flock`` on
 ``LOCK_FILE`` (released by the kernel when the process ends, however it ends); a second
 process gets ``RunInUseError`` naming the holder's PID. The run marker also records
 the SHA-256 of the files a finished run is loaded from, which ``verify_run_files``
-checks on load.
+checks on load. Every file here is written and deleted through ``odelm.files``, never
+through a link that leaves the run folder.
 """
 
 from __future__ import annotations
@@ -19,16 +20,14 @@ import fcntl
 import json
 import os
 import re
-import shutil
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from experiments.training.rankorder import rank_zero_first
-from odelm import __version__
+from odelm import __version__, files
 from odelm.errors import OdelmError
-from odelm.files import atomic_write
 from odelm.pretrained import file_sha256
 
 RUN_MARKER = ".odelm-run"
@@ -103,8 +102,8 @@ def check_not_foreign(folder: Path, marker: str = RUN_MARKER) -> None:
 
 
 def _write_marker(folder: Path, marker: str, values: dict[str, Any]) -> None:
-    with atomic_write(folder / marker) as partial:
-        partial.write_text(json.dumps({"odelm": __version__, **values}, indent=2) + "\n")
+    text = json.dumps({"odelm": __version__, **values}, indent=2) + "\n"
+    files.write_text(folder / marker, text, root=folder)
 
 
 def read_marker(folder: Path, marker: str = RUN_MARKER) -> dict[str, Any]:
@@ -116,14 +115,18 @@ def read_marker(folder: Path, marker: str = RUN_MARKER) -> dict[str, Any]:
     return values if isinstance(values, dict) else {}
 
 
-def claim_folder(folder: Path, marker: str, kind: str) -> None:
-    """Make ``folder`` (refusing a foreign one) and mark it as odelm's ``kind`` folder."""
+def claim_folder(folder: Path, marker: str, kind: str, named: bool = False) -> None:
+    """Make ``folder`` (refusing a foreign one) and mark it as odelm's ``kind`` folder. A
+    run's folder is a name odelm makes in ``out_dir``, never a link out of it; a folder the
+    user ``named`` (a comparison's ``--out``) may be a link."""
     check_not_foreign(folder, marker)
     try:
-        folder.mkdir(parents=True, exist_ok=True)
+        files.make_dir(folder, root=folder if named else folder.parent)
         if not (folder / marker).is_file():
             _write_marker(folder, marker, {"kind": kind, "files": {}})
     except OSError as error:
+        if isinstance(error, OdelmError):
+            raise
         raise FolderWriteError(
             f"cannot make {kind} folder {folder} ({error.strerror}); choose another folder"
         ) from None
@@ -135,11 +138,7 @@ def clear_run(run_dir: Path) -> None:
     if not run_dir.is_dir():
         return
     for name in sorted(RUN_FILES):
-        path = run_dir / name
-        if path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path)
-        elif path.is_symlink() or path.exists():
-            path.unlink()
+        files.remove(run_dir / name, root=run_dir)
     _write_marker(run_dir, RUN_MARKER, {"kind": "run", "files": {}})
 
 
@@ -175,8 +174,10 @@ def run_lock(run_dir: Path) -> Iterator[None]:
         return
     path = run_dir / LOCK_FILE
     try:
-        descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        descriptor = files.open_fd(path, os.O_RDWR, root=run_dir)  # a link there is replaced
     except OSError as error:
+        if isinstance(error, OdelmError):
+            raise
         why = "is a directory, not odelm's lock file" if path.is_dir() else error.strerror
         raise FolderWriteError(
             f"cannot take the run lock {path} ({why}); remove it, or give this run another name"

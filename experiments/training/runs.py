@@ -30,8 +30,8 @@ from torch import nn
 from experiments.data.tokenization import LMData, Tokenizer
 from experiments.models.schema import hashed_spelling
 from experiments.training.config import ConfigError, RunConfig, load_run_config
+from odelm import files
 from odelm.errors import OdelmError
-from odelm.files import atomic_write
 from odelm.lightning import pl
 
 CONFIG_FILE = "config.yaml"
@@ -139,9 +139,8 @@ def check_same_config(run_dir: Path, config: RunConfig) -> None:
 
 
 def write_json(path: Path, values: dict[str, Any]) -> None:
-    """Write JSON atomically (a temporary file renamed into place)."""
-    with atomic_write(path) as partial:
-        partial.write_text(json.dumps(values, indent=2))
+    """Write JSON atomically (``odelm.files.write_text``: a link there is replaced)."""
+    files.write_text(path, json.dumps(values, indent=2))
 
 
 class _HistoryWriter(pl.loggers.csv_logs.ExperimentWriter):
@@ -153,16 +152,17 @@ class _HistoryWriter(pl.loggers.csv_logs.ExperimentWriter):
 
     def _check_log_dir_exists(self) -> None:
         path = Path(self.metrics_file_path)
+        files.writer_dir(path.parent, root=path.parent.parent)  # Lightning writes in it
         if not path.is_file():
             return
         if self.keep_before is None:
-            path.unlink()
+            files.remove(path)
             return
         with path.open(newline="") as handle:
             reader = csv.DictReader(handle)
             header = list(reader.fieldnames or [])
             rows = [row for row in reader if int(row["step"]) < self.keep_before]
-        with atomic_write(path) as partial, partial.open("w", newline="") as handle:
+        with files.atomic_write(path) as partial, partial.open("w", newline="") as handle:
             writer = csv.DictWriter(handle, fieldnames=header)
             writer.writeheader()
             writer.writerows(rows)
@@ -201,10 +201,11 @@ def save_run_model(model: nn.Module, run_dir: Path, tokenizer: Tokenizer) -> lis
     written in ``RUN``."""
     from experiments.data.hf_tokenizer import HF_TOKENIZER_FILES, save_hf_tokenizer
 
+    files.make_dir(run_dir / MODEL_DIR, root=run_dir)
     model.save_pretrained(  # type: ignore[operator]
         run_dir / MODEL_DIR, metadata={"tokenizer": tokenizer.fingerprint()}
     )
     limit = getattr(model, "max_positions", None)
     for folder in (run_dir, run_dir / MODEL_DIR):  # RUN/model alone is a Hugging Face folder too
-        save_hf_tokenizer(tokenizer, folder, limit if isinstance(limit, int) else None)
+        save_hf_tokenizer(tokenizer, folder, limit if isinstance(limit, int) else None, run_dir)
     return [MODEL_DIR, *HF_TOKENIZER_FILES]

@@ -10,7 +10,8 @@ config's hash). A run whose ``result.json`` exists is finished; one with a ``las
 resumes from it; either is reused only under the config it was made with
 (``experiments.training.runs``).
 
-``train`` claims the folder, checks its identity and returns a finished run's result;
+``train`` returns a finished run's result having written nothing (not even its lock), else
+claims the folder and checks its identity;
 ``experiments.training.trainer.fit_run`` builds the model, the task and the Lightning
 trainer of the run and fits, resuming through Lightning's ``ckpt_path``; the trainer's
 ``experiments.training.result.RunFiles`` callback writes the config and tokenizer at setup
@@ -34,6 +35,7 @@ from experiments.training.result import RunFiles
 from experiments.training.runs import RESULT_FILE, check_same_config
 from experiments.training.threads import check_threads, set_threads
 from experiments.training.trainer import Callback, fit_run
+from odelm import files
 from odelm.errors import OdelmError
 from odelm.lightning import pl
 
@@ -53,11 +55,13 @@ def check_writable(folder: Path) -> None:
     if runfolder.is_worker_process():
         return
     try:
-        folder.mkdir(parents=True, exist_ok=True)
+        files.make_dir(folder)  # a run folder that is a link out of out_dir is refused
         probe = folder / ".write-test"
-        probe.write_text("ok")
-        probe.unlink()
+        files.write_text(probe, "ok", root=folder)
+        files.remove(probe, root=folder)
     except OSError as error:
+        if isinstance(error, OdelmError):
+            raise
         raise OutputDirError(
             f"cannot write to run directory {folder} ({error.strerror}); pick another out_dir"
         ) from None
@@ -83,6 +87,9 @@ def train(
     check_threads(config.trainer.num_threads)  # the machine's, before the folder is made
     if not runfolder.is_worker_process():  # rank 0 may be making the folder meanwhile
         runfolder.check_not_foreign(run_dir)
+    if not overwrite and _finished(run_dir):  # read only: not even the lock is written
+        check_same_config(run_dir, config)
+        return json.loads((run_dir / RESULT_FILE).read_text())
     check_writable(run_dir)
     with (
         runfolder.claimed_run(run_dir, overwrite=overwrite),
@@ -90,6 +97,18 @@ def train(
         matmul_precision(config.trainer.matmul_precision),
     ):
         return _train_locked(config, callbacks, data)
+
+
+def _finished(run_dir: Path) -> bool:
+    """A finished run of odelm's: a real folder with its marker and its result (not links)."""
+    marked = (run_dir / runfolder.RUN_MARKER).is_file()
+    return not run_dir.is_symlink() and marked and _has_result(run_dir)
+
+
+def _has_result(run_dir: Path) -> bool:
+    """The run wrote its ``result.json`` (a link planted there is no result)."""
+    path = run_dir / RESULT_FILE
+    return path.is_file() and not path.is_symlink()
 
 
 def _train_locked(
@@ -100,7 +119,7 @@ def _train_locked(
     if main:
         check_same_config(run_dir, config)
     result_path = run_dir / RESULT_FILE
-    if result_path.is_file():
+    if _has_result(run_dir):
         return json.loads(result_path.read_text())
     devices = config.trainer.devices  # the threads policy shares the cores among the processes
     processes = devices if isinstance(devices, int) else 1
