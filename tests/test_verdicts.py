@@ -17,6 +17,7 @@ import yaml
 
 from experiments.cli.main import main
 from experiments.comparison import verdicts
+from experiments.comparison.pages import pages_with_blocks, refreshed
 from experiments.comparison.stats import detectable_difference, paired_difference
 from experiments.comparison.verdict_tables import BEGIN, END, PAGE, markdown, summary
 from experiments.comparison.verdicts import (
@@ -57,6 +58,8 @@ def test_readme_verdict_table_is_the_generated_one():
     claims = collect(RESULTS)
     assert _block(ROOT / "README.md") == summary(claims, regimes(), f"docs/results/{PAGE}")
     assert _block(RESULTS / PAGE) == markdown(claims, regimes(), RESULTS)
+    for page in pages_with_blocks(RESULTS):  # each study page's tables, drawn from its data
+        assert page.read_text() == refreshed(page), page
 
 
 def test_every_claim_has_one_primary_per_regime_and_no_comparison_is_listed_twice():
@@ -265,3 +268,30 @@ def test_verdicts_write_nothing_unless_every_input_was_read(tmp_path, capsys, da
     assert re.search(message, printed), printed
     assert readme.read_bytes() == readme_before
     assert (root / PAGE).read_bytes() == page_before
+
+
+def test_a_study_pages_tables_are_drawn_from_its_grid(tmp_path, capsys):
+    """A page's generated blocks are redrawn from results.csv and tune.csv by `odelm
+    verdicts --write`: a hand edit inside a block is undone, the prose around it is kept,
+    and the table equals what `odelm compare` wrote to results.md."""
+    root = tmp_path / "results"
+    shutil.copytree(RESULTS, root)
+    folder = root / "study-node-lm"
+    page = folder / "README.md"
+    page.write_text(
+        "# A study\n\nProse stays.\n\n<!-- odelm:results -->\n| edited by hand |\n"
+        "<!-- /odelm:results -->\n\n<!-- odelm:tuning -->\n<!-- /odelm:tuning -->\nEnd.\n"
+    )
+    readme = tmp_path / "README.md"
+    readme.write_text((ROOT / "README.md").read_text())
+    assert main(["verdicts", "--results", str(root), "--write", str(readme)]) == 0
+    text = page.read_text()
+    assert "edited by hand" not in text and text.startswith("# A study\n\nProse stays.")
+    table = text.split("<!-- odelm:results -->\n", 1)[1].split("<!-- /odelm:results -->")[0]
+    assert table == (folder / "results.md").read_text()  # results.md of study-node-lm
+    tuning = text.split("<!-- odelm:tuning -->\n", 1)[1].split("<!-- /odelm:tuning -->")[0]
+    assert "| lstm-tied | 2" in tuning and "**" in tuning  # the chosen rate in bold
+    rows = list(csv.DictReader((folder / "tune.csv").open()))
+    chosen = next(r for r in rows if r["arm"] == "ode-lstm-tied" and r["chosen"] == "True")
+    assert f"**{float(chosen['valid_ppl']):.2f}**" in tuning
+    assert "generated tables rewritten" in capsys.readouterr().out

@@ -233,9 +233,10 @@ def verdicts_parser() -> Parser:
     output = parser.add_mutually_exclusive_group()
     output.add_argument(
         "--write",
-        help="put the short table between the verdict markers of this file (README.md), and "
-        "the full one between those of RESULTS/verdicts.md; every input is checked first, "
-        "and both files are written or neither",
+        help="put the short table between the verdict markers of this file (README.md), the "
+        "full one between those of RESULTS/verdicts.md, and redraw the generated tables "
+        "(<!-- odelm:results -->, <!-- odelm:tuning -->) of every RESULTS/GRID/README.md; "
+        "every input is read first, and every file is written or none",
     )
     output.add_argument(
         "--json",
@@ -250,6 +251,7 @@ def cmd_verdicts(args: Namespace) -> int:
     import json
     from pathlib import Path
 
+    from experiments.comparison.pages import pages_with_blocks, refreshed
     from experiments.comparison.verdict_tables import (
         PAGE,
         as_json,
@@ -273,11 +275,12 @@ def cmd_verdicts(args: Namespace) -> int:
             Path(args.write), summary(claims, order, f"{results.as_posix()}/{PAGE}")
         ),
         results / PAGE: with_block(results / PAGE, markdown(claims, order, results)),
+        **{page: refreshed(page) for page in pages_with_blocks(results)},
     }
     changed = {path: text != path.read_text(encoding="utf-8") for path, text in targets.items()}
     write_all({path: text for path, text in targets.items() if changed[path]})
     for path in targets:
-        print(f"{path}: verdict table {'rewritten' if changed[path] else 'unchanged'}")
+        print(f"{path}: generated tables {'rewritten' if changed[path] else 'unchanged'}")
     return 0
 
 
