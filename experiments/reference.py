@@ -70,7 +70,6 @@ class BigramLM(PretrainedMixin, HuggingFaceLM):
     config_class = BigramConfig
     input_embeddings_name = "table"
     output_embeddings_name = None
-    resizable = False  # the table is vocabulary x vocabulary
 
     def __init__(self, vocab_size: int) -> None:
         super().__init__()
@@ -101,6 +100,32 @@ class BigramLM(PretrainedMixin, HuggingFaceLM):
 
     def block_modules(self) -> list[nn.Module]:
         return [self.table]
+
+    def resize_token_embeddings(
+        self,
+        new_num_tokens: int | None = None,
+        pad_to_multiple_of: int | None = None,
+        mean_resizing: bool = False,
+    ) -> nn.Module:
+        """The table is vocabulary x vocabulary: both its rows (the previous token) and its
+        columns (the next) are resized; kept entries stay, new ones are N(0, 0.02) (or, with
+        ``mean_resizing``, the old entries' mean)."""
+        if new_num_tokens is None:
+            return self.table
+        if pad_to_multiple_of:
+            new_num_tokens = -(-new_num_tokens // pad_to_multiple_of) * pad_to_multiple_of
+        old = self.table.weight
+        keep = min(new_num_tokens, old.shape[0])
+        table = nn.Embedding(new_num_tokens, new_num_tokens).to(old.device, old.dtype)
+        with torch.no_grad():
+            if mean_resizing:
+                table.weight.fill_(old.mean())
+            else:
+                table.weight.normal_(0.0, 0.02)
+            table.weight[:keep, :keep] = old[:keep, :keep]
+        self.table = table
+        self._resized_vocabulary(new_num_tokens)
+        return table
 
 
 class _EncoderLayer(nn.TransformerEncoderLayer):

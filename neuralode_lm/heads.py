@@ -109,7 +109,7 @@ class _ODEHead(nn.Module):
             reconstruction=not self.is_causal,
         )
         self.solver = SolverConfig.coerce(solver)
-        self.dim, self.vocab_size = dim, vocab_size
+        self.dim = dim
         self.augment_dim, self.augment_init = augment_dim, augment_init
         self.width = dim + augment_dim
         self.integration_time = float(integration_time)
@@ -125,6 +125,12 @@ class _ODEHead(nn.Module):
             self.augment_proj = nn.Identity()
         self.proj = nn.Linear(self.width, vocab_size)
         self.last_stats = ForwardStats()
+
+    @property
+    def vocab_size(self) -> int:
+        """The output layer's size, so a resized vocabulary (``resize_token_embeddings``
+        replaces ``proj``) reaches the logits."""
+        return int(self.proj.out_features)
 
     def _augment(
         self, z: torch.Tensor, hidden: torch.Tensor, mask: torch.Tensor | None = None

@@ -150,7 +150,7 @@ class MultiHeadSelfAttention(nn.Module):
             with torch.autocast("cpu", enabled=False):
                 y = F.scaled_dot_product_attention(
                     q.float(), k.float(), v.float(), mask, dropout_p, causal
-                )
+                ).to(q.dtype)  # back to the model's dtype for its output projection
         else:
             y = F.scaled_dot_product_attention(
                 q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=causal
