@@ -45,3 +45,26 @@ def test_resize_token_embeddings_then_forward_and_reload(name, tmp_path):
     torch.testing.assert_close(reloaded(input_ids=ids).logits, logits, rtol=0, atol=0)
     model.resize_token_embeddings(V - 3)  # and shrinks
     assert model(input_ids=ids[:, [0, 2]]).logits.shape == (1, 2, V - 3)
+
+
+@pytest.mark.slow  # a trained run
+def test_special_tokens_make_pipeline_equal_odelm_generate(trained):
+    from transformers import AutoModelForCausalLM, AutoTokenizer, pipeline
+
+    from experiments.evaluation.trained import load_run
+
+    run = load_run(trained)
+    eos = run.tokenizer.eos_id
+    model = AutoModelForCausalLM.from_pretrained(trained / "model")
+    config = model.config
+    assert config.bos_token_id == config.eos_token_id == config.pad_token_id == eos
+    assert model.generation_config.eos_token_id == eos  # generation stops at <eos>
+    assert model.generation_config.pad_token_id == eos
+    tokenizer = AutoTokenizer.from_pretrained(trained)
+    assert tokenizer.bos_token_id == tokenizer.pad_token_id == eos
+    with pytest.raises(Exception, match="UNK"):  # no <unk> in the grammar vocabulary: refused
+        tokenizer("a zebra")
+    generator = pipeline("text-generation", model=model, tokenizer=tokenizer)
+    for prompt in ["a dog", "every small bird", "this cat sees"]:
+        text = generator(prompt, max_new_tokens=6, do_sample=False)[0]["generated_text"]
+        assert text == run.generate(prompt, 6, stop_at_eos=True)
