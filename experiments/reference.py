@@ -208,15 +208,32 @@ class WordLMTransformer(PretrainedMixin, HuggingFaceLM):
         nn.init.uniform_(self.decoder.weight, -init_range, init_range)
         nn.init.zeros_(self.decoder.bias)
 
-    def features(self, tokens: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:
+    def features(
+        self, tokens: torch.Tensor, attention_mask: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, dict[str, Any]]:
         """The final LayerNorm's states ``[B, T, d_model]``, which ``output_layer``
-        maps to the logits, and ``aux``."""
+        maps to the logits, and ``aux``; ``attention_mask`` (True on real tokens) hides
+        padding from attention (a query at padding sees itself) and counts each row's
+        positions over its real tokens."""
         length = tokens.shape[1]
         if length > self.max_positions:
             raise ValueError(f"{length} tokens exceed max_positions={self.max_positions}")
-        x = self.embedding(tokens) * math.sqrt(self.d_model) + self.positions[:length]
-        mask = nn.Transformer.generate_square_subsequent_mask(length, device=tokens.device)
-        return self.layers(self.dropout(x), mask=mask, is_causal=True), {}
+        if attention_mask is None:
+            x = self.embedding(tokens) * math.sqrt(self.d_model) + self.positions[:length]
+            mask = nn.Transformer.generate_square_subsequent_mask(length, device=tokens.device)
+            return self.layers(self.dropout(x), mask=mask, is_causal=True), {}
+        real = attention_mask.bool()
+        positions = (real.long().cumsum(1) - 1).clamp(min=0)
+        x = self.embedding(tokens) * math.sqrt(self.d_model) + self.positions[positions]
+        order = torch.arange(length, device=tokens.device)
+        allowed = (order[None, :] <= order[:, None]) & real[:, None, :] | (
+            order[None, :] == order[:, None]
+        )
+        blocked = torch.zeros(allowed.shape, dtype=x.dtype, device=x.device)
+        blocked = blocked.masked_fill(~allowed, float("-inf"))
+        heads = self.layers.layers[0].self_attn.num_heads
+        mask = blocked.repeat_interleave(heads, dim=0)  # [B * heads, T, T]
+        return self.layers(self.dropout(x), mask=mask), {}
 
     @property
     def output_layer(self) -> nn.Linear:
@@ -224,8 +241,10 @@ class WordLMTransformer(PretrainedMixin, HuggingFaceLM):
         ``features``."""
         return self.decoder
 
-    def forward(self, tokens: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:
-        hidden, aux = self.features(tokens)
+    def forward(
+        self, tokens: torch.Tensor, attention_mask: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, dict[str, Any]]:
+        hidden, aux = self.features(tokens, attention_mask)
         return self.decoder(hidden), aux
 
     def block_modules(self) -> list[nn.Module]:

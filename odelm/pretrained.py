@@ -160,7 +160,7 @@ class PretrainedMixin:
         cls = type(self)
         package = cls.__module__.split(".")[0]
         architecture = f"{cls.__module__}:{cls.__qualname__}"
-        spec = {
+        spec: dict[str, Any] = {
             "architecture": architecture,
             "family": "reference" if cls.__module__ == "experiments.reference" else package,
             "config": self.pretrained_config(),

@@ -163,6 +163,11 @@ class HuggingFaceLM(EmbeddingsMixin, _PreTrainedModel, GenerationMixin):
     def _library_parameters(self) -> set[str]:
         return set(inspect.signature(self._library_forward()).parameters)
 
+    def _takes_padding_mask(self) -> bool:
+        """Whether the library forward takes ``attention_mask`` (every family's does: padding
+        hidden from attention or from the state updates, positions counted per row)."""
+        return "attention_mask" in self._library_parameters()
+
     def _new_cache(self) -> OdelmCache | None:
         """A fresh Hugging Face cache around the model's own, or None when the model
         recomputes its context at every step."""
@@ -204,18 +209,17 @@ class HuggingFaceLM(EmbeddingsMixin, _PreTrainedModel, GenerationMixin):
                 f"{type(self).__name__} keeps its own cache; pass the OdelmCache it returned "
                 f"(got {type(cache).__name__})"
             )
-        mask = _padding_mask(attention_mask, input_ids)
+        seen = 0 if cache is None else cache.seen
+        mask = _padding_mask(attention_mask, input_ids, seen)
         if mask is not None:
-            if getattr(self, "accepts_attention_mask", False):
+            if self._takes_padding_mask():
                 options["attention_mask"] = mask
-            elif bool((mask.int().diff(dim=1) > 0).any()):
+            elif cache is not None or bool((mask.int().diff(dim=1) > 0).any()):
                 raise HuggingFaceError(
                     f"{type(self).__name__} takes no padding mask, so padding may only follow "
                     "the real tokens (right padding: tokenizer.padding_side = 'right')"
                 )
         if cache is not None:
-            if mask is not None and "attention_mask" in options:
-                raise HuggingFaceError("a cached forward takes no padding mask")
             cache._batch = input_ids.shape[0]
             output = forward(input_ids, cache=cache.tree, **options)
             cache.seen += input_ids.shape[1]
@@ -264,8 +268,7 @@ class HuggingFaceLM(EmbeddingsMixin, _PreTrainedModel, GenerationMixin):
             cache = self._new_cache()
         inputs: dict[str, Any] = {"input_ids": input_ids, "attention_mask": attention_mask}
         if isinstance(cache, OdelmCache):
-            # the new tokens only; the mask (the whole sequence's) is checked at the prefill,
-            # where a model without a padding mask refuses left padding
+            # the new tokens only; the mask stays the whole sequence's (cached tokens too)
             inputs["input_ids"] = input_ids[:, cache.seen :]
             inputs["cache"] = cache
         return inputs
@@ -309,11 +312,14 @@ class HuggingFaceLM(EmbeddingsMixin, _PreTrainedModel, GenerationMixin):
         return build(config)
 
 
-def _padding_mask(attention_mask: torch.Tensor | None, ids: torch.Tensor) -> torch.Tensor | None:
-    """The library's bool mask (True on real tokens), or None when every token is real."""
+def _padding_mask(
+    attention_mask: torch.Tensor | None, ids: torch.Tensor, seen: int = 0
+) -> torch.Tensor | None:
+    """The library's bool mask (True on real tokens) over the ``seen`` cached tokens and
+    ``ids``, or None when every token is real."""
     if attention_mask is None or attention_mask.dim() != 2:
         return None
     mask = attention_mask.to(ids.device).bool()
-    if mask.shape != ids.shape or bool(mask.all()):
+    if mask.shape != (ids.shape[0], seen + ids.shape[1]) or bool(mask.all()):
         return None
     return mask
