@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from odelm import mixed_precision
+from odelm.checkpointing import Checkpointable
 from odelm.hf import HuggingFaceLM
 from odelm.mixed_precision import Dropout
 from odelm.pretrained import PretrainedMixin
@@ -128,7 +129,7 @@ class BigramLM(PretrainedMixin, HuggingFaceLM):
         return table
 
 
-class _EncoderLayer(nn.TransformerEncoderLayer):
+class _EncoderLayer(Checkpointable, nn.TransformerEncoderLayer):
     """``nn.TransformerEncoderLayer`` (post-norm, batch first) whose dropouts draw cheap masks
     and whose causal self-attention runs as
     [`odelm.mixed_precision.attention`][odelm.mixed_precision.attention] under CPU mixed precision
@@ -137,6 +138,11 @@ class _EncoderLayer(nn.TransformerEncoderLayer):
     def __init__(self, d_model: int, n_heads: int, d_ff: int, dropout: float) -> None:
         super().__init__(d_model, n_heads, d_ff, dropout=dropout, batch_first=True)
         self.dropout, self.dropout1, self.dropout2 = (Dropout(dropout) for _ in range(3))
+
+    def forward(self, src: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        """The layer, recomputed in the backward pass under gradient checkpointing."""
+        layer = super().forward
+        return self.checkpointed(layer, src, *args, **kwargs)  # type: ignore[no-any-return]
 
     def _sa_block(
         self,

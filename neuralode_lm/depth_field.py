@@ -20,6 +20,7 @@ from torch import nn
 
 from ode_transformer.layers import AttentionContext, KVCache, PreNormAttentionFFN
 from ode_transformer.tableau import METHODS, TABLEAUX, Tableau, rk_step
+from odelm.checkpointing import Checkpointable
 
 from .configs import TimeConditioning
 from .depth_weights import DepthWeights
@@ -68,7 +69,7 @@ class _TimedNorm(nn.Module):
         return x * (1.0 + scale) + shift
 
 
-class DepthField(nn.Module):
+class DepthField(Checkpointable, nn.Module):
     """``F_theta(s, y)``: the ODE Transformer's ``PreNormAttentionFFN`` (attention then FFN as
     one function, never including the residual), optionally conditioned on ``s``: through
     its norms (``concat``, ``film``) or its weights (``weights`` over ``weight_basis``
@@ -112,7 +113,17 @@ class DepthField(nn.Module):
         cache: KVCache | AttentionContext | None = None,
     ) -> torch.Tensor:
         """``F(s, y)``; ``cache``: this stage's key/value cache, or an
-        [`AttentionContext`][ode_transformer.AttentionContext] (a cache and a padding mask)."""
+        [`AttentionContext`][ode_transformer.AttentionContext] (a cache and a padding mask).
+        Under gradient checkpointing each evaluation (RK stage) is recomputed in the backward
+        pass."""
+        return self.checkpointed(self._evaluate, s, y, cache)  # type: ignore[no-any-return]
+
+    def _evaluate(
+        self,
+        s: torch.Tensor | float,
+        y: torch.Tensor,
+        cache: KVCache | AttentionContext | None,
+    ) -> torch.Tensor:
         for norm in self.timed:
             norm.s = torch.as_tensor(s, dtype=y.dtype, device=y.device)
         if self.depth is not None:

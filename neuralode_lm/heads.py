@@ -24,6 +24,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from odelm.checkpointing import Checkpointable
+
 from .configs import ODEHeadConfig
 from .errors import ModelConfigError
 from .fields import as_field, make_field
@@ -74,7 +76,7 @@ class RegularizedField(nn.Module):
         return torch.cat(parts, dim=-1)
 
 
-class _ODEHead(nn.Module):
+class _ODEHead(Checkpointable, nn.Module):
     """What both heads share: the field, the solver, augmentation, regularisers, readout."""
 
     is_causal: bool
@@ -148,16 +150,25 @@ class _ODEHead(nn.Module):
             )
         return torch.cat([z, a], dim=-1)
 
+    def _field(self) -> nn.Module:
+        """The vector field, each evaluation recomputed in the backward pass under gradient
+        checkpointing."""
+        if not self.gradient_checkpointing:
+            return self.field
+        return _PerEvaluation(self.field, self.checkpointed)
+
     def _integrate(
         self, z0: torch.Tensor, times: torch.Tensor | float, solver: SolverConfig | None = None
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Solve from ``z0`` ``[N, width]``; states ``[len(times), N, width]`` and the reg."""
         kinetic, jacobian = self.kinetic_weight > 0, self.jacobian_weight > 0
         if not (self.training and (kinetic or jacobian)):
-            states, stats = solve(self.field, z0, times, solver or self.solver)
+            states, stats = solve(self._field(), z0, times, solver or self.solver)
             self.last_stats = ForwardStats((stats,))
             return states, None
-        regularized = RegularizedField(self.field, self.width, kinetic=kinetic, jacobian=jacobian)
+        regularized = RegularizedField(
+            self._field(), self.width, kinetic=kinetic, jacobian=jacobian
+        )
         regularized.noise = torch.randn_like(z0) if jacobian else None
         x0 = torch.cat([z0, z0.new_zeros(z0.shape[0], regularized.extra)], dim=-1)
         states, stats = solve(regularized, x0, times, self.solver)
@@ -187,6 +198,18 @@ class _ODEHead(nn.Module):
             raise ModelConfigError(
                 f"mask must be [B, T] = {tuple(hidden.shape[:2])}, got {tuple(mask.shape)}"
             )
+
+
+class _PerEvaluation(nn.Module):
+    """``field(s, z)`` through ``run`` (``Checkpointable.checkpointed``)."""
+
+    def __init__(self, field: nn.Module, run: Any) -> None:
+        super().__init__()
+        self.field = field
+        self.__dict__["run"] = run  # a bound method of the head: not a submodule
+
+    def forward(self, s: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        return self.run(self.field, s, z)  # type: ignore[no-any-return]
 
 
 def _row_states(hidden: torch.Tensor, mask: torch.Tensor | None, *, last: bool) -> torch.Tensor:

@@ -14,6 +14,7 @@ from transformers import GenerationMixin
 from transformers import PreTrainedModel as _PreTrainedModel
 from transformers.cache_utils import Cache
 
+from odelm.checkpointing import supports_checkpointing
 from odelm.hf.auto import build, register
 from odelm.hf.config import (
     CausalLMOutput,
@@ -97,7 +98,6 @@ class HuggingFaceLM(EmbeddingsMixin, _PreTrainedModel, GenerationMixin):
     base_model_prefix = ""
     main_input_name = "input_ids"
     accepts_loss_kwargs = False
-    supports_gradient_checkpointing = False
     _supports_cache_class = True
     _is_stateful = False
     input_embeddings_name: ClassVar[str | None] = "token_embedding"
@@ -116,6 +116,18 @@ class HuggingFaceLM(EmbeddingsMixin, _PreTrainedModel, GenerationMixin):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         hf_class = config_class_for(f"{type(self).__module__}:{type(self).__qualname__}")
         _PreTrainedModel.__init__(self, hf_class())
+
+    @property
+    def supports_gradient_checkpointing(self) -> bool:  # type: ignore[override]
+        """True where a layer, RK stage or vector field can be recomputed in the backward pass
+        ([`odelm.checkpointing`][odelm.checkpointing]; GPT-2's blocks are ``transformers``'
+        own): ``gradient_checkpointing_enable()`` switches it on."""
+        return supports_checkpointing(self)
+
+    @property
+    def is_gradient_checkpointing(self) -> bool:
+        """Whether gradient checkpointing is on in any module."""
+        return any(getattr(m, "gradient_checkpointing", False) for m in self.modules())
 
     # ``self.config`` is the transformers config; assigning a library config wraps it.
     @property  # type: ignore[override]
