@@ -239,6 +239,10 @@ class CausalODEHead(_ODEHead):
     """
 
     is_causal = True
+    solve_rows_alone = False
+    """Set (by a model's ``batch_invariant`` option, [`odelm.hf`][odelm.hf]): evaluation
+    solves with torchode's per-position step control, so a position's logits do not depend
+    on the batch around it (as ``exact_causal_eval``; training keeps the shared steps)."""
 
     def __init__(
         self, dim: int, vocab_size: int, *, exact_causal_eval: bool = False, **options: Any
@@ -246,8 +250,9 @@ class CausalODEHead(_ODEHead):
         super().__init__(dim, vocab_size, exact_causal_eval=exact_causal_eval, **options)
         self.exact_causal_eval = bool(exact_causal_eval)
         self.eval_solver = self.solver
-        if self.exact_causal_eval and not self.solver.fixed:
-            self.eval_solver = SolverConfig.coerce(
+        self.per_row_solver = self.solver  # batch-invariant: each position's own steps
+        if not self.solver.fixed:
+            self.per_row_solver = SolverConfig.coerce(
                 self.solver,
                 backend="torchode",
                 adjoint=False,
@@ -255,6 +260,8 @@ class CausalODEHead(_ODEHead):
                 adjoint_rtol=None,
                 adjoint_atol=None,
             )
+        if self.exact_causal_eval:
+            self.eval_solver = self.per_row_solver
 
     def forward(
         self, hidden: torch.Tensor, mask: torch.Tensor | None = None
@@ -267,6 +274,8 @@ class CausalODEHead(_ODEHead):
         # [0, T] as a number: the facade makes it on the device and grids it on the host,
         # with no copy from the host and no read back (issue 30)
         solver = self.solver if self.training else self.eval_solver
+        if self.solve_rows_alone and not self.training:
+            solver = self.per_row_solver
         states, reg = self._integrate(z0, self.integration_time, solver)
         logits = self.proj(states[-1]).view(batch, length, self.vocab_size)
         return logits, self._aux(reg)

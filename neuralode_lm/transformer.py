@@ -118,6 +118,10 @@ class NODETransformerLM(PretrainedMixin, HuggingFaceLM):
     """
 
     is_causal = True
+    solve_rows_alone = False
+    """Set (by the ``batch_invariant`` option, [`odelm.hf`][odelm.hf]): an adaptive evaluation
+    solves each sequence alone, so its logits do not depend on the batch (training keeps
+    one solve per batch)."""
 
     config_class = NODETransformerConfig
     renamed_keys = RENAMED
@@ -252,23 +256,28 @@ class NODETransformerLM(PretrainedMixin, HuggingFaceLM):
         self.last_stats = ForwardStats(tuple(solves))
         return y, reg
 
-    def _prefix_states(
-        self, tokens: torch.Tensor, attention_mask: torch.Tensor | None = None
+    def _alone_states(
+        self, tokens: torch.Tensor, attention_mask: torch.Tensor | None, prefixes: bool
     ) -> torch.Tensor:
-        """Exactly causal final states: every prefix of every sequence solved alone (of its
-        real tokens only, with a padding mask; padding's states are zeros)."""
+        """Final states with every sequence solved alone, on its real tokens only (padding's
+        states are zeros): batch-invariant; with ``prefixes`` every prefix alone too (exactly
+        causal)."""
         rows, stats = [], []
         for b in range(tokens.shape[0]):
-            real = tokens[b] if attention_mask is None else tokens[b][attention_mask[b]]
-            row = []
-            for t in range(real.shape[0]):
-                y, _ = self.final_state(real[None, : t + 1])
-                row.append(y[0, -1])
+            real = tokens[b] if attention_mask is None else tokens[b][attention_mask[b].bool()]
+            if prefixes:
+                row = []
+                for t in range(real.shape[0]):
+                    y, _ = self.final_state(real[None, : t + 1])
+                    row.append(y[0, -1])
+                    stats.extend(self.last_stats.solves)
+                states = torch.stack(row)
+            else:
+                states = self.final_state(real[None])[0][0]
                 stats.extend(self.last_stats.solves)
-            states = torch.stack(row)
             if attention_mask is not None:
                 states = states.new_zeros(tokens.shape[1], states.shape[-1]).masked_scatter(
-                    attention_mask[b, :, None], states
+                    attention_mask[b, :, None].bool(), states
                 )
             rows.append(states)
         self.last_stats = ForwardStats(tuple(stats))
@@ -301,9 +310,11 @@ class NODETransformerLM(PretrainedMixin, HuggingFaceLM):
     ) -> tuple[torch.Tensor, dict[str, Any]]:
         """The final LayerNorm's states ``[B, T, d_model]`` and
         [`forward`][neuralode_lm.NODETransformerLM.forward]'s ``aux``."""
-        prefix = self.causal_mode == "prefix" and not self.training and cache is None
-        if prefix and not isinstance(self.integration, FixedGrid):
-            y, reg = self._prefix_states(tokens, attention_mask), None
+        adaptive = not isinstance(self.integration, FixedGrid) and not self.training
+        prefix = adaptive and self.causal_mode == "prefix" and cache is None
+        alone = adaptive and self.solve_rows_alone and cache is None and tokens.shape[0] > 1
+        if prefix or alone:
+            y, reg = self._alone_states(tokens, attention_mask, prefixes=prefix), None
         else:
             y, reg = self.final_state(tokens, cache, attention_mask)
         stats = self.solver_stats

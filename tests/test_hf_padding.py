@@ -67,3 +67,19 @@ def test_batched_pipeline_equals_odelm_generate_prompt_by_prompt(trained):
     outputs = generator(prompts, max_new_tokens=5, do_sample=False, batch_size=4)
     for prompt, output in zip(prompts, outputs):
         assert output[0]["generated_text"] == run.generate(prompt, 5, stop_at_eos=True)
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+@pytest.mark.parametrize("name", sorted(ADAPTIVE))
+def test_adaptive_batched_scores_equal_each_row_alone_with_batch_invariant_solves(name, side):
+    model = _model(name)
+    assert model.batch_invariant is None  # on in evaluation by default
+    ids, mask = _padded(side)
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=mask).logits
+        for i, row in enumerate(ROWS):
+            alone = model(input_ids=torch.tensor([row])).logits[0]
+            torch.testing.assert_close(logits[i][mask[i].bool()], alone, rtol=0, atol=1e-4)
+        model.batch_invariant = False  # one shared solve: the batch moves the scores
+        shared = model(input_ids=ids, attention_mask=mask).logits
+    assert not torch.allclose(shared, logits, rtol=0, atol=1e-6)

@@ -3,9 +3,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, ClassVar
 
 import torch
@@ -102,6 +103,12 @@ class HuggingFaceLM(EmbeddingsMixin, _PreTrainedModel, GenerationMixin):
     _is_stateful = False
     input_embeddings_name: ClassVar[str | None] = "token_embedding"
     output_embeddings_name: ClassVar[str | None] = "head"
+    batch_invariant: bool | None = None
+    """Adaptive solves in a Hugging Face call (forward, ``generate``, ``pipeline``, lm-eval)
+    step each sequence (node-transformer) or position (the ODE heads) on its own, so a score
+    does not depend on the batch around it: None (the default) in evaluation mode, True
+    always, False never (one shared solve per batch, the library forward's and training's
+    way). Fixed-grid models are batch-invariant anyway."""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -231,12 +238,14 @@ class HuggingFaceLM(EmbeddingsMixin, _PreTrainedModel, GenerationMixin):
                     f"{type(self).__name__} takes no padding mask, so padding may only follow "
                     "the real tokens (right padding: tokenizer.padding_side = 'right')"
                 )
-        if cache is not None:
-            cache._batch = input_ids.shape[0]
-            output = forward(input_ids, cache=cache.tree, **options)
-            cache.seen += input_ids.shape[1]
-        else:
-            output = forward(input_ids, **options)
+        alone = self.batch_invariant if self.batch_invariant is not None else not self.training
+        with _rows_alone(self, alone):
+            if cache is not None:
+                cache._batch = input_ids.shape[0]
+                output = forward(input_ids, cache=cache.tree, **options)
+                cache.seen += input_ids.shape[1]
+            else:
+                output = forward(input_ids, **options)
         logits, aux = output[0], output[1]
         loss = None
         if labels is not None:
@@ -322,6 +331,23 @@ class HuggingFaceLM(EmbeddingsMixin, _PreTrainedModel, GenerationMixin):
     def _from_config(cls, config: Any, **kwargs: Any) -> Any:
         """A freshly initialised model from a ``transformers`` config (``AutoModel.from_config``)."""
         return build(config)
+
+
+@contextlib.contextmanager
+def _rows_alone(model: torch.nn.Module, on: bool) -> Iterator[None]:
+    """Within: the modules with a ``solve_rows_alone`` switch have it set to ``on``."""
+    switches = [m for m in model.modules() if hasattr(type(m), "solve_rows_alone")]
+    before = [m.__dict__.get("solve_rows_alone") for m in switches]
+    for module in switches:
+        module.solve_rows_alone = on
+    try:
+        yield
+    finally:
+        for module, value in zip(switches, before):
+            if value is None:
+                del module.solve_rows_alone
+            else:
+                module.solve_rows_alone = value
 
 
 def _padding_mask(
