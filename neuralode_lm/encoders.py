@@ -99,7 +99,7 @@ class LSTMEncoder(nn.Module):
         ``attention_mask`` (True on real tokens): padding leaves the state as it was, so a
         padded row's real tokens get the states they get alone, and ``(h, c)`` is each row's
         after its last real token."""
-        check_token_batch(tokens, self.embedding.num_embeddings)
+        check_token_batch(tokens, self.embedding.weight.shape[0])  # a LoRA wrapper too
         inputs = self.input_dropout(self.embedding(tokens))
         if attention_mask is not None:
             return self._masked(inputs, state, attention_mask)
