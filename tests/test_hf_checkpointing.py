@@ -12,6 +12,8 @@ import torch
 
 from tests.test_hf_models import FAMILIES
 
+pytestmark = pytest.mark.slow  # many small models: the full suite runs them, the fast tier not
+
 WITHOUT = {"lstm", "bigram"}  # a fused nn.LSTM, a table: nothing to recompute per layer
 IDS = torch.tensor([[1, 2, 3, 4, 5, 6], [7, 8, 9, 10, 11, 12]])
 

@@ -10,6 +10,8 @@ import torch
 
 from tests.test_hf_models import FAMILIES
 
+pytestmark = pytest.mark.slow  # many small models: the full suite runs them, the fast tier not
+
 TARGETS = {
     "ode_transformer-rk4": ["qkv", "out", "fc1", "fc2"],
     "ode_transformer-macaron": ["qkv", "out", "fc1", "fc2"],

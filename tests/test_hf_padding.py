@@ -9,6 +9,8 @@ import torch
 
 from tests.test_hf_models import FAMILIES
 
+pytestmark = pytest.mark.slow  # many small models: the full suite runs them, the fast tier not
+
 ROWS = [[3, 4, 5, 6, 7, 8], [9, 10], [11, 12, 13, 14]]
 ADAPTIVE = {"node-transformer-adaptive", "ode-lstm-dopri5"}
 """Shared-step adaptive solves: a row's score depends on its batch (see test_hf_batch_invariance)."""
@@ -52,7 +54,6 @@ def test_padded_batched_scores_equal_each_row_alone(name, side):
             torch.testing.assert_close(real, alone, rtol=0, atol=1e-5)
 
 
-@pytest.mark.slow  # a trained run
 def test_batched_pipeline_equals_odelm_generate_prompt_by_prompt(trained):
     from transformers import AutoModelForCausalLM, AutoTokenizer, pipeline
 

@@ -8,6 +8,8 @@ import torch
 
 from tests.test_hf_models import FAMILIES, V
 
+pytestmark = pytest.mark.slow  # many small models: the full suite runs them, the fast tier not
+
 IDS = torch.tensor([[1, 2, 3, 4], [5, 6, 7, 8]])
 
 
@@ -47,7 +49,6 @@ def test_resize_token_embeddings_then_forward_and_reload(name, tmp_path):
     assert model(input_ids=ids[:, [0, 2]]).logits.shape == (1, 2, V - 3)
 
 
-@pytest.mark.slow  # a trained run
 def test_special_tokens_make_pipeline_equal_odelm_generate(trained):
     from transformers import AutoModelForCausalLM, AutoTokenizer, pipeline
 
