@@ -31,13 +31,15 @@ def _model(name: str) -> torch.nn.Module:
     return FAMILIES[name]().eval()
 
 
+@pytest.mark.parametrize("beams", [1, 3], ids=["greedy", "beam"])
 @pytest.mark.parametrize("name", sorted(FAMILIES))
-def test_left_padded_batched_generation_equals_each_row_alone(name):
+def test_left_padded_batched_generation_equals_each_row_alone(name, beams):
     model = _model(name)
     ids, mask = _padded("left")
-    batched = model.generate(ids, attention_mask=mask, max_new_tokens=4, do_sample=False)
+    options = {"max_new_tokens": 4, "do_sample": False, "num_beams": beams}
+    batched = model.generate(ids, attention_mask=mask, **options)
     for i, row in enumerate(ROWS):
-        alone = model.generate(torch.tensor([row]), max_new_tokens=4, do_sample=False)
+        alone = model.generate(torch.tensor([row]), **options)
         assert batched[i, ids.shape[1] :].tolist() == alone[0, len(row) :].tolist()
 
 
