@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 from odelm.errors import OdelmError
 from odelm.files import atomic_write
-from odelm.hub import MODEL_TYPES, SPECIAL_TOKEN_IDS, resolve, set_special_tokens, special_token_ids
+from odelm.hub import MODEL_TYPES, resolve, restore_special_tokens, special_token_ids
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -394,6 +394,6 @@ def load_pretrained(
             f"{weights} holds non-finite weights ({bad[0]} has NaN or inf); the model "
             "diverged or the file is damaged: retrain or restore it"
         )
-    set_special_tokens(model, **{key: saved.get(key) for key in SPECIAL_TOKEN_IDS})
+    restore_special_tokens(model, saved, directory)
     # load_model copies the weights into the model's own (CPU) parameters: move it too.
     return model.to(map_location).eval()  # type: ignore[attr-defined]

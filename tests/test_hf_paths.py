@@ -69,3 +69,18 @@ def test_special_tokens_make_pipeline_equal_odelm_generate(trained):
     for prompt in ["a dog", "every small bird", "this cat sees"]:
         text = generator(prompt, max_new_tokens=6, do_sample=False)[0]["generated_text"]
         assert text == run.generate(prompt, 6, stop_at_eos=True)
+
+
+def test_a_model_saved_without_ids_takes_them_from_its_tokenizer_files(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from experiments.data.hf_tokenizer import save_hf_tokenizer
+    from experiments.data.tokenization import WordTokenizer
+
+    model = _model("lstm")
+    model.save_pretrained(tmp_path)  # told no ids: config.json carries none
+    assert AutoModelForCausalLM.from_pretrained(tmp_path).config.eos_token_id is None
+    save_hf_tokenizer(WordTokenizer(["<eos>", *(f"w{i}" for i in range(1, V))]), tmp_path)
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path)
+    assert loaded.config.eos_token_id == loaded.config.pad_token_id == 0
+    assert loaded.generation_config.bos_token_id == 0
