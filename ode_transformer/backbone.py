@@ -155,7 +155,7 @@ class Backbone(PretrainedMixin, HuggingFaceLM):
     ) -> torch.Tensor:
         """Final-LayerNorm states ``[B, T, d_model]`` of ``tokens`` at positions ``start...``
         (a causal model with a padding mask in ``context``: each row's positions count its real
-        tokens, [`padded_positions`][ode_transformer.layers.padded_positions])."""
+        tokens, ``ode_transformer.layers.padded_positions``)."""
         check_tokens(tokens, self.vocab_size, self.max_positions, offset=start)
         mask = context.attention_mask if getattr(self, "is_causal", False) else None
         positions = padded_positions(mask, start, tokens.shape[1], tokens.device)
