@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from odelm import mixed_precision
+from odelm.checkpointing import Checkpointable
 from odelm.hf import HuggingFaceLM
 from odelm.mixed_precision import Dropout
 from odelm.pretrained import PretrainedMixin
@@ -70,7 +71,6 @@ class BigramLM(PretrainedMixin, HuggingFaceLM):
     config_class = BigramConfig
     input_embeddings_name = "table"
     output_embeddings_name = None
-    resizable = False  # the table is vocabulary x vocabulary
 
     def __init__(self, vocab_size: int) -> None:
         super().__init__()
@@ -102,8 +102,34 @@ class BigramLM(PretrainedMixin, HuggingFaceLM):
     def block_modules(self) -> list[nn.Module]:
         return [self.table]
 
+    def resize_token_embeddings(
+        self,
+        new_num_tokens: int | None = None,
+        pad_to_multiple_of: int | None = None,
+        mean_resizing: bool = False,
+    ) -> nn.Module:
+        """The table is vocabulary x vocabulary: both its rows (the previous token) and its
+        columns (the next) are resized; kept entries stay, new ones are N(0, 0.02) (or, with
+        ``mean_resizing``, the old entries' mean)."""
+        if new_num_tokens is None:
+            return self.table
+        if pad_to_multiple_of:
+            new_num_tokens = -(-new_num_tokens // pad_to_multiple_of) * pad_to_multiple_of
+        old = self.table.weight
+        keep = min(new_num_tokens, old.shape[0])
+        table = nn.Embedding(new_num_tokens, new_num_tokens).to(old.device, old.dtype)
+        with torch.no_grad():
+            if mean_resizing:
+                table.weight.fill_(old.mean())
+            else:
+                table.weight.normal_(0.0, 0.02)
+            table.weight[:keep, :keep] = old[:keep, :keep]
+        self.table = table
+        self._resized_vocabulary(new_num_tokens)
+        return table
 
-class _EncoderLayer(nn.TransformerEncoderLayer):
+
+class _EncoderLayer(Checkpointable, nn.TransformerEncoderLayer):
     """``nn.TransformerEncoderLayer`` (post-norm, batch first) whose dropouts draw cheap masks
     and whose causal self-attention runs as
     [`odelm.mixed_precision.attention`][odelm.mixed_precision.attention] under CPU mixed precision
@@ -112,6 +138,11 @@ class _EncoderLayer(nn.TransformerEncoderLayer):
     def __init__(self, d_model: int, n_heads: int, d_ff: int, dropout: float) -> None:
         super().__init__(d_model, n_heads, d_ff, dropout=dropout, batch_first=True)
         self.dropout, self.dropout1, self.dropout2 = (Dropout(dropout) for _ in range(3))
+
+    def forward(self, src: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        """The layer, recomputed in the backward pass under gradient checkpointing."""
+        layer = super().forward
+        return self.checkpointed(layer, src, *args, **kwargs)  # type: ignore[no-any-return]
 
     def _sa_block(
         self,
@@ -183,15 +214,32 @@ class WordLMTransformer(PretrainedMixin, HuggingFaceLM):
         nn.init.uniform_(self.decoder.weight, -init_range, init_range)
         nn.init.zeros_(self.decoder.bias)
 
-    def features(self, tokens: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:
+    def features(
+        self, tokens: torch.Tensor, attention_mask: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, dict[str, Any]]:
         """The final LayerNorm's states ``[B, T, d_model]``, which ``output_layer``
-        maps to the logits, and ``aux``."""
+        maps to the logits, and ``aux``; ``attention_mask`` (True on real tokens) hides
+        padding from attention (a query at padding sees itself) and counts each row's
+        positions over its real tokens."""
         length = tokens.shape[1]
         if length > self.max_positions:
             raise ValueError(f"{length} tokens exceed max_positions={self.max_positions}")
-        x = self.embedding(tokens) * math.sqrt(self.d_model) + self.positions[:length]
-        mask = nn.Transformer.generate_square_subsequent_mask(length, device=tokens.device)
-        return self.layers(self.dropout(x), mask=mask, is_causal=True), {}
+        if attention_mask is None:
+            x = self.embedding(tokens) * math.sqrt(self.d_model) + self.positions[:length]
+            mask = nn.Transformer.generate_square_subsequent_mask(length, device=tokens.device)
+            return self.layers(self.dropout(x), mask=mask, is_causal=True), {}
+        real = attention_mask.bool()
+        positions = (real.long().cumsum(1) - 1).clamp(min=0)
+        x = self.embedding(tokens) * math.sqrt(self.d_model) + self.positions[positions]
+        order = torch.arange(length, device=tokens.device)
+        allowed = (order[None, :] <= order[:, None]) & real[:, None, :] | (
+            order[None, :] == order[:, None]
+        )
+        blocked = torch.zeros(allowed.shape, dtype=x.dtype, device=x.device)
+        blocked = blocked.masked_fill(~allowed, float("-inf"))
+        heads = self.layers.layers[0].self_attn.num_heads
+        mask = blocked.repeat_interleave(heads, dim=0)  # [B * heads, T, T]
+        return self.layers(self.dropout(x), mask=mask), {}
 
     @property
     def output_layer(self) -> nn.Linear:
@@ -199,8 +247,10 @@ class WordLMTransformer(PretrainedMixin, HuggingFaceLM):
         ``features``."""
         return self.decoder
 
-    def forward(self, tokens: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:
-        hidden, aux = self.features(tokens)
+    def forward(
+        self, tokens: torch.Tensor, attention_mask: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, dict[str, Any]]:
+        hidden, aux = self.features(tokens, attention_mask)
         return self.decoder(hidden), aux
 
     def block_modules(self) -> list[nn.Module]:

@@ -20,12 +20,20 @@ from torch import nn
 
 from ode_transformer.layers import AttentionContext, KVCache, PreNormAttentionFFN
 from ode_transformer.tableau import METHODS, TABLEAUX, Tableau, rk_step
+from odelm.checkpointing import Checkpointable
 
 from .configs import TimeConditioning
 from .depth_weights import DepthWeights
 from .errors import ModelConfigError
 
-__all__ = ["GRID_METHODS", "GRID_TABLEAUX", "TIME_CONDITIONINGS", "DepthField", "FixedGrid"]
+__all__ = [
+    "GRID_METHODS",
+    "GRID_TABLEAUX",
+    "TIME_CONDITIONINGS",
+    "DepthField",
+    "FixedGrid",
+    "MaskedField",
+]
 
 TIME_CONDITIONINGS = typing.get_args(TimeConditioning)
 GRID_METHODS = METHODS
@@ -61,7 +69,7 @@ class _TimedNorm(nn.Module):
         return x * (1.0 + scale) + shift
 
 
-class DepthField(nn.Module):
+class DepthField(Checkpointable, nn.Module):
     """``F_theta(s, y)``: the ODE Transformer's ``PreNormAttentionFFN`` (attention then FFN as
     one function, never including the residual), optionally conditioned on ``s``: through
     its norms (``concat``, ``film``) or its weights (``weights`` over ``weight_basis``
@@ -99,13 +107,43 @@ class DepthField(nn.Module):
                 self.timed.append(sub.norm)
 
     def forward(
-        self, s: torch.Tensor | float, y: torch.Tensor, cache: KVCache | None = None
+        self,
+        s: torch.Tensor | float,
+        y: torch.Tensor,
+        cache: KVCache | AttentionContext | None = None,
+    ) -> torch.Tensor:
+        """``F(s, y)``; ``cache``: this stage's key/value cache, or an
+        [`AttentionContext`][ode_transformer.AttentionContext] (a cache and a padding mask).
+        Under gradient checkpointing each evaluation (RK stage) is recomputed in the backward
+        pass."""
+        return self.checkpointed(self._evaluate, s, y, cache)  # type: ignore[no-any-return]
+
+    def _evaluate(
+        self,
+        s: torch.Tensor | float,
+        y: torch.Tensor,
+        cache: KVCache | AttentionContext | None,
     ) -> torch.Tensor:
         for norm in self.timed:
             norm.s = torch.as_tensor(s, dtype=y.dtype, device=y.device)
         if self.depth is not None:
             self.depth.set_time(torch.as_tensor(s, dtype=y.dtype, device=y.device))
-        return self.layer(y) if cache is None else self.layer(y, AttentionContext(cache))
+        if cache is None:
+            return self.layer(y)
+        context = cache if isinstance(cache, AttentionContext) else AttentionContext(cache)
+        return self.layer(y, context)
+
+
+class MaskedField(nn.Module):
+    """``field(s, y, context)`` as ``F(s, y)``: a padding mask bound for a solver (which calls
+    ``F(s, y)`` only); the adjoint finds the field's parameters through it."""
+
+    def __init__(self, field: nn.Module, context: AttentionContext) -> None:
+        super().__init__()
+        self.field, self.context = field, context
+
+    def forward(self, s: torch.Tensor | float, y: torch.Tensor) -> torch.Tensor:
+        return self.field(s, y, self.context)  # type: ignore[no-any-return]
 
 
 @dataclass(frozen=True)
@@ -128,11 +166,16 @@ class FixedGrid:
         return self.steps * GRID_TABLEAUX[self.method].stages
 
     def integrate(
-        self, field: nn.Module, y: torch.Tensor, length: float, cache: KVCache | None = None
+        self,
+        field: nn.Module,
+        y: torch.Tensor,
+        length: float,
+        cache: KVCache | AttentionContext | None = None,
     ) -> torch.Tensor:
         """``y(S)`` by ``steps`` explicit RK steps; stage ``i`` of step ``n`` attends with
-        ``cache.child((n, i))``. Each step is an ODE Transformer ``RKBlock`` of step size
-        ``h`` (the block's increment scaled by ``h``, stage times ``s_n + c_i h``)."""
+        ``cache.child((n, i))`` (a cache, or a context: a cache and a padding mask). Each step
+        is an ODE Transformer ``RKBlock`` of step size ``h`` (the block's increment scaled by
+        ``h``, stage times ``s_n + c_i h``)."""
         tableau, h = GRID_TABLEAUX[self.method], length / self.steps
         for n in range(self.steps):
 

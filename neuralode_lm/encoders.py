@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 from pathlib import Path
@@ -89,11 +90,19 @@ class LSTMEncoder(nn.Module):
         return self.hidden_dim
 
     def forward_with_state(
-        self, tokens: torch.Tensor, state: tuple[torch.Tensor, torch.Tensor] | None = None
+        self,
+        tokens: torch.Tensor,
+        state: tuple[torch.Tensor, torch.Tensor] | None = None,
+        attention_mask: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
-        """Hidden states ``[B, T, hidden_dim]`` and the ``(h, c)`` after the last token."""
-        check_token_batch(tokens, self.embedding.num_embeddings)
+        """Hidden states ``[B, T, hidden_dim]`` and the ``(h, c)`` after the last token;
+        ``attention_mask`` (True on real tokens): padding leaves the state as it was, so a
+        padded row's real tokens get the states they get alone, and ``(h, c)`` is each row's
+        after its last real token."""
+        check_token_batch(tokens, self.embedding.weight.shape[0])  # a LoRA wrapper too
         inputs = self.input_dropout(self.embedding(tokens))
+        if attention_mask is not None:
+            return self._masked(inputs, state, attention_mask)
         if recurrent_in_fp32(inputs):
             with torch.autocast(inputs.device.type, enabled=False):
                 floats = None if state is None else (state[0].float(), state[1].float())
@@ -102,8 +111,34 @@ class LSTMEncoder(nn.Module):
             out, state = self.lstm(inputs, state)
         return self.dropout(out), state
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        return self.forward_with_state(tokens)[0]
+    def _masked(
+        self,
+        inputs: torch.Tensor,
+        state: tuple[torch.Tensor, torch.Tensor] | None,
+        attention_mask: torch.Tensor,
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        """The LSTM one step at a time, each row's state updated only at its real tokens."""
+        fp32 = recurrent_in_fp32(inputs)
+        inputs = inputs.float() if fp32 else inputs
+        if state is None:
+            zeros = inputs.new_zeros(self.lstm.num_layers, inputs.shape[0], self.hidden_dim)
+            state = (zeros, zeros)
+        h, c = (state[0].to(inputs.dtype), state[1].to(inputs.dtype))
+        outputs = []
+        keep = attention_mask.bool()[None, :, :, None]  # [1, B, T, 1]: layers, rows, time
+        off = torch.autocast(inputs.device.type, enabled=False)
+        with off if fp32 else contextlib.nullcontext():
+            for t in range(inputs.shape[1]):
+                out, (h_new, c_new) = self.lstm(inputs[:, t : t + 1], (h, c))
+                h = torch.where(keep[:, :, t], h_new, h)
+                c = torch.where(keep[:, :, t], c_new, c)
+                outputs.append(out)
+        return self.dropout(torch.cat(outputs, dim=1)), (h, c)
+
+    def forward(
+        self, tokens: torch.Tensor, attention_mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        return self.forward_with_state(tokens, None, attention_mask)[0]
 
     def tie_output(self, projection: nn.Linear) -> None:
         """Apply ``init_range`` and ``tie_embeddings`` to the output projection of an LM."""

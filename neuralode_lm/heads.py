@@ -24,6 +24,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from odelm.checkpointing import Checkpointable
+
 from .configs import ODEHeadConfig
 from .errors import ModelConfigError
 from .fields import as_field, make_field
@@ -74,7 +76,7 @@ class RegularizedField(nn.Module):
         return torch.cat(parts, dim=-1)
 
 
-class _ODEHead(nn.Module):
+class _ODEHead(Checkpointable, nn.Module):
     """What both heads share: the field, the solver, augmentation, regularisers, readout."""
 
     is_causal: bool
@@ -109,7 +111,7 @@ class _ODEHead(nn.Module):
             reconstruction=not self.is_causal,
         )
         self.solver = SolverConfig.coerce(solver)
-        self.dim, self.vocab_size = dim, vocab_size
+        self.dim = dim
         self.augment_dim, self.augment_init = augment_dim, augment_init
         self.width = dim + augment_dim
         self.integration_time = float(integration_time)
@@ -125,6 +127,12 @@ class _ODEHead(nn.Module):
             self.augment_proj = nn.Identity()
         self.proj = nn.Linear(self.width, vocab_size)
         self.last_stats = ForwardStats()
+
+    @property
+    def vocab_size(self) -> int:
+        """The output layer's size, so a resized vocabulary (``resize_token_embeddings``
+        replaces ``proj``) reaches the logits."""
+        return int(self.proj.out_features)
 
     def _augment(
         self, z: torch.Tensor, hidden: torch.Tensor, mask: torch.Tensor | None = None
@@ -142,16 +150,25 @@ class _ODEHead(nn.Module):
             )
         return torch.cat([z, a], dim=-1)
 
+    def _field(self) -> nn.Module:
+        """The vector field, each evaluation recomputed in the backward pass under gradient
+        checkpointing."""
+        if not self.gradient_checkpointing:
+            return self.field
+        return _PerEvaluation(self.field, self.checkpointed)
+
     def _integrate(
         self, z0: torch.Tensor, times: torch.Tensor | float, solver: SolverConfig | None = None
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Solve from ``z0`` ``[N, width]``; states ``[len(times), N, width]`` and the reg."""
         kinetic, jacobian = self.kinetic_weight > 0, self.jacobian_weight > 0
         if not (self.training and (kinetic or jacobian)):
-            states, stats = solve(self.field, z0, times, solver or self.solver)
+            states, stats = solve(self._field(), z0, times, solver or self.solver)
             self.last_stats = ForwardStats((stats,))
             return states, None
-        regularized = RegularizedField(self.field, self.width, kinetic=kinetic, jacobian=jacobian)
+        regularized = RegularizedField(
+            self._field(), self.width, kinetic=kinetic, jacobian=jacobian
+        )
         regularized.noise = torch.randn_like(z0) if jacobian else None
         x0 = torch.cat([z0, z0.new_zeros(z0.shape[0], regularized.extra)], dim=-1)
         states, stats = solve(regularized, x0, times, self.solver)
@@ -183,6 +200,18 @@ class _ODEHead(nn.Module):
             )
 
 
+class _PerEvaluation(nn.Module):
+    """``field(s, z)`` through ``run`` (``Checkpointable.checkpointed``)."""
+
+    def __init__(self, field: nn.Module, run: Any) -> None:
+        super().__init__()
+        self.field = field
+        self.__dict__["run"] = run  # a bound method of the head: not a submodule
+
+    def forward(self, s: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        return self.run(self.field, s, z)  # type: ignore[no-any-return]
+
+
 def _row_states(hidden: torch.Tensor, mask: torch.Tensor | None, *, last: bool) -> torch.Tensor:
     """Each row's state ``[B, D]`` at its first (or last) real token; without a mask, at
     position 0 (or ``T - 1``)."""
@@ -210,6 +239,10 @@ class CausalODEHead(_ODEHead):
     """
 
     is_causal = True
+    solve_rows_alone = False
+    """Set (by a model's ``batch_invariant`` option, [`odelm.hf`][odelm.hf]): evaluation
+    solves with torchode's per-position step control, so a position's logits do not depend
+    on the batch around it (as ``exact_causal_eval``; training keeps the shared steps)."""
 
     def __init__(
         self, dim: int, vocab_size: int, *, exact_causal_eval: bool = False, **options: Any
@@ -217,8 +250,9 @@ class CausalODEHead(_ODEHead):
         super().__init__(dim, vocab_size, exact_causal_eval=exact_causal_eval, **options)
         self.exact_causal_eval = bool(exact_causal_eval)
         self.eval_solver = self.solver
-        if self.exact_causal_eval and not self.solver.fixed:
-            self.eval_solver = SolverConfig.coerce(
+        self.per_row_solver = self.solver  # batch-invariant: each position's own steps
+        if not self.solver.fixed:
+            self.per_row_solver = SolverConfig.coerce(
                 self.solver,
                 backend="torchode",
                 adjoint=False,
@@ -226,6 +260,8 @@ class CausalODEHead(_ODEHead):
                 adjoint_rtol=None,
                 adjoint_atol=None,
             )
+        if self.exact_causal_eval:
+            self.eval_solver = self.per_row_solver
 
     def forward(
         self, hidden: torch.Tensor, mask: torch.Tensor | None = None
@@ -238,6 +274,8 @@ class CausalODEHead(_ODEHead):
         # [0, T] as a number: the facade makes it on the device and grids it on the host,
         # with no copy from the host and no read back (issue 30)
         solver = self.solver if self.training else self.eval_solver
+        if self.solve_rows_alone and not self.training:
+            solver = self.per_row_solver
         states, reg = self._integrate(z0, self.integration_time, solver)
         logits = self.proj(states[-1]).view(batch, length, self.vocab_size)
         return logits, self._aux(reg)

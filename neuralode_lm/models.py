@@ -80,18 +80,25 @@ class LSTMLM(PretrainedMixin, HuggingFaceLM):
         self.encoder.tie_output(self.head)
 
     def forward(
-        self, tokens: torch.Tensor, state: tuple[torch.Tensor, torch.Tensor] | None = None
+        self,
+        tokens: torch.Tensor,
+        state: tuple[torch.Tensor, torch.Tensor] | None = None,
+        attention_mask: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, dict[str, Any]]:
-        hidden, aux = self.features(tokens, state)
+        hidden, aux = self.features(tokens, state, attention_mask)
         return self.head(hidden), aux
 
     def features(
-        self, tokens: torch.Tensor, state: tuple[torch.Tensor, torch.Tensor] | None = None
+        self,
+        tokens: torch.Tensor,
+        state: tuple[torch.Tensor, torch.Tensor] | None = None,
+        attention_mask: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, dict[str, Any]]:
         """The LSTM's (dropped-out) states ``[B, T, hidden_dim]``, which
         [`output_layer`][neuralode_lm.LSTMLM.output_layer] maps to the logits, and ``aux``
-        (``{"state": (h, c)}``)."""
-        hidden, state = self.encoder.forward_with_state(tokens, state)
+        (``{"state": (h, c)}``); ``attention_mask`` (True on real tokens): padding leaves
+        the state unchanged (``LSTMEncoder.forward_with_state``)."""
+        hidden, state = self.encoder.forward_with_state(tokens, state, attention_mask)
         return hidden, {"state": state}
 
     @property
@@ -241,11 +248,14 @@ class ODELSTM(_ODELanguageModel):
         self.config = settings
         encoder.tie_output(self.head.proj)
 
-    def forward(
-        self, tokens: torch.Tensor, state: tuple[torch.Tensor, torch.Tensor] | None = None
+    def forward(  # type: ignore[override]  # stateful: state before the mask, as LSTMLM's
+        self,
+        tokens: torch.Tensor,
+        state: tuple[torch.Tensor, torch.Tensor] | None = None,
+        attention_mask: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, dict[str, Any]]:
-        hidden, state = self.encoder.forward_with_state(tokens, state)
-        logits, aux = self.head(hidden)
+        hidden, state = self.encoder.forward_with_state(tokens, state, attention_mask)
+        logits, aux = self.head(hidden, attention_mask)
         return logits, {**aux, "state": state}
 
 

@@ -28,13 +28,13 @@ import torch
 from torch import nn
 
 from ode_transformer.backbone import init_weights
-from ode_transformer.layers import KVCache
+from ode_transformer.layers import NO_CONTEXT, AttentionContext, KVCache, padded_positions
 from odelm.hf import HuggingFaceLM
 from odelm.mixed_precision import Dropout
 from odelm.pretrained import PretrainedMixin
 
 from .configs import RENAMED, CausalMode, NODETransformerConfig, from_options
-from .depth_field import GRID_TABLEAUX, DepthField, FixedGrid
+from .depth_field import GRID_TABLEAUX, DepthField, FixedGrid, MaskedField
 from .encoders import check_token_batch
 from .errors import ModelConfigError
 from .heads import RegularizedField
@@ -118,6 +118,10 @@ class NODETransformerLM(PretrainedMixin, HuggingFaceLM):
     """
 
     is_causal = True
+    solve_rows_alone = False
+    """Set (by the ``batch_invariant`` option, [`odelm.hf`][odelm.hf]): an adaptive evaluation
+    solves each sequence alone, so its logits do not depend on the batch (training keeps
+    one solve per batch)."""
 
     config_class = NODETransformerConfig
     renamed_keys = RENAMED
@@ -188,13 +192,19 @@ class NODETransformerLM(PretrainedMixin, HuggingFaceLM):
     # -------------------------------------------------------------------------------------
 
     def _solve_block(
-        self, field: DepthField, y: torch.Tensor, cache: KVCache | None
+        self, field: nn.Module, y: torch.Tensor, context: AttentionContext
     ) -> tuple[torch.Tensor, torch.Tensor | None, SolverStats]:
         """``y(S)`` of one block, in training with weights its RNODE regulariser (the
-        kinetic / Jacobian integrals ride along as extra state columns), and its solve."""
+        kinetic / Jacobian integrals ride along as extra state columns), and its solve;
+        ``context``: the block's key/value cache and the padding mask."""
         kinetic, jacobian = self.kinetic_weight > 0, self.jacobian_weight > 0
         regularized = None
-        if self.training and (kinetic or jacobian):
+        wrapped = self.training and (kinetic or jacobian)
+        if context.attention_mask is not None and context.cache is None:
+            # a solver (or the regulariser) calls F(s, y): the mask is bound to the field
+            field, context = MaskedField(field, context), NO_CONTEXT
+        cache = context if not context.is_empty else None
+        if wrapped:
             regularized = RegularizedField(field, y.shape[-1], kinetic=kinetic, jacobian=jacobian)
             regularized.noise = torch.randn_like(y) if jacobian else None
             x0 = torch.cat([y, y.new_zeros(*y.shape[:-1], regularized.extra)], dim=-1)
@@ -221,19 +231,23 @@ class NODETransformerLM(PretrainedMixin, HuggingFaceLM):
         return final[..., :width], sum(w * t for w, t in zip(weights, totals)), stats
 
     def final_state(
-        self, tokens: torch.Tensor, cache: KVCache | None = None
+        self,
+        tokens: torch.Tensor,
+        cache: KVCache | None = None,
+        attention_mask: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The state after the last block (before the final LayerNorm) and the regulariser;
-        with a ``cache`` the tokens continue the cached sequence."""
+        with a ``cache`` the tokens continue the cached sequence; ``attention_mask`` (True on
+        real tokens, over the cached tokens and these) hides padding from attention and
+        counts each row's positions over its real tokens."""
         start = 0 if cache is None else cache.position
         check_token_batch(tokens, self.vocab_size, self.max_positions, offset=start)
-        positions = torch.arange(start, start + tokens.shape[1], device=tokens.device)
+        positions = padded_positions(attention_mask, start, tokens.shape[1], tokens.device)
         y = self.dropout(self.token_embedding(tokens) + self.position_embedding(positions))
         reg, solves = None, []
+        context = AttentionContext(cache, attention_mask)
         for index, field in enumerate(self.fields):
-            y, block_reg, stats = self._solve_block(
-                field, y, None if cache is None else cache.child(index)
-            )
+            y, block_reg, stats = self._solve_block(field, y, context.child(index))
             solves.append(stats)
             if block_reg is not None:
                 reg = block_reg if reg is None else reg + block_reg
@@ -242,26 +256,44 @@ class NODETransformerLM(PretrainedMixin, HuggingFaceLM):
         self.last_stats = ForwardStats(tuple(solves))
         return y, reg
 
-    def _prefix_states(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Exactly causal final states: every prefix of every sequence solved alone."""
+    def _alone_states(
+        self, tokens: torch.Tensor, attention_mask: torch.Tensor | None, prefixes: bool
+    ) -> torch.Tensor:
+        """Final states with every sequence solved alone, on its real tokens only (padding's
+        states are zeros): batch-invariant; with ``prefixes`` every prefix alone too (exactly
+        causal)."""
         rows, stats = [], []
         for b in range(tokens.shape[0]):
-            row = []
-            for t in range(tokens.shape[1]):
-                y, _ = self.final_state(tokens[b : b + 1, : t + 1])
-                row.append(y[0, -1])
+            real = tokens[b] if attention_mask is None else tokens[b][attention_mask[b].bool()]
+            if prefixes:
+                row = []
+                for t in range(real.shape[0]):
+                    y, _ = self.final_state(real[None, : t + 1])
+                    row.append(y[0, -1])
+                    stats.extend(self.last_stats.solves)
+                states = torch.stack(row)
+            else:
+                states = self.final_state(real[None])[0][0]
                 stats.extend(self.last_stats.solves)
-            rows.append(torch.stack(row))
+            if attention_mask is not None:
+                states = states.new_zeros(tokens.shape[1], states.shape[-1]).masked_scatter(
+                    attention_mask[b, :, None].bool(), states
+                )
+            rows.append(states)
         self.last_stats = ForwardStats(tuple(stats))
         return torch.stack(rows)
 
     def forward(
-        self, tokens: torch.Tensor, cache: KVCache | None = None
+        self,
+        tokens: torch.Tensor,
+        cache: KVCache | None = None,
+        attention_mask: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, dict[str, Any]]:
         """Logits ``[B, T, V]``; ``aux``: ``nfe`` (evaluations of ``F`` per forward pass,
         summed over blocks; per prefix solve on average in prefix mode), accepted/rejected
-        steps, ``exactly_causal`` and, in training with regularisers, ``reg``."""
-        hidden, aux = self.features(tokens, cache)
+        steps, ``exactly_causal`` and, in training with regularisers, ``reg``;
+        ``attention_mask``: see [`final_state`][neuralode_lm.NODETransformerLM.final_state]."""
+        hidden, aux = self.features(tokens, cache, attention_mask)
         return self.head(hidden), aux
 
     @property
@@ -271,15 +303,20 @@ class NODETransformerLM(PretrainedMixin, HuggingFaceLM):
         return self.head
 
     def features(
-        self, tokens: torch.Tensor, cache: KVCache | None = None
+        self,
+        tokens: torch.Tensor,
+        cache: KVCache | None = None,
+        attention_mask: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, dict[str, Any]]:
         """The final LayerNorm's states ``[B, T, d_model]`` and
         [`forward`][neuralode_lm.NODETransformerLM.forward]'s ``aux``."""
-        prefix = self.causal_mode == "prefix" and not self.training and cache is None
-        if prefix and not isinstance(self.integration, FixedGrid):
-            y, reg = self._prefix_states(tokens), None
+        adaptive = not isinstance(self.integration, FixedGrid) and not self.training
+        prefix = adaptive and self.causal_mode == "prefix" and cache is None
+        alone = adaptive and self.solve_rows_alone and cache is None and tokens.shape[0] > 1
+        if prefix or alone:
+            y, reg = self._alone_states(tokens, attention_mask, prefixes=prefix), None
         else:
-            y, reg = self.final_state(tokens, cache)
+            y, reg = self.final_state(tokens, cache, attention_mask)
         stats = self.solver_stats
         solves = max(1, len(stats.solves) // len(self.fields))
         aux: dict[str, Any] = {

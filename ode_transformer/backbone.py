@@ -19,7 +19,7 @@ from odelm.mixed_precision import Dropout
 from odelm.pretrained import PretrainedMixin
 
 from .config import ODETransformerConfig
-from .layers import NO_CONTEXT, AttentionContext
+from .layers import NO_CONTEXT, AttentionContext, padded_positions
 from .stacks import STACK_CLASSES, LayerStack, MacaronLayer, RKLayer
 
 
@@ -153,9 +153,12 @@ class Backbone(PretrainedMixin, HuggingFaceLM):
     def states(
         self, tokens: torch.Tensor, start: int = 0, context: AttentionContext = NO_CONTEXT
     ) -> torch.Tensor:
-        """Final-LayerNorm states ``[B, T, d_model]`` of ``tokens`` at positions ``start...``."""
+        """Final-LayerNorm states ``[B, T, d_model]`` of ``tokens`` at positions ``start...``
+        (a causal model with a padding mask in ``context``: each row's positions count its real
+        tokens, ``ode_transformer.layers.padded_positions``)."""
         check_tokens(tokens, self.vocab_size, self.max_positions, offset=start)
-        positions = torch.arange(start, start + tokens.shape[1], device=tokens.device)
+        mask = context.attention_mask if getattr(self, "is_causal", False) else None
+        positions = padded_positions(mask, start, tokens.shape[1], tokens.device)
         x = self.token_embedding(tokens) * self.embedding_scale + self.position(positions)
         x = self.dropout(x)
         return self.norm(self.stack(x, context))

@@ -142,6 +142,9 @@ class MultiHeadSelfAttention(nn.Module):
             mask = torch.arange(past + T, device=x.device)[None, :] <= query_pos[:, None]
         if attention_mask is not None:
             keep = attention_mask[:, None, None, :]
+            if self.causal:  # a query at padding also sees itself: no row without a key
+                keys = torch.arange(past + T, device=x.device)
+                keep = keep | (keys[None, :] == keys[past:, None])
             mask = keep if mask is None else mask & keep
         dropout_p = self.attention_dropout if self.training else 0.0
         causal = self.causal and T > 1 and mask is None
@@ -150,7 +153,7 @@ class MultiHeadSelfAttention(nn.Module):
             with torch.autocast("cpu", enabled=False):
                 y = F.scaled_dot_product_attention(
                     q.float(), k.float(), v.float(), mask, dropout_p, causal
-                )
+                ).to(q.dtype)  # back to the model's dtype for its output projection
         else:
             y = F.scaled_dot_product_attention(
                 q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=causal
@@ -250,6 +253,18 @@ class PreNormAttentionFFN(nn.Module):
     ) -> torch.Tensor:
         a = self.attention(y, context)
         return a + self.ffn(y + a)
+
+
+def padded_positions(
+    attention_mask: torch.Tensor | None, start: int, length: int, device: torch.device
+) -> torch.Tensor:
+    """The positions of tokens ``start .. start + length``: ``[length]`` without a mask, else
+    ``[B, length]`` counted over each row's real tokens only (``attention_mask [B, start +
+    length]``, True on real tokens), so a left-padded row sees the positions it has alone."""
+    if attention_mask is None:
+        return torch.arange(start, start + length, device=device)
+    counts = attention_mask.long().cumsum(1) - 1
+    return counts[:, start : start + length].clamp(min=0)
 
 
 def check_heads(d_model: int, n_heads: int) -> None:

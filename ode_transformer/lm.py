@@ -33,12 +33,18 @@ class ODETransformerLM(Backbone):
         if config.tie_embeddings:
             self.head.weight = self.token_embedding.weight
 
-    def hidden_states(self, tokens: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+    def hidden_states(
+        self,
+        tokens: torch.Tensor,
+        cache: KVCache | None = None,
+        attention_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """Final-LayerNorm states ``[B, T, d_model]``; with a ``cache`` the tokens continue
-        the cached sequence (positions start at ``cache.position``), extending it in place."""
+        the cached sequence (positions start at ``cache.position``), extending it in place.
+        ``attention_mask`` (True on real tokens) covers the cached tokens and these."""
         if cache is None:
-            return self.states(tokens)
-        hidden = self.states(tokens, cache.position, AttentionContext(cache))
+            return self.states(tokens, context=AttentionContext(None, attention_mask))
+        hidden = self.states(tokens, cache.position, AttentionContext(cache, attention_mask))
         cache.position += tokens.shape[1]
         return hidden
 
@@ -55,12 +61,16 @@ class ODETransformerLM(Backbone):
         return self.head
 
     def forward(
-        self, tokens: torch.Tensor, cache: KVCache | None = None
+        self,
+        tokens: torch.Tensor,
+        cache: KVCache | None = None,
+        attention_mask: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, dict]:
-        """Logits ``[B, T, V]`` where ``logits[:, t]`` predicts ``tokens[:, t + 1]`` (``cache``:
-        see [`hidden_states`][ode_transformer.ODETransformerLM.hidden_states]); ``aux["nfe"]``
-        counts evaluations of ``F`` (DESIGN.md's definition)."""
-        return self.head(self.hidden_states(tokens, cache)), {"nfe": self.stack.nfe}
+        """Logits ``[B, T, V]`` where ``logits[:, t]`` predicts ``tokens[:, t + 1]`` (``cache``,
+        ``attention_mask``: see [`hidden_states`][ode_transformer.ODETransformerLM.hidden_states]);
+        ``aux["nfe"]`` counts evaluations of ``F`` (DESIGN.md's definition)."""
+        hidden = self.hidden_states(tokens, cache, attention_mask)
+        return self.head(hidden), {"nfe": self.stack.nfe}
 
     def init_cache(self) -> KVCache:
         """An empty key/value cache for

@@ -26,6 +26,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from odelm.checkpointing import Checkpointable
+
 from .blocks import make_block
 from .errors import ODETransformerConfigError
 from .layers import (
@@ -39,7 +41,7 @@ from .layers import (
 SUBLAYERS = ("attention", "ffn", "both")
 
 
-class RKLayer(nn.Module):
+class RKLayer(Checkpointable, nn.Module):
     """One depth step: an RK block over ``F`` = attention, FFN, or both as one function.
 
     ``sublayer="both"`` is one block over ``F(y) = layer(y) - y``; ``"attention"`` is an RK
@@ -85,6 +87,10 @@ class RKLayer(nn.Module):
         y: torch.Tensor,
         context: AttentionContext = NO_CONTEXT,
     ) -> torch.Tensor:
+        """``F(y)``, recomputed in the backward pass under gradient checkpointing."""
+        return self.checkpointed(self._increment, y, context)  # type: ignore[no-any-return]
+
+    def _increment(self, y: torch.Tensor, context: AttentionContext) -> torch.Tensor:
         total = self.blocks[0].increment(y, context.child(0))
         for i in range(1, len(self.blocks)):
             total = total + self.blocks[i].increment(y + total, context.child(i))
@@ -107,7 +113,7 @@ def check_macaron_width(d_ff: int) -> None:
         )
 
 
-class MacaronLayer(nn.Module):
+class MacaronLayer(Checkpointable, nn.Module):
     """Strang-Marchuk splitting: ``y1 = y + FFN_a(y)/2``, ``y2 = y1 + SAN(y1)``,
     ``y_next = y2 + FFN_b(y2)/2``; each FFN has inner width ``d_ff / 2`` so the weight
     matrices match a standard layer's."""
@@ -137,6 +143,10 @@ class MacaronLayer(nn.Module):
         y: torch.Tensor,
         context: AttentionContext = NO_CONTEXT,
     ) -> torch.Tensor:
+        """``F(y)``, recomputed in the backward pass under gradient checkpointing."""
+        return self.checkpointed(self._increment, y, context)  # type: ignore[no-any-return]
+
+    def _increment(self, y: torch.Tensor, context: AttentionContext) -> torch.Tensor:
         total = 0.5 * self.ffn_a(y)
         total = total + self.attention(y + total, context)
         return total + 0.5 * self.ffn_b(y + total)

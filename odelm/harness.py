@@ -4,7 +4,9 @@
 ``lm_eval`` itself never imports odelm, so ``transformers`` would not know the ``model_type``
 of a run's ``config.json``; this entry point imports [`odelm.hf`][odelm.hf] (which registers
 every library model type with ``AutoConfig`` and ``AutoModelForCausalLM``) and then runs
-``lm_eval``'s own command line. No ``trust_remote_code`` is involved::
+``lm_eval``'s own command line. A run's tokenizer puts its ``<eos>`` (the BOS) before a text,
+which ``lm_eval``'s prefix token already is, so ``add_bos_token=False`` joins ``--model_args``
+unless given. No ``trust_remote_code`` is involved::
 
     python -m odelm.harness run --model hf \\
         --model_args pretrained=RUN/model,tokenizer=RUN --tasks TASK --device cpu
@@ -25,8 +27,24 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(
             "lm-evaluation-harness is not installed: pip install 'odelm[harness]'"
         ) from None
-    sys.argv = ["lm_eval", *(sys.argv[1:] if argv is None else argv)]
+    sys.argv = ["lm_eval", *_without_second_bos(sys.argv[1:] if argv is None else argv)]
     cli_evaluate()
+
+
+def _without_second_bos(argv: list[str]) -> list[str]:
+    """``argv`` with ``add_bos_token=False`` in ``--model_args`` unless it names one."""
+    argv = list(argv)
+    for i, arg in enumerate(argv):
+        if arg == "--model_args" and i + 1 < len(argv):
+            i, prefix, value = i + 1, "", argv[i + 1]
+        elif arg.startswith("--model_args="):
+            prefix, value = "--model_args=", arg.removeprefix("--model_args=")
+        else:
+            continue
+        if "add_bos_token" not in value and "=" in value:  # key=value pairs, not JSON
+            argv[i] = f"{prefix}{value},add_bos_token=False"
+        break
+    return argv
 
 
 if __name__ == "__main__":

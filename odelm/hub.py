@@ -63,3 +63,61 @@ def resolve(
 
         dtype = None if dtype == "auto" else getattr(torch, dtype)
     return path, map_location, dtype
+
+
+SPECIAL_TOKEN_IDS = ("bos_token_id", "eos_token_id", "pad_token_id")
+"""The tokenizer's ids a saved model's ``config.json`` may carry (top-level keys, as in a
+Hugging Face config): a run's are all its ``<eos>``, which starts every prompt (BOS), ends
+every line and pads batches."""
+
+
+def special_token_ids(model: Any) -> dict[str, int]:
+    """The special token ids the model's config states (those set)."""
+    config = getattr(model, "config", None)
+    ids = {key: getattr(config, key, None) for key in SPECIAL_TOKEN_IDS}
+    return {key: value for key, value in ids.items() if isinstance(value, int)}
+
+
+def set_special_tokens(
+    model: Any,
+    bos_token_id: int | None = None,
+    eos_token_id: int | None = None,
+    pad_token_id: int | None = None,
+) -> None:
+    """Tell a model its tokenizer's special token ids (those not None): its Hugging Face
+    config and generation config take them (so generation stops at ``eos_token_id`` by
+    default), and ``save_pretrained`` writes them to ``config.json``."""
+    ids = {"bos_token_id": bos_token_id, "eos_token_id": eos_token_id, "pad_token_id": pad_token_id}
+    for owner in (getattr(model, "config", None), getattr(model, "generation_config", None)):
+        if owner is None or not hasattr(owner, "__dict__"):
+            continue
+        for key, value in ids.items():
+            if isinstance(value, int):
+                setattr(owner, key, value)
+
+
+def tokenizer_special_ids(folder: str | os.PathLike[str]) -> dict[str, int]:
+    """The special token ids of a saved model written before its ``config.json`` carried
+    them, read from the tokenizer files beside it: the ``<eos>`` of ``tokenizer_config.json``
+    (its id from ``tokenizer.json``), a run's BOS, EOS and padding alike; {} without them."""
+    import json
+
+    try:
+        config = json.loads((Path(folder) / "tokenizer_config.json").read_text())
+        tokens = json.loads((Path(folder) / "tokenizer.json").read_text())["added_tokens"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+    eos = config.get("eos_token") if isinstance(config, dict) else None
+    ids = [t.get("id") for t in tokens if isinstance(t, dict) and t.get("content") == eos]
+    if eos is None or len(ids) != 1 or not isinstance(ids[0], int):
+        return {}
+    return dict.fromkeys(SPECIAL_TOKEN_IDS, ids[0])
+
+
+def restore_special_tokens(
+    model: Any, saved: dict[str, Any], folder: str | os.PathLike[str]
+) -> None:
+    """Give a loaded model the special token ids of its ``config.json`` (``saved``), or of the
+    tokenizer files beside it ([`tokenizer_special_ids`][odelm.hub.tokenizer_special_ids])."""
+    ids = {key: saved[key] for key in SPECIAL_TOKEN_IDS if isinstance(saved.get(key), int)}
+    set_special_tokens(model, **(ids or tokenizer_special_ids(folder)))

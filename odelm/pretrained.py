@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 from odelm.errors import OdelmError
 from odelm.files import atomic_write, make_dir
-from odelm.hub import MODEL_TYPES, resolve
+from odelm.hub import MODEL_TYPES, resolve, restore_special_tokens, special_token_ids
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -160,13 +160,14 @@ class PretrainedMixin:
         cls = type(self)
         package = cls.__module__.split(".")[0]
         architecture = f"{cls.__module__}:{cls.__qualname__}"
-        spec = {
+        spec: dict[str, Any] = {
             "architecture": architecture,
             "family": "reference" if cls.__module__ == "experiments.reference" else package,
             "config": self.pretrained_config(),
         }
         if architecture in MODEL_TYPES:  # the key transformers' AutoConfig reads (odelm.hf)
             spec["model_type"] = MODEL_TYPES[architecture]
+        spec.update(special_token_ids(self))  # the tokenizer's, where the model was told them
         return spec
 
     def num_parameters(self, only_trainable: bool = False, exclude_embeddings: bool = False) -> int:
@@ -392,5 +393,6 @@ def load_pretrained(
             f"{weights} holds non-finite weights ({bad[0]} has NaN or inf); the model "
             "diverged or the file is damaged: retrain or restore it"
         )
+    restore_special_tokens(model, saved, directory)
     # load_model copies the weights into the model's own (CPU) parameters: move it too.
     return model.to(map_location).eval()  # type: ignore[attr-defined]

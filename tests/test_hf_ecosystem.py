@@ -41,9 +41,12 @@ def test_a_run_loads_with_auto_classes(trained):
     assert len(tokenizer) == run.tokenizer.vocab_size
     for line in LINES:
         ids = tokenizer(line)["input_ids"]
-        assert ids == run.encode(line)
-        assert tokenizer.decode(ids) == " " + line  # each word with its space, as GPT-2's
-    assert tokenizer("this cat <eos>")["input_ids"] == run.encode("this cat") + [0]
+        assert ids == [0, *run.encode(line)]  # the <eos> before every prompt, as BOS
+        assert tokenizer(line, add_special_tokens=False)["input_ids"] == run.encode(line)
+        # each word with its space, as GPT-2's
+        assert tokenizer.decode(ids, skip_special_tokens=True) == " " + line
+    assert tokenizer("this cat <eos>")["input_ids"] == [0, *run.encode("this cat"), 0]
+    assert tokenizer.bos_token_id == tokenizer.pad_token_id == tokenizer.eos_token_id == 0
     model = AutoModelForCausalLM.from_pretrained(trained / "model")
     assert isinstance(model, ODETransformerLM) and isinstance(model, PreTrainedModel)
     ids = torch.tensor([run.encode("a dog sees this cat") + [0] + run.encode(LINES[1])])
@@ -68,10 +71,11 @@ def test_pipeline_generates_text(trained):
     assert text.startswith("a dog") and len(text.split()) > 2
     model = AutoModelForCausalLM.from_pretrained(trained / "model")
     expected = model.generate(
-        torch.tensor([load_run(trained).encode("a dog")]), max_new_tokens=4, do_sample=False
+        torch.tensor([[0, *load_run(trained).encode("a dog")]]), max_new_tokens=4, do_sample=False
     )
     tokenizer = AutoTokenizer.from_pretrained(trained)
-    assert " " + text == tokenizer.decode(expected[0])  # the words, each with its space
+    # the words, each with its space
+    assert " " + text == tokenizer.decode(expected[0], skip_special_tokens=True)
 
 
 def _old_run(trained: Path, tmp_path: Path) -> Path:
@@ -103,7 +107,7 @@ def test_an_old_run_loads_both_ways_without_being_written(trained, tmp_path):
     assert isinstance(model, PreTrainedModel) and model.config.model_type
     tokenizer = hf_tokenizer(old)  # built in memory
     assert isinstance(tokenizer, PreTrainedTokenizerFast)
-    assert tokenizer(LINES[0])["input_ids"] == run.encode(LINES[0])
+    assert tokenizer(LINES[0])["input_ids"] == [0, *run.encode(LINES[0])]
     assert {p: p.stat().st_mtime_ns for p in old.rglob("*")} == before
     # an export is a Hugging Face folder: Auto classes and pipeline read it alone
     folder = export_run(old, tmp_path / "export")
@@ -117,7 +121,8 @@ def test_an_old_run_loads_both_ways_without_being_written(trained, tmp_path):
     loaded = AutoModelForCausalLM.from_pretrained(folder)
     ids = torch.tensor([run.encode(LINES[2])])
     torch.testing.assert_close(loaded(ids)[0], run.model(ids)[0], rtol=0, atol=0)
-    assert AutoTokenizer.from_pretrained(folder)(LINES[2])["input_ids"] == run.encode(LINES[2])
+    assert AutoTokenizer.from_pretrained(folder)(LINES[2])["input_ids"] == [0, *ids[0].tolist()]
+    assert loaded.config.eos_token_id == loaded.generation_config.eos_token_id == 0
     text = pipeline("text-generation", model=str(folder))("this cat", max_new_tokens=3)
     assert text[0]["generated_text"].startswith("this cat")
 
@@ -196,8 +201,9 @@ def test_bpe_tokenizer_encodes_as_the_library():
     assert hf.eos_token == "<eos>" and hf.unk_token == "<unk>"
     assert hf.eos_token_id == bpe.eos_id and hf.unk_token_id == bpe.bpe.unk_id
     for line in ["the cat sat", "a dog ran <unk> home", "cat mat dog", "zebra <unk>"]:
-        ids = hf(line)["input_ids"]
+        ids = hf(line, add_special_tokens=False)["input_ids"]
         assert ids == bpe.encode_words(line.split())
+        assert hf(line)["input_ids"] == [bpe.eos_id, *ids]  # the <eos> before it, as BOS
         if "<unk>" not in line:
             assert hf.decode(ids) == " " + bpe.bpe.decode(ids)  # each word with its space
 
@@ -286,7 +292,13 @@ def test_lm_evaluation_harness_scores_a_run_as_odelm_eval(trained, tmp_path):
     task_file = tmp_path / "grammar.jsonl"
     task_file.write_text("".join(json.dumps({"text": f"{line} <eos>"}) + "\n" for line in LINES))
     docs = [json.loads(line) for line in task_file.read_text().splitlines()]
-    lm = HFLM(pretrained=str(trained / "model"), tokenizer=str(trained), batch_size=1, device="cpu")
+    lm = HFLM(  # lm_eval puts its prefix token (<eos>, the BOS) before a text itself
+        pretrained=str(trained / "model"),
+        tokenizer=str(trained),
+        batch_size=1,
+        device="cpu",
+        add_bos_token=False,
+    )
     requests = [
         Instance("loglikelihood_rolling", doc, (doc["text"],), index)
         for index, doc in enumerate(docs)

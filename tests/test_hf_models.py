@@ -20,7 +20,7 @@ from experiments.training.task import LMTask
 from neuralode_lm.models import GPT2LM, LSTMLM, ODEGPT2, ODELSTM, AugmentedODEGPT2
 from neuralode_lm.transformer import NODETransformerLM
 from ode_transformer import ODETransformerConfig, ODETransformerLM
-from odelm.hf import MODEL_TYPES, CausalLMOutput, LMOutput, OdelmCache
+from odelm.hf import MODEL_TYPES, CausalLMOutput, HuggingFaceLM, LMOutput, OdelmCache
 from odelm.pretrained import ARCHITECTURES
 
 pytestmark = pytest.mark.slow  # many small models: the full suite runs them, the fast tier not
@@ -143,6 +143,9 @@ def test_same_object_both_contracts_and_loss(name):
     assert config.model_type == MODEL_TYPES[model.model_spec()["architecture"]]
     assert AutoConfig.for_model(config.model_type).__class__ is type(config)
     ids = _ids()
+    # the library forward solves a batch together; so do Hugging Face calls when told to
+    # (by default an adaptive evaluation there solves each row alone: test_hf_padding.py)
+    model.batch_invariant = False
     library = model(ids)  # the library contract, unchanged
     assert isinstance(library, tuple) and isinstance(library, LMOutput)
     logits, aux = library
@@ -320,10 +323,25 @@ def test_config_reads_through_to_the_library_config():
     assert model.config.to_dict()["odelm_config"]["block"] == "rk4"
 
 
+class _NoMask(HuggingFaceLM):
+    """A model whose forward takes no padding mask (none of the library's is one)."""
+
+    is_causal = True
+    output_embeddings_name = None
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.vocab_size = V
+        self.token_embedding = torch.nn.Embedding(V, V)
+
+    def forward(self, tokens):
+        return self.token_embedding(tokens), {}
+
+
 def test_left_padding_is_refused_where_no_mask_is_taken():
     from odelm.hf import HuggingFaceError
 
-    model = _model("ode_transformer-rk4")
+    model = _NoMask()
     ids = _ids()
     right = torch.ones_like(ids)
     right[0, -2:] = 0
@@ -332,25 +350,23 @@ def test_left_padding_is_refused_where_no_mask_is_taken():
     left[0, :2] = 0
     with pytest.raises(HuggingFaceError, match="right padding"):
         model(input_ids=ids, attention_mask=left)
-    # a GPT-2 model takes the mask: padded rows score as unpadded ones
-    gpt2 = _model("gpt2")
-    out = gpt2(input_ids=ids, attention_mask=left)
-    alone = gpt2(ids[:1, 2:])[0]
-    torch.testing.assert_close(out.logits[0, 2:], alone[0], rtol=0, atol=1e-5)
+    # the library's models take the mask: padded rows score as unpadded ones
+    for name in ("gpt2", "ode_transformer-rk4"):
+        padded = _model(name)
+        out = padded(input_ids=ids, attention_mask=left)
+        alone = padded(ids[:1, 2:])[0]
+        torch.testing.assert_close(out.logits[0, 2:], alone[0], rtol=0, atol=1e-5)
 
 
 def test_generate_with_a_padding_mask():
-    from odelm.hf import HuggingFaceError
-
     prompt = _ids(2, 4, seed=3)
     left = torch.ones_like(prompt)
     left[0, :2] = 0
-    with pytest.raises(HuggingFaceError, match="right padding"):
-        _model("ode_transformer-rk4").generate(prompt, attention_mask=left, max_new_tokens=2)
-    gpt2 = _model("gpt2")  # takes the mask: a left-padded row continues as it would alone
-    both = gpt2.generate(prompt, attention_mask=left, max_new_tokens=3, do_sample=False)
-    alone = gpt2.generate(prompt[:1, 2:], max_new_tokens=3, do_sample=False)
-    assert torch.equal(both[0, 4:], alone[0, 2:])
+    for name in ("gpt2", "ode_transformer-rk4"):  # a left-padded row continues as alone
+        model = _model(name)
+        both = model.generate(prompt, attention_mask=left, max_new_tokens=3, do_sample=False)
+        alone = model.generate(prompt[:1, 2:], max_new_tokens=3, do_sample=False)
+        assert torch.equal(both[0, 4:], alone[0, 2:])
 
 
 def test_auto_loading_runs_no_code_from_the_folder(tmp_path):

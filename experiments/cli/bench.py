@@ -42,6 +42,8 @@ BENCHMARKS: dict[str, str] = {
     "peak": "benchmarks.training_speed:peak",
     "compile-speedup": "benchmarks.training_speed:compile_speedup",
     "harness-throughput": "benchmarks.harness:harness_throughput",
+    "checkpoint-memory": "benchmarks.hf_paths:checkpoint_memory",
+    "batch-invariant-cost": "benchmarks.hf_paths:batch_invariant_cost",
     "gpu": "benchmarks.gpu_check:gpu",
 }
 NOT_IN_ALL = frozenset({"gpu"})

@@ -9,11 +9,15 @@ loads with [`hf_tokenizer`][experiments.data.hf_tokenizer.hf_tokenizer] (built i
 
 The Hugging Face tokenizer reads raw text as the library reads a corpus line: words separated by
 whitespace (a BPE word is encoded with its leading space, as ``BPETokenizer.encode_line`` does),
-special tokens (``<eos>``, ``<unk>``) kept whole. It adds no special tokens of its own (no BOS):
-``tokenizer("the cat")["input_ids"]`` is what the run's model was trained on for that line
-without its ``<eos>``. Every word decodes with its leading space (``decode`` of ``the cat`` is
-``" the cat"``, as GPT-2's ``Ġthe`` decodes), so the text of new tokens alone joins onto its
-prompt, as ``pipeline("text-generation")`` joins them.
+special tokens (``<eos>``, ``<unk>``) kept whole. The run's ``<eos>`` is also its BOS and its
+padding token: ``tokenizer("the cat")["input_ids"]`` is ``<eos>`` (the end of the line before,
+which the library puts before every prompt, as ``odelm generate`` does) followed by the line's
+tokens, so ``pipeline("text-generation")`` continues a prompt token for token as ``odelm
+generate`` does (``add_special_tokens=False`` leaves the ``<eos>`` out). A word outside a
+word-level vocabulary becomes ``<unk>`` where the vocabulary has one, and is refused otherwise
+(the tokenizer raises, as ``run.encode`` does). Every word decodes with its leading space
+(``decode`` of ``the cat`` is ``" the cat"``, as GPT-2's ``Ġthe`` decodes), so the text of new
+tokens alone joins onto its prompt, as ``pipeline("text-generation")`` joins them.
 """
 
 from __future__ import annotations
@@ -35,12 +39,15 @@ from odelm import files
 HF_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 """What [`save_hf_tokenizer`][experiments.data.hf_tokenizer.save_hf_tokenizer] writes into a run."""
 UNK = "<unk>"
+MISSING_UNK = "<not-in-vocabulary>"
+"""The unknown token a word-level vocabulary without ``<unk>`` names but does not hold, so
+that the tokenizer refuses a word outside the vocabulary instead of mapping it."""
 SPACE = "\u2581"  # "▁", the word-start mark of a word-level vocabulary
 
 
 def _backend(tokenizer: Tokenizer) -> tuple[Any, dict[str, str]]:
     """The ``tokenizers.Tokenizer`` and the special tokens of a library tokenizer."""
-    from tokenizers import AddedToken, decoders, models, pre_tokenizers
+    from tokenizers import AddedToken, decoders, models, pre_tokenizers, processors
     from tokenizers import Tokenizer as Backend
 
     if isinstance(tokenizer, WordTokenizer):
@@ -51,7 +58,7 @@ def _backend(tokenizer: Tokenizer) -> tuple[Any, dict[str, str]]:
             token if token in (UNK, tokenizer.tokens[tokenizer.eos_id]) else SPACE + token: i
             for token, i in tokenizer.index.items()
         }
-        backend = Backend(models.WordLevel(vocab, unk_token=unk or tokenizer.tokens[0]))
+        backend = Backend(models.WordLevel(vocab, unk_token=unk or MISSING_UNK))
         backend.pre_tokenizer = pre_tokenizers.Sequence(
             [
                 pre_tokenizers.WhitespaceSplit(),
@@ -82,12 +89,17 @@ def _backend(tokenizer: Tokenizer) -> tuple[Any, dict[str, str]]:
             for token in specials.values()
         ]
     )
-    return backend, specials
+    eos = specials["eos_token"]  # also the BOS every prompt starts with, and the padding
+    backend.post_processor = processors.TemplateProcessing(
+        single=f"{eos} $A", pair=f"{eos} $A {eos} $B", special_tokens=[(eos, tokenizer.eos_id)]
+    )
+    return backend, {**specials, "bos_token": eos, "pad_token": eos}
 
 
 def to_hf_tokenizer(tokenizer: Tokenizer, model_max_length: int | None = None) -> Any:
     """``tokenizer`` (a run's word or BPE tokenizer) as a ``PreTrainedTokenizerFast`` with the
-    run's special tokens (``eos_token``; ``unk_token`` when the vocabulary has one)."""
+    run's special tokens (``eos_token``, also ``bos_token`` and ``pad_token``; ``unk_token`` when
+    the vocabulary has one)."""
     from transformers import PreTrainedTokenizerFast
 
     backend, specials = _backend(tokenizer)

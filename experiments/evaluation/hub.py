@@ -19,7 +19,7 @@ from typing import Any
 from experiments.data.hf_tokenizer import save_hf_tokenizer
 from experiments.data.tokenization import load_tokenizer
 from odelm import files
-from odelm.hub import MODEL_TYPES
+from odelm.hub import MODEL_TYPES, SPECIAL_TOKEN_IDS
 from odelm.pretrained import CONFIG_FILE, WEIGHTS_FILE, read_config
 
 
@@ -29,7 +29,8 @@ class ExportError(FileExistsError):
 
 def export_run(run_dir: str | os.PathLike[str], folder: str | os.PathLike[str]) -> Path:
     """Write the Hugging Face folder of a run (the module docstring) to ``folder`` (new or
-    empty); a run saved before ``model_type`` existed gets it in the copy."""
+    empty); a run saved before ``model_type`` (or its special token ids) existed gets them in
+    the copy."""
     run, out = Path(run_dir), Path(folder)
     if out.exists() and any(out.iterdir()):
         raise ExportError(f"{out} is not empty; export a run into a new folder")
@@ -39,9 +40,11 @@ def export_run(run_dir: str | os.PathLike[str], folder: str | os.PathLike[str]) 
     model_type = MODEL_TYPES.get(saved["architecture"])
     if model_type is not None:
         saved = {"model_type": model_type, **saved}
+    tokenizer = load_tokenizer(run / "tokenizer")
+    saved = {**{key: tokenizer.eos_id for key in SPECIAL_TOKEN_IDS}, **saved}
     files.write_text(out / CONFIG_FILE, json.dumps(saved, indent=2) + "\n")
     limit = saved["config"].get("max_positions")
-    save_hf_tokenizer(load_tokenizer(run / "tokenizer"), out, limit)
+    save_hf_tokenizer(tokenizer, out, limit)
     if (run / "README.md").is_file():
         files.copy_file(run / "README.md", out / "README.md")
     return out

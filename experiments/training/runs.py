@@ -32,6 +32,7 @@ from experiments.models.schema import hashed_spelling
 from experiments.training.config import ConfigError, RunConfig, load_run_config
 from odelm import files
 from odelm.errors import OdelmError
+from odelm.hub import set_special_tokens
 from odelm.lightning import pl
 
 CONFIG_FILE = "config.yaml"
@@ -202,6 +203,8 @@ def save_run_model(model: nn.Module, run_dir: Path, tokenizer: Tokenizer) -> lis
     from experiments.data.hf_tokenizer import HF_TOKENIZER_FILES, save_hf_tokenizer
 
     files.make_dir(run_dir / MODEL_DIR, root=run_dir)
+    eos = tokenizer.eos_id  # BOS of every prompt, end of every line, padding
+    set_special_tokens(model, bos_token_id=eos, eos_token_id=eos, pad_token_id=eos)
     model.save_pretrained(  # type: ignore[operator]
         run_dir / MODEL_DIR, metadata={"tokenizer": tokenizer.fingerprint()}
     )

@@ -85,8 +85,11 @@ def solve(
     if cfg.adjoint_kind != "direct" and not isinstance(field, nn.Module):
         raise TypeError("the adjoint needs the field to be an nn.Module (to find its parameters)")
     autocast = autocast_state(y0.device.type)
-    if autocast is not None and y0.dtype in (torch.float16, torch.bfloat16):
-        y0 = y0.float()  # mixed precision: the solver's state stays fp32
+    half = y0.dtype if y0.dtype in (torch.float16, torch.bfloat16) else None
+    evaluate_in = half if autocast is None and not cfg.fixed else None
+    if half is not None and (autocast is not None or evaluate_in is not None):
+        # mixed precision, or a half-precision model's adaptive solve: the state stays fp32
+        y0 = y0.float()
     times, host = _as_time(t, y0)
     if cfg.fixed and cfg.max_num_steps is not None:
         steps = grid_steps(host, cfg.step_size, times.dtype)  # type: ignore[arg-type]  # fixed has one
@@ -99,8 +102,10 @@ def solve(
     adapter = _adapter(cfg.backend)
     where = {"host_t": host} if on_device else {}  # torchdiffeq grids on the host's times
     if autocast is None:
-        monitored = MonitoredField(field, monitor, y0.shape)
+        monitored = MonitoredField(field, monitor, y0.shape, evaluate_in=evaluate_in)
         states = adapter.run(monitored, y0, times, cfg, monitor, **where)
+        if evaluate_in is not None:
+            states = states.to(evaluate_in)
     else:  # mixed precision: the field under autocast, the solver outside (MonitoredField)
         with torch.autocast(autocast[0], enabled=False):
             monitored = MonitoredField(field, monitor, y0.shape, autocast)

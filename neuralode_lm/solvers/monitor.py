@@ -288,6 +288,10 @@ class MonitoredField(nn.Module):
     error norms and state updates stay in the state's precision, and only the field runs
     under autocast, in the forward solve and in the adjoint's backward solve alike (one
     vector field both ways). Its output comes back in the state's dtype.
+
+    ``evaluate_in`` (a half-precision dtype, or None) is the dtype of a half-precision model
+    whose adaptive solve runs in fp32: the field sees its state and time in that dtype and
+    its output comes back in fp32 (the error norms of fp16 underflow the first step size).
     """
 
     def __init__(
@@ -296,18 +300,22 @@ class MonitoredField(nn.Module):
         monitor: StepMonitor,
         shape: torch.Size,
         autocast: tuple[str, torch.dtype] | None = None,
+        evaluate_in: torch.dtype | None = None,
     ) -> None:
         super().__init__()
         self.field = field
         self.monitor = monitor
         self.shape = shape
         self.autocast = autocast
+        self.evaluate_in = evaluate_in
 
     def forward(self, t: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         # torchode flattens the state to [rows, features] with one time per row; restore the
         # caller's shape so the field sees what it would see with the other backends.
         flat = x.shape != self.shape and x.dim() == 2 and x.numel() == math.prod(self.shape)
-        if self.autocast is None:
+        if self.evaluate_in is not None:
+            out = self._call(t.to(self.evaluate_in), x.to(self.evaluate_in), flat).to(x.dtype)
+        elif self.autocast is None:
             out = self._call(t, x, flat)
         else:
             device_type, dtype = self.autocast

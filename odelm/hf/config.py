@@ -52,7 +52,9 @@ class OdelmConfig(_PreTrainedConfig):
 
     ``architecture``, ``family`` and ``odelm_config`` are ``config.json``'s ``architecture``,
     ``family`` and ``config``. On a model, ``library_config`` is the model's frozen dataclass
-    config and its fields read through this object (``config.d_model``).
+    config and its fields read through this object (``config.d_model``). ``bos_token_id``,
+    ``eos_token_id`` and ``pad_token_id`` are the run's ``<eos>`` (it starts every prompt, ends
+    every line and pads batches), None for a model saved without its tokenizer's ids.
     """
 
     model_type = "odelm"
@@ -60,6 +62,9 @@ class OdelmConfig(_PreTrainedConfig):
     family: str | None = None
     odelm_config: dict | None = None
     vocab_size: int | None = None
+    bos_token_id: int | None = None
+    eos_token_id: int | None = None
+    pad_token_id: int | None = None
     tie_word_embeddings: bool = False
     use_cache: bool = True
 

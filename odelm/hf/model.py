@@ -3,9 +3,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, ClassVar
 
 import torch
@@ -14,6 +15,7 @@ from transformers import GenerationMixin
 from transformers import PreTrainedModel as _PreTrainedModel
 from transformers.cache_utils import Cache
 
+from odelm.checkpointing import supports_checkpointing
 from odelm.hf.auto import build, register
 from odelm.hf.config import (
     CausalLMOutput,
@@ -97,11 +99,16 @@ class HuggingFaceLM(EmbeddingsMixin, _PreTrainedModel, GenerationMixin):
     base_model_prefix = ""
     main_input_name = "input_ids"
     accepts_loss_kwargs = False
-    supports_gradient_checkpointing = False
     _supports_cache_class = True
     _is_stateful = False
     input_embeddings_name: ClassVar[str | None] = "token_embedding"
     output_embeddings_name: ClassVar[str | None] = "head"
+    batch_invariant: bool | None = None
+    """Adaptive solves in a Hugging Face call (forward, ``generate``, ``pipeline``, lm-eval)
+    step each sequence (node-transformer) or position (the ODE heads) on its own, so a score
+    does not depend on the batch around it: None (the default) in evaluation mode, True
+    always, False never (one shared solve per batch, the library forward's and training's
+    way). Fixed-grid models are batch-invariant anyway."""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -116,6 +123,18 @@ class HuggingFaceLM(EmbeddingsMixin, _PreTrainedModel, GenerationMixin):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         hf_class = config_class_for(f"{type(self).__module__}:{type(self).__qualname__}")
         _PreTrainedModel.__init__(self, hf_class())
+
+    @property
+    def supports_gradient_checkpointing(self) -> bool:  # type: ignore[override]
+        """True where a layer, RK stage or vector field can be recomputed in the backward pass
+        ([`odelm.checkpointing`][odelm.checkpointing]; GPT-2's blocks are ``transformers``'
+        own): ``gradient_checkpointing_enable()`` switches it on."""
+        return supports_checkpointing(self)
+
+    @property
+    def is_gradient_checkpointing(self) -> bool:
+        """Whether gradient checkpointing is on in any module."""
+        return any(getattr(m, "gradient_checkpointing", False) for m in self.modules())
 
     # ``self.config`` is the transformers config; assigning a library config wraps it.
     @property  # type: ignore[override]
@@ -163,6 +182,11 @@ class HuggingFaceLM(EmbeddingsMixin, _PreTrainedModel, GenerationMixin):
     def _library_parameters(self) -> set[str]:
         return set(inspect.signature(self._library_forward()).parameters)
 
+    def _takes_padding_mask(self) -> bool:
+        """Whether the library forward takes ``attention_mask`` (every family's does: padding
+        hidden from attention or from the state updates, positions counted per row)."""
+        return "attention_mask" in self._library_parameters()
+
     def _new_cache(self) -> OdelmCache | None:
         """A fresh Hugging Face cache around the model's own, or None when the model
         recomputes its context at every step."""
@@ -204,23 +228,24 @@ class HuggingFaceLM(EmbeddingsMixin, _PreTrainedModel, GenerationMixin):
                 f"{type(self).__name__} keeps its own cache; pass the OdelmCache it returned "
                 f"(got {type(cache).__name__})"
             )
-        mask = _padding_mask(attention_mask, input_ids)
+        seen = 0 if cache is None else cache.seen
+        mask = _padding_mask(attention_mask, input_ids, seen)
         if mask is not None:
-            if getattr(self, "accepts_attention_mask", False):
+            if self._takes_padding_mask():
                 options["attention_mask"] = mask
-            elif bool((mask.int().diff(dim=1) > 0).any()):
+            elif cache is not None or bool((mask.int().diff(dim=1) > 0).any()):
                 raise HuggingFaceError(
                     f"{type(self).__name__} takes no padding mask, so padding may only follow "
                     "the real tokens (right padding: tokenizer.padding_side = 'right')"
                 )
-        if cache is not None:
-            if mask is not None and "attention_mask" in options:
-                raise HuggingFaceError("a cached forward takes no padding mask")
-            cache._batch = input_ids.shape[0]
-            output = forward(input_ids, cache=cache.tree, **options)
-            cache.seen += input_ids.shape[1]
-        else:
-            output = forward(input_ids, **options)
+        alone = self.batch_invariant if self.batch_invariant is not None else not self.training
+        with _rows_alone(self, alone):
+            if cache is not None:
+                cache._batch = input_ids.shape[0]
+                output = forward(input_ids, cache=cache.tree, **options)
+                cache.seen += input_ids.shape[1]
+            else:
+                output = forward(input_ids, **options)
         logits, aux = output[0], output[1]
         loss = None
         if labels is not None:
@@ -264,8 +289,7 @@ class HuggingFaceLM(EmbeddingsMixin, _PreTrainedModel, GenerationMixin):
             cache = self._new_cache()
         inputs: dict[str, Any] = {"input_ids": input_ids, "attention_mask": attention_mask}
         if isinstance(cache, OdelmCache):
-            # the new tokens only; the mask (the whole sequence's) is checked at the prefill,
-            # where a model without a padding mask refuses left padding
+            # the new tokens only; the mask stays the whole sequence's (cached tokens too)
             inputs["input_ids"] = input_ids[:, cache.seen :]
             inputs["cache"] = cache
         return inputs
@@ -309,11 +333,31 @@ class HuggingFaceLM(EmbeddingsMixin, _PreTrainedModel, GenerationMixin):
         return build(config)
 
 
-def _padding_mask(attention_mask: torch.Tensor | None, ids: torch.Tensor) -> torch.Tensor | None:
-    """The library's bool mask (True on real tokens), or None when every token is real."""
+@contextlib.contextmanager
+def _rows_alone(model: torch.nn.Module, on: bool) -> Iterator[None]:
+    """Within: the modules with a ``solve_rows_alone`` switch have it set to ``on``."""
+    switches = [m for m in model.modules() if hasattr(type(m), "solve_rows_alone")]
+    before = [m.__dict__.get("solve_rows_alone") for m in switches]
+    for module in switches:
+        module.solve_rows_alone = on
+    try:
+        yield
+    finally:
+        for module, value in zip(switches, before):
+            if value is None:
+                del module.solve_rows_alone
+            else:
+                module.solve_rows_alone = value
+
+
+def _padding_mask(
+    attention_mask: torch.Tensor | None, ids: torch.Tensor, seen: int = 0
+) -> torch.Tensor | None:
+    """The library's bool mask (True on real tokens) over the ``seen`` cached tokens and
+    ``ids``, or None when every token is real."""
     if attention_mask is None or attention_mask.dim() != 2:
         return None
     mask = attention_mask.to(ids.device).bool()
-    if mask.shape != ids.shape or bool(mask.all()):
+    if mask.shape != (ids.shape[0], seen + ids.shape[1]) or bool(mask.all()):
         return None
     return mask
