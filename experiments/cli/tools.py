@@ -251,36 +251,16 @@ def cmd_verdicts(args: Namespace) -> int:
     import json
     from pathlib import Path
 
-    from experiments.comparison.pages import pages_with_blocks, refreshed
-    from experiments.comparison.verdict_tables import (
-        PAGE,
-        as_json,
-        markdown,
-        summary,
-        with_block,
-    )
-    from experiments.comparison.verdicts import collect, regimes
-    from odelm.files import write_all
+    from experiments.comparison import verdict_tables
 
     results = Path(args.results)
-    claims, order = collect(results), regimes()
     if args.json:
-        print(json.dumps(as_json(claims), indent=1))
-        return 0
-    if not args.write:
-        print(markdown(claims, order, results), end="")
-        return 0
-    targets = {
-        Path(args.write): with_block(
-            Path(args.write), summary(claims, order, f"{results.as_posix()}/{PAGE}")
-        ),
-        results / PAGE: with_block(results / PAGE, markdown(claims, order, results)),
-        **{page: refreshed(page) for page in pages_with_blocks(results)},
-    }
-    changed = {path: text != path.read_text(encoding="utf-8") for path, text in targets.items()}
-    write_all({path: text for path, text in targets.items() if changed[path]})
-    for path in targets:
-        print(f"{path}: generated tables {'rewritten' if changed[path] else 'unchanged'}")
+        print(json.dumps(verdict_tables.table_json(results), indent=1))
+    elif not args.write:
+        print(verdict_tables.full_table(results), end="")
+    else:
+        for path, changed in verdict_tables.write_generated(results, Path(args.write)).items():
+            print(f"{path}: generated tables {'rewritten' if changed else 'unchanged'}")
     return 0
 
 
