@@ -7,12 +7,12 @@ import re
 from argparse import ArgumentError
 from collections.abc import Sequence
 
-import yaml
 from jsonargparse import ArgumentParser
 
 from experiments.config_errors import ConfigError, type_name
 from experiments.training.config_checks import RANGES, check_range
 from experiments.training.lightning_form import renamed_key
+from experiments.training.yamlfiles import parse_yaml
 from odelm.errors import OdelmError
 
 RUN_COMMANDS = ("train", "compare")
@@ -92,8 +92,8 @@ def _out_of_range(key: str, text: str | None, label: str) -> UsageError | None:
     if key not in RANGED or text is None:
         return None
     try:
-        value = yaml.safe_load(text)
-    except yaml.YAMLError:
+        value = parse_yaml(text)
+    except ConfigError:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None

@@ -15,7 +15,7 @@ from typing import Any, Optional
 
 import docstring_parser
 import yaml
-from jsonargparse import ActionConfigFile, Namespace, get_loader
+from jsonargparse import ActionConfigFile, Namespace
 from jsonargparse.typing import registered_types, restricted_number_type
 
 from experiments.config_errors import ConfigError
@@ -29,7 +29,7 @@ from experiments.training.run_schema import (
     recipe_path,
     saved_run_values,
 )
-from experiments.training.yamlfiles import load_yaml, merge
+from experiments.training.yamlfiles import load_yaml, merge, parse_yaml
 
 COMMAND_KEYS = ("overwrite", "quiet", "verbose")
 """Options of the command, not of the run: left out of the printed config."""
@@ -110,7 +110,8 @@ class ModelSection(Action):
 
     def __call__(self, parser: Any, namespace: Any, value: Any, option: Any = None) -> None:
         key = str(option or "").removeprefix(self.option_strings[0]).removeprefix(".")
-        value = get_loader("yaml")(value) if isinstance(value, str) else value
+        flag = self.option_strings[0] + (f".{key}" if key else "")
+        value = parse_yaml(value, flag) if isinstance(value, str) else value
         current = namespace.get(self.dest)
         if not key:
             if not isinstance(value, dict):
@@ -123,10 +124,27 @@ class ModelSection(Action):
         namespace[self.dest] = type(current)(merged) if isinstance(current, dict) else merged
 
 
+MAPPING_SECTIONS = ("data", "model", "optim", "trainer", "eval", "run")
+"""The config's keys that hold a mapping, in either form."""
+
+
+def check_sections(values: dict[str, Any], where: str) -> None:
+    """Refuse a section that is not a mapping (``data: 5``), naming it as written in
+    ``where`` (the file or grid entry)."""
+    for key in MAPPING_SECTIONS:
+        if key in values and not isinstance(values[key], dict):
+            raise ConfigError(
+                f"{where}.{key} must be a mapping, got {type(values[key]).__name__}; write "
+                f"{key}: {{KEY: VALUE, ...}} ({key}.KEY options on the command line)"
+            )
+
+
 def read_config_file(path: str | Path) -> dict[str, Any]:
     """A config file in the Lightning form (``lightning_values``)."""
     recipe = Path(path).resolve().parent == RECIPE_DIR.resolve()
-    return lightning_values(load_yaml(path), recipe=recipe)
+    values = load_yaml(path)
+    check_sections(values, str(path))
+    return lightning_values(values, recipe=recipe)
 
 
 def lightning_values(values: dict[str, Any], *, recipe: bool = False) -> dict[str, Any]:
