@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 from odelm.errors import OdelmError
 from odelm.files import atomic_write
-from odelm.hub import MODEL_TYPES, resolve
+from odelm.hub import MODEL_TYPES, model_type_mismatch, resolve
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -325,6 +325,8 @@ def read_config(directory: str | os.PathLike[str]) -> dict[str, Any]:
             f"{path} is not a saved model's config (it needs an 'architecture' string and a "
             "'config' object); save the model again"
         )
+    if mismatch := model_type_mismatch(saved, path):
+        raise CorruptModelError(mismatch)
     return saved
 
 

@@ -1,0 +1,226 @@
+"""Issue 49, items 3 and 4: every load checks what the run's record promises, and every YAML
+odelm reads is bounded. Each case ends in one line naming what was wrong (the CLI prints
+``odelm: error: ...`` and exits 2; the library raises its ``OdelmError``), never a traceback,
+a hang, or a silently different model, tokenizer or split."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+from conftest import make_tiny_config
+
+from experiments.cli.main import main
+from experiments.data.checksums import RUN_MARKER, RunFilesChangedError
+from experiments.data.hf_tokenizer import HFTokenizerError, hf_tokenizer
+from experiments.data.tokenization import WordTokenizer
+from experiments.evaluation.hub import ExportError, export_run
+from experiments.evaluation.trained import DataChangedError, load_run
+from experiments.training.config import load_config, load_run_config, parse_config
+from experiments.training.yamlfiles import parse_yaml
+from odelm.errors import ConfigError, OdelmError
+from odelm.pretrained import CorruptModelError
+
+BOMB = "\n".join(
+    [
+        "a: &a [x, x, x, x, x, x, x, x, x]",
+        *(
+            f"{name}: &{name} [{', '.join([f'*{prev}'] * 9)}]"
+            for prev, name in zip("abcdefgh", "bcdefghi", strict=True)
+        ),
+    ]
+)
+"""A billion laughs: 9**9 values once its aliases are expanded, a few hundred bytes written."""
+
+
+@pytest.fixture(scope="module")
+def text_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A finished two-step run of the tiny model on a small text corpus of its own."""
+    from experiments.training.train import train
+
+    out = tmp_path_factory.mktemp("loads")
+    corpus = out / "corpus"
+    corpus.mkdir()
+    for split, text in {
+        "train": "the cat sat\nthe dog ran\na cat ran\n" * 4,
+        "valid": "the dog sat\na cat sat\n",
+        "test": "the cat ran\n",
+    }.items():
+        (corpus / f"{split}.txt").write_text(text)
+    data = {"corpus": "text", "data_dir": str(corpus), "eval_window": 8, "bptt": 4}
+    trainer = {"max_steps": 2, "val_every": 2}
+    values = make_tiny_config(out, data=data, trainer=trainer, eval={"bleu_sentences": 0})
+    train(parse_config(values))
+    return out / "run"
+
+
+def _copy(run: Path, tmp_path: Path) -> Path:
+    return Path(shutil.copytree(run, tmp_path / "run"))
+
+
+def _one_line(capsys: pytest.CaptureFixture[str], argv: list[str], expected: str) -> str:
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.err + captured.out
+    err = captured.err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("odelm: error: "), err
+    assert expected in err, err
+    return err
+
+
+def _flip(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x55
+    path.write_bytes(bytes(data))
+
+
+# Item 3: loads check the record ------------------------------------------------------------
+
+
+def test_export_refuses_weights_that_differ_from_the_record(text_run, tmp_path):
+    run = _copy(text_run, tmp_path)
+    _flip(run / "model" / "model.safetensors")
+    with pytest.raises(RunFilesChangedError, match="does not match its recorded SHA-256"):
+        export_run(run, tmp_path / "export")
+    assert not (tmp_path / "export").exists()  # refused before anything was written
+
+
+def test_export_onto_a_file_is_refused_before_any_work(text_run, tmp_path):
+    target = tmp_path / "export"
+    target.write_text("the user's notes\n")
+    with pytest.raises(ExportError, match="is a file, not a folder"):
+        export_run(text_run, target)
+    assert target.read_text() == "the user's notes\n"
+
+
+def _other_tokenizer(run: Path, tmp_path: Path) -> None:
+    """Put another run's Hugging Face tokenizer (a bigger vocabulary) into ``run``."""
+    from experiments.data.hf_tokenizer import save_hf_tokenizer
+
+    other = tmp_path / "other"
+    other.mkdir()
+    save_hf_tokenizer(WordTokenizer(["<eos>", *(f"w{i}" for i in range(300))]), other)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copyfile(other / name, run / name)
+
+
+def test_hf_tokenizer_refuses_another_runs_tokenizer(text_run, tmp_path):
+    run = _copy(text_run, tmp_path)
+    _other_tokenizer(run, tmp_path)
+    with pytest.raises(RunFilesChangedError, match="tokenizer.json does not match its recorded"):
+        hf_tokenizer(run)
+    (run / RUN_MARKER).write_text("{}")  # a run written before checksums: the sizes decide
+    with pytest.raises(HFTokenizerError, match="has 301 tokens but its model's vocabulary has"):
+        hf_tokenizer(run)
+
+
+@pytest.mark.parametrize("content", [b"", b'{"model": ', b"\x00\xff binary"])
+def test_hf_tokenizer_on_a_damaged_file_is_one_error(text_run, tmp_path, content):
+    run = _copy(text_run, tmp_path)
+    (run / RUN_MARKER).write_text("{}")
+    (run / "tokenizer.json").write_bytes(content)
+    with pytest.raises(HFTokenizerError, match="is not a tokenizer transformers can read"):
+        hf_tokenizer(run)
+
+
+def test_eval_checks_the_splits_against_the_marker_when_result_json_is_damaged(
+    text_run, tmp_path, capsys
+):
+    run = _copy(text_run, tmp_path)
+    corpus = tmp_path / "corpus"
+    shutil.copytree(text_run.parent / "corpus", corpus)
+    (corpus / "test.txt").write_text("the dog ran\n")  # an edited test split
+    (run / "result.json").write_text("{damaged")
+    _one_line(capsys, ["eval", str(run), "--data-dir", str(corpus)], "the test split of")
+    record = json.loads((run / RUN_MARKER).read_text())
+    record.pop("data_sha256")  # a marker written before it recorded the splits
+    (run / RUN_MARKER).write_text(json.dumps(record))
+    with pytest.raises(DataChangedError, match="result.json is damaged"):
+        load_run(run).data(data_dir=str(corpus))
+
+
+def test_a_damaged_marker_is_refused_not_skipped(text_run, tmp_path):
+    run = _copy(text_run, tmp_path)
+    (run / RUN_MARKER).write_text('{"files": {"model/model.safetensors"')  # cut short
+    with pytest.raises(RunFilesChangedError, match="is damaged"):
+        load_run(run)
+
+
+def test_a_config_json_whose_model_type_differs_from_its_architecture_is_refused(
+    text_run, tmp_path
+):
+    run = _copy(text_run, tmp_path)
+    (run / RUN_MARKER).write_text("{}")
+    path = run / "model" / "config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "model_type": "odelm-gpt2"}))
+    with pytest.raises(CorruptModelError, match="says model_type 'odelm-gpt2' but"):
+        load_run(run)
+    with pytest.raises(CorruptModelError, match="says model_type"):
+        export_run(run, tmp_path / "export")
+
+
+@pytest.mark.parametrize(
+    "text, line",
+    [
+        ("model: {family: reference}\noptim: {lr: 0.1}\noptim: {lr: 0.2}\n", "line 3"),
+        ("model: {family: reference, family: reference}\n", "line 1 column 28"),
+    ],
+)
+def test_a_key_given_twice_is_refused_at_its_second_place(tmp_path, text, line):
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=f"{line}.*given twice in one mapping"):
+        load_config(path)
+
+
+# Item 4: YAML bounded and clear ------------------------------------------------------------
+
+
+def _budget_error(where: str) -> str:
+    return f"{where} holds more than 200,000 values once its aliases"
+
+
+def test_an_alias_bomb_is_refused_within_a_second_everywhere(tmp_path, capsys):
+    config = tmp_path / "bomb.yaml"
+    config.write_text(BOMB + "\nmodel: {family: reference}\n")
+    start = time.perf_counter()
+    with pytest.raises(ConfigError, match=_budget_error(str(config))):
+        load_config(config)  # configs, grids and run folders' config.yaml read this way
+    with pytest.raises(ConfigError, match="--model holds more than"):
+        parse_yaml("{" + BOMB.replace("\n", ", ") + "}", "--model")
+    assert time.perf_counter() - start < 1.0
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text(BOMB)
+    with pytest.raises(ConfigError, match="holds more than"):
+        load_run_config(run / "config.yaml")
+    err = _one_line(capsys, ["train", "--config", str(config)], _budget_error(str(config)))
+    assert len(err) < 300  # never echoed
+
+
+@pytest.mark.parametrize(
+    "content, expected",
+    [
+        ("model: {family: reference}\n".encode("utf-16"), "is UTF-16 text; save it as UTF-8"),
+        ("name: caf\xe9\n".encode("latin-1"), "is not UTF-8 text (byte 0xe9 at offset 9)"),
+        (b"seed: " + b"9" * 5000 + b"\n", "an integer of more than 100 digits"),
+        (b"model: " + b"{a: " * 5000 + b"1" + b"}" * 5000 + b"\n", "line 1"),
+        (b"model: " + b"[" * 80 + b"]" * 80 + b"\n", "nests lists and mappings deeper than 64"),
+    ],
+    ids=["utf-16", "latin-1", "5000 digits", "5000 deep", "80 deep"],
+)
+def test_odd_yaml_files_are_one_error(tmp_path, content, expected):
+    path = tmp_path / "c.yaml"
+    path.write_bytes(content)
+    with pytest.raises(OdelmError) as caught:
+        load_config(path)
+    assert expected in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_a_section_that_is_not_a_mapping_is_one_line(tmp_path, capsys):
+    config = tmp_path / "c.yaml"
+    config.write_text("model: {family: reference}\ndata: 5\n")
+    _one_line(capsys, ["train", "--config", str(config)], f"{config}.data must be a mapping")
