@@ -224,3 +224,103 @@ def test_a_section_that_is_not_a_mapping_is_one_line(tmp_path, capsys):
     config = tmp_path / "c.yaml"
     config.write_text("model: {family: reference}\ndata: 5\n")
     _one_line(capsys, ["train", "--config", str(config)], f"{config}.data must be a mapping")
+
+
+# Item 4: environment, output locations, budgets, other libraries' tracebacks ------------
+
+
+@pytest.mark.parametrize(
+    "variables, expected",
+    [
+        ({"ODELM_DATA_DIR": "FILE"}, "ODELM_DATA_DIR="),
+        ({"ODELM_DATA_DIR": "/tmp/" + "x" * 300}, "cannot be used (File name too long)"),
+        ({"SLURM_PROCID": "x"}, "SLURM_PROCID='x' is not an integer rank"),
+        ({"WORLD_SIZE": "2", "RANK": "1"}, "RANK=1, WORLD_SIZE=2 are set but no launcher"),
+        ({"LOCAL_RANK": "1"}, "LOCAL_RANK=1 are set but no launcher"),
+        ({"WORLD_SIZE": "two"}, "WORLD_SIZE='two' is not a whole number"),
+        ({"HF_HUB_OFFLINE": "maybe"}, "HF_HUB_OFFLINE='maybe' is neither on nor off"),
+    ],
+    ids=["data dir a file", "data dir too long", "slurm rank", "leftover", "local", "size", "hf"],
+)
+def test_an_invalid_environment_variable_is_named_in_one_line(
+    tmp_path, monkeypatch, capsys, variables, expected
+):
+    for key in ("RANK", "LOCAL_RANK", "NODE_RANK", "SLURM_PROCID", "WORLD_SIZE", "MASTER_PORT"):
+        monkeypatch.delenv(key, raising=False)
+    for key in ("TORCHELASTIC_RUN_ID", "SLURM_JOB_ID"):
+        monkeypatch.delenv(key, raising=False)
+    (tmp_path / "FILE").write_text("not a folder\n")
+    for key, value in variables.items():
+        monkeypatch.setenv(key, str(tmp_path / value) if value == "FILE" else value)
+    _one_line(capsys, ["data", "info", "--corpus", "ptb"], expected)
+
+
+def test_a_non_ascii_prompt_on_an_ascii_output_is_one_line(tmp_path, monkeypatch, capsys):
+    import io
+    import sys
+
+    monkeypatch.setattr(sys, "stdout", io.TextIOWrapper(io.BytesIO(), encoding="ascii"))
+    argv = ["generate", str(tmp_path / "no-run"), "--prompt", "caf\xe9"]
+    _one_line(capsys, argv, "--prompt holds characters the output's encoding ascii cannot")
+
+
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        (["discretize", "RUN", "--plot", "--out", "FILE/sub"], "lies under"),
+        (["bench", "gpu", "--out", "FILE"], "--out FILE is a file"),
+    ],
+)
+def test_an_output_location_is_checked_before_any_work(tmp_path, capsys, argv, expected):
+    (tmp_path / "FILE").write_text("the user's file\n")
+    argv = [str(tmp_path / a) if a.startswith(("FILE", "RUN")) else a for a in argv]
+    _one_line(capsys, argv, expected.replace("FILE", str(tmp_path / "FILE")))
+    assert (tmp_path / "FILE").read_text() == "the user's file\n"
+
+
+def test_generation_over_its_budget_is_refused_before_it_runs(text_run, capsys, monkeypatch):
+    from experiments.cli import trained
+
+    argv = ["generate", str(text_run), "--prompt", "the", "--strategy", "beam"]
+    argv += ["--num-beams", "64", "--max-new-tokens", "10000"]
+    err = _one_line(capsys, argv, "token positions, over odelm generate's budget of 200,000")
+    assert "64 beam(s) reads 159,678,464 token positions" in err  # the window slides past 256
+    monkeypatch.setitem(trained.GENERATE_FLOP_BUDGET, "cpu", 1e6)  # as if the model were big
+    argv = ["generate", str(text_run), "--prompt", "the", "--max-new-tokens", "100"]
+    _one_line(capsys, argv, "forward FLOPs (101 token positions x 2 x")
+
+
+def test_long_generation_shows_progress(text_run, capsys):
+    argv = ["generate", str(text_run), "--prompt", "the", "--max-new-tokens", "300"]
+    assert main(argv) == 0
+    err = capsys.readouterr().err
+    assert "[generate] 300/300 tokens" in err
+
+
+def test_discretize_steps_over_the_budget_are_refused_before_loading(tmp_path):
+    from experiments.evaluation.discretize import DiscretizeError, discretize
+
+    with pytest.raises(DiscretizeError, match="over the budget of 1000 steps per solve"):
+        discretize(tmp_path / "no-run", steps=[10**9])
+    with pytest.raises(DiscretizeError, match="field evaluations per token"):
+        discretize(tmp_path / "no-run", steps=[1000, 1000, 1000])
+
+
+def test_the_harness_turns_bad_paths_and_tasks_into_one_line(tmp_path):
+    from odelm.harness import HarnessError, _one_line, check_model_args
+
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(HarnessError, match="is a file; give the folder of a saved model"):
+        check_model_args(["--model_args", f"pretrained={tmp_path / 'file'}"])
+    with pytest.raises(HarnessError, match="no such folder"):
+        check_model_args([f"--model_args=pretrained={tmp_path / 'none'},dtype=float32"])
+    check_model_args(["--model_args", f"pretrained={tmp_path},tokenizer=owner/name"])
+    assert "ls tasks" in str(_one_line(ValueError("Tasks not found: nosuchtask")))
+    repo = OSError(
+        f"Repo id must be in the form 'repo_name' or 'namespace/repo_name': '{tmp_path}'."
+    )
+    assert (
+        _one_line(repo)
+        == f"{tmp_path} is neither a folder of a saved model nor a Hub id (owner/name)"
+    )
+    assert _one_line(ValueError("anything else")) is None  # a bug keeps its traceback

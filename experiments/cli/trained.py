@@ -71,6 +71,10 @@ GENERATE_FLOP_BUDGET = {"cpu": 1e13, "cuda": 1e15}
 """The most forward FLOPs ``odelm generate`` starts (about 5 minutes of one CPU, or of a
 GPU): beyond it the command is refused before it runs (the library's ``generate`` has no
 budget). Other devices get the CPU's."""
+GENERATE_POSITION_BUDGET = {"cpu": 200_000, "cuda": 2_000_000}
+"""The most token positions ``odelm generate`` reads (beams x positions per beam), whatever
+the model's size: each step costs time beyond its FLOPs (the decoding loop, the beams' token
+copies). 64 beams x 10,000 tokens of the tiny test model took 12 minutes of one CPU."""
 PROGRESS_AFTER = 2_000
 """Generation of more token positions than this prints its progress on stderr."""
 
@@ -89,8 +93,9 @@ def generation_positions(model: Any, prompt: int, new: int, beams: int) -> int:
 
 
 def check_generation_cost(model: Any, prompt: int, args: Namespace) -> int:
-    """Refuse ``--max-new-tokens`` with ``--num-beams`` whose forward FLOPs (at least 2 x
-    parameters per position read) exceed ``GENERATE_FLOP_BUDGET`` here; returns the positions."""
+    """Refuse ``--max-new-tokens`` with ``--num-beams`` whose token positions exceed
+    ``GENERATE_POSITION_BUDGET`` or whose forward FLOPs (at least 2 x parameters per position
+    read) exceed ``GENERATE_FLOP_BUDGET`` here; returns the positions."""
     from odelm.contract import model_device
 
     beams = args.num_beams if args.strategy == "beam" else 1
@@ -98,12 +103,18 @@ def check_generation_cost(model: Any, prompt: int, args: Namespace) -> int:
     parameters = sum(p.numel() for p in model.parameters())
     flops, device = 2.0 * parameters * positions, model_device(model).type
     budget = GENERATE_FLOP_BUDGET.get(device, GENERATE_FLOP_BUDGET["cpu"])
+    most = GENERATE_POSITION_BUDGET.get(device, GENERATE_POSITION_BUDGET["cpu"])
+    request = f"--max-new-tokens {args.max_new_tokens} with {beams} beam(s)"
+    if positions > most:
+        raise GenerationBudgetError(
+            f"{request} reads {positions:,} token positions, over odelm generate's budget of "
+            f"{most:,} on {device}; lower --max-new-tokens or --num-beams"
+        )
     if flops > budget:
         raise GenerationBudgetError(
-            f"--max-new-tokens {args.max_new_tokens} with {beams} beam(s) needs at least "
-            f"{flops:.2g} forward FLOPs ({positions:,} token positions x 2 x {parameters:,} "
-            f"parameters), over odelm generate's budget of {budget:.0e} on {device}; lower "
-            "--max-new-tokens or --num-beams"
+            f"{request} needs at least {flops:.2g} forward FLOPs ({positions:,} token positions "
+            f"x 2 x {parameters:,} parameters), over odelm generate's budget of {budget:.0e} "
+            f"on {device}; lower --max-new-tokens or --num-beams"
         )
     return positions
 
