@@ -324,3 +324,30 @@ def test_the_harness_turns_bad_paths_and_tasks_into_one_line(tmp_path):
         == f"{tmp_path} is neither a folder of a saved model nor a Hub id (owner/name)"
     )
     assert _one_line(ValueError("anything else")) is None  # a bug keeps its traceback
+
+
+# Item 5: errors name the key as the user wrote it ----------------------------------------
+
+
+@pytest.mark.parametrize(
+    "section, expected",
+    [
+        ({"trainer": {"val_every": -5}}, "trainer.val_every = -5 is out of range"),
+        ({"trainer": {"num_threads": 0}}, "trainer.num_threads = 0 is out of range"),
+        ({"seed": -1}, "seed = -1 is out of range"),
+        (
+            {"trainer": {"checkpoint_every": "x"}},
+            "trainer.checkpoint_every must be int >=1, got 'x'",
+        ),
+        ({"trainer": {"val_batches": "x"}}, "trainer.val_batches must be int or float or null"),
+        ({"optim": {"lr": "x"}}, "optim.lr must be float >=0, got 'x'"),
+        ({"trainer": {"val_check_interval": -5}}, "trainer.val_check_interval = -5 is out of"),
+    ],
+    ids=["val_every", "num_threads", "seed", "checkpoint_every", "val_batches", "lr", "lightning"],
+)
+def test_a_config_files_error_names_the_key_as_written(tmp_path, capsys, section, expected):
+    import yaml
+
+    config = tmp_path / "c.yaml"
+    config.write_text(yaml.safe_dump({"model": {"family": "reference"}, **section}))
+    _one_line(capsys, ["train", "--config", str(config), "--print_config"], expected)

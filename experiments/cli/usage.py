@@ -64,14 +64,16 @@ def usage_error(
         value = restricted[1] if restricted else given[1] if given else None
         flag = _flag(sub, key, argv) or f"--{key}"
         given_here = _given(argv, flag)  # None: the value came from a config file
-        label = key if given_here is None else flag
+        label = flag
+        if given_here is None:  # named as the config file spells it, with its value there
+            label, value = _written(key, value)
         out_of_range = _out_of_range(key, value or given_here, label)
         if out_of_range:  # a run-config key: its range as the config's own check words it
             return out_of_range
         if restricted:  # jsonargparse.typing's PositiveInt and the like
-            return UsageError(f"{flag} must be {restricted[2]}, got {restricted[1]}")
+            return UsageError(f"{label} must be {restricted[2]}, got {value}")
         expected = type_name(getattr(action, "_typehint", None) or getattr(action, "type", None))
-        return UsageError(f"{flag} must be {expected}, got {value or given_here!r}")
+        return UsageError(f"{label} must be {expected}, got {value or given_here!r}")
     typed = re.match(r"argument ([-\w]+): (\1 .*)", text)
     if typed:  # a range type's own line (experiments.cli.values) names the option
         return UsageError(typed[2])
@@ -102,6 +104,17 @@ def _out_of_range(key: str, text: str | None, label: str) -> UsageError | None:
     except ConfigError as error:
         return UsageError(str(error))
     return None
+
+
+def _written(key: str, value: str | None) -> tuple[str, str | None]:
+    """A key whose value came from a ``--config`` file, as the file spells it, and the
+    value written there (jsonargparse's message may only say ``None``)."""
+    from experiments.training.run_sections import written_key
+
+    spelled = written_key(key)
+    if spelled is None:
+        return key, value
+    return spelled[0], str(spelled[1]) if not isinstance(spelled[1], str) else spelled[1]
 
 
 def _given(argv: list[str], flag: str) -> str | None:

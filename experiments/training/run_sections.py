@@ -20,7 +20,12 @@ from jsonargparse.typing import registered_types, restricted_number_type
 
 from experiments.config_errors import ConfigError
 from experiments.training.config_checks import NULLABLE, RANGES, SEED_MAX
-from experiments.training.lightning_form import from_lightning, lightning_message, to_lightning
+from experiments.training.lightning_form import (
+    from_lightning,
+    lightning_message,
+    run_form_key,
+    to_lightning,
+)
 from experiments.training.run_schema import (
     RECIPE_DIR,
     RunConfig,
@@ -139,11 +144,44 @@ def check_sections(values: dict[str, Any], where: str) -> None:
             )
 
 
-def read_config_file(path: str | Path) -> dict[str, Any]:
-    """A config file in the Lightning form (``lightning_values``)."""
+WRITTEN: list[dict[str, Any]] = []
+"""The config files ``--config`` read in the current parse, as written: an error names a key
+as they spell it (``LightningCLI.parse_arguments`` empties it first)."""
+
+
+def written_key(key: str) -> tuple[str, Any] | None:
+    """A Lightning-form ``key`` as the config files read in this parse spell it, and its
+    value there (the last file giving it); None when no file gives it."""
+    for values in reversed(WRITTEN):
+        for spelled in (run_form_key(key), key):
+            value: Any = values
+            for part in spelled.split("."):
+                value = value.get(part, WRITTEN) if isinstance(value, dict) else WRITTEN
+            if value is not WRITTEN:
+                return spelled, value
+    return None
+
+
+def written_keys() -> set[str]:
+    """Every dotted key of the config files read in this parse, as written."""
+    keys: set[str] = set()
+    stack: list[tuple[str, Any]] = [("", values) for values in WRITTEN]
+    while stack:
+        prefix, values = stack.pop()
+        for key, value in values.items() if isinstance(values, dict) else ():
+            keys.add(f"{prefix}{key}")
+            stack.append((f"{prefix}{key}.", value))
+    return keys
+
+
+def read_config_file(path: str | Path, *, written: bool = False) -> dict[str, Any]:
+    """A config file in the Lightning form (``lightning_values``); ``written``: the user's
+    own (``--config``), kept in ``WRITTEN`` so that errors name its keys as it does."""
     recipe = Path(path).resolve().parent == RECIPE_DIR.resolve()
     values = load_yaml(path)
     check_sections(values, str(path))
+    if written:
+        WRITTEN.append(values)
     return lightning_values(values, recipe=recipe)
 
 
@@ -170,7 +208,7 @@ class ConfigFile(ActionConfigFile):
         if path is None and isinstance(values, str) and Path(values).suffix in CONFIG_SUFFIXES:
             raise ConfigError(f"config file {values} does not exist")
         if path is not None:
-            values = yaml.safe_dump(read_config_file(path), sort_keys=False)
+            values = yaml.safe_dump(read_config_file(path, written=True), sort_keys=False)
         self.apply_config(parser, cfg, self.dest, values)
         cfg[self.dest][-1] = path  # the file's name (--name auto names the run after it)
 
@@ -206,7 +244,7 @@ def run_config(
     except ConfigError as error:
         if not lightning_names:
             raise
-        raise ConfigError(lightning_message(str(error))) from None
+        raise ConfigError(lightning_message(str(error), written_keys())) from None
     return config
 
 
