@@ -272,15 +272,14 @@ class TrainedRun:
         """Refuse splits whose checksums differ from those the run recorded: in its
         ``result.json`` and in its marker (which stands in for a damaged ``result.json``);
         a damaged ``result.json`` with no record in the marker is refused too."""
-        records = [run_record(self.run_dir).get("data_sha256")]
         path = self.run_dir / "result.json"
         try:
             result = json.loads(path.read_text()) if path.exists() else {}
         except (OSError, ValueError):
             result = None
         result = result if isinstance(result, dict) else None
-        records.append(None if result is None else result.get("data_sha256"))
-        records = [record for record in records if isinstance(record, dict)]
+        given = [run_record(self.run_dir).get("data_sha256"), (result or {}).get("data_sha256")]
+        records: list[dict[str, Any]] = [r for r in given if isinstance(r, dict)]
         if result is None and not records:
             raise DataChangedError(
                 f"{path} is damaged and the run's marker records no split checksums, so the "
