@@ -71,10 +71,10 @@ GENERATE_FLOP_BUDGET = {"cpu": 1e13, "cuda": 1e15}
 """The most forward FLOPs ``odelm generate`` starts (about 5 minutes of one CPU, or of a
 GPU): beyond it the command is refused before it runs (the library's ``generate`` has no
 budget). Other devices get the CPU's."""
-GENERATE_POSITION_BUDGET = {"cpu": 200_000, "cuda": 2_000_000}
+GENERATE_POSITION_BUDGET = {"cpu": 20_000_000, "cuda": 200_000_000}
 """The most token positions ``odelm generate`` reads (beams x positions per beam), whatever
-the model's size: each step costs time beyond its FLOPs (the decoding loop, the beams' token
-copies). 64 beams x 10,000 tokens of the tiny test model took 12 minutes of one CPU."""
+the model's size: each costs time beyond its FLOPs (about 5 microseconds of one CPU for the
+tiny test model: 64 beams x 10,000 tokens, 160 million positions, took 12 minutes)."""
 PROGRESS_AFTER = 2_000
 """Generation of more token positions than this prints its progress on stderr."""
 
@@ -222,7 +222,8 @@ def generate_parser() -> Parser:
         "--max-new-tokens",
         type=int,
         default=20,
-        help=f"tokens to generate (at most {MAX_NEW_TOKENS})",
+        help=f"tokens to generate (at most {MAX_NEW_TOKENS}, and with --num-beams within "
+        "odelm generate's budget of token positions and FLOPs, checked before it starts)",
     )
     parser.add_argument(
         "--strategy",
