@@ -64,16 +64,17 @@ def usage_error(
         value = restricted[1] if restricted else given[1] if given else None
         flag = _flag(sub, key, argv) or f"--{key}"
         given_here = _given(argv, flag)  # None: the value came from a config file
-        label = flag
-        if given_here is None:  # named as the config file spells it, with its value there
+        label, shown = (key if given_here is None else flag), flag
+        if given_here is None and command == "train":  # as its --config file spells it
             label, value = _written(key, value)
+            shown = label
         out_of_range = _out_of_range(key, value or given_here, label)
         if out_of_range:  # a run-config key: its range as the config's own check words it
             return out_of_range
         if restricted:  # jsonargparse.typing's PositiveInt and the like
-            return UsageError(f"{label} must be {restricted[2]}, got {value}")
+            return UsageError(f"{shown} must be {restricted[2]}, got {value}")
         expected = type_name(getattr(action, "_typehint", None) or getattr(action, "type", None))
-        return UsageError(f"{label} must be {expected}, got {value or given_here!r}")
+        return UsageError(f"{shown} must be {expected}, got {value or given_here!r}")
     typed = re.match(r"argument ([-\w]+): (\1 .*)", text)
     if typed:  # a range type's own line (experiments.cli.values) names the option
         return UsageError(typed[2])
