@@ -140,7 +140,7 @@ def progress_printer(prompt: int, new: int) -> Any:
 def cmd_generate(args: Namespace) -> int:
     from experiments.cli.environment import check_encodable
     from experiments.evaluation.trained import load_run
-    from odelm.decoding import check_beam_memory
+    from odelm.decoding import MAX_NEW_TOKENS, check_beam_memory
 
     check_encodable(args.prompt, "--prompt", sys.stdout.encoding)  # echoed with the output
     if args.num_threads is not None:
@@ -149,7 +149,9 @@ def cmd_generate(args: Namespace) -> int:
     prompt = len(run.encode(args.prompt)) + 1
     if args.strategy == "beam":  # the memory bound needs the model's vocabulary
         check_beam_memory(run.model, args.num_beams, 1, prompt + args.max_new_tokens, "--num-beams")
-    positions = check_generation_cost(run.model, prompt, args)
+    positions = 0  # a --max-new-tokens out of its range is refused by generate, in one line
+    if 0 <= args.max_new_tokens <= MAX_NEW_TOKENS:
+        positions = check_generation_cost(run.model, prompt, args)
     options = {"progress": progress_printer(prompt, args.max_new_tokens)}
     text = run.generate(
         args.prompt,
