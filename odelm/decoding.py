@@ -159,8 +159,9 @@ class StepFunction:
     search's row selection.
     """
 
-    def __init__(self, model: LanguageModel, use_cache: bool = True) -> None:
+    def __init__(self, model: LanguageModel, use_cache: bool = True, progress: Any = None) -> None:
         self.model: Any = model
+        self.progress = progress  # called with the sequence length before each step
         self.limit: int | None = getattr(model, "max_positions", None)
         self.cached = use_cache and all(
             callable(getattr(model, name, None)) for name in ("init_cache", "next_token_logits")
@@ -169,6 +170,8 @@ class StepFunction:
         self.fed = 0  # tokens of the sequence the cache holds (when it is not a cropped window)
 
     def __call__(self, sequence: torch.Tensor) -> torch.Tensor:
+        if self.progress is not None:
+            self.progress(sequence.shape[1])
         window = sequence if self.limit is None else sequence[:, -self.limit :]
         if not self.cached:
             output = self.model(window)
@@ -202,6 +205,7 @@ def generate(
     generator: torch.Generator | None = None,
     eos_id: int | None = None,
     use_cache: bool = True,
+    progress: Any = None,
 ) -> torch.Tensor:
     """Continue ``prompt_ids`` [B, P]; returns the prompt followed by the new tokens.
 
@@ -212,6 +216,7 @@ def generate(
     recomputes the context every step (the reference the cache is checked against). The
     model runs in eval mode and gets its training mode back afterwards. The prompt is moved
     to the model's device; a sampling ``generator`` must be on a device of the same type.
+    ``progress(length)``, given, is called before each step with the sequence's length.
     """
     _check_options(strategy, max_new_tokens, num_beams, temperature, top_k, top_p)
     if not isinstance(prompt_ids, torch.Tensor) or prompt_ids.dim() != 2 or prompt_ids.shape[1] < 1:
@@ -228,7 +233,7 @@ def generate(
     if was_training:
         model.eval()  # type: ignore[attr-defined]
     try:
-        step = StepFunction(model, use_cache)
+        step = StepFunction(model, use_cache, progress)
         if strategy == "beam":
             rows, length = prompt_ids.shape[0], prompt_ids.shape[1] + max_new_tokens
             check_beam_memory(model, num_beams, rows, length, use_cache=step.cached)

@@ -10,11 +10,61 @@ unless given. No ``trust_remote_code`` is involved::
 
     python -m odelm.harness run --model hf \\
         --model_args pretrained=RUN/model,tokenizer=RUN --tasks TASK --device cpu
+
+A ``pretrained=`` or ``tokenizer=`` path that is a file or no folder, and an unknown task, end
+in one line ``odelm: error: ...`` (exit 2), not in a traceback of ``transformers`` (which takes
+a missing folder for a Hub id) or ``lm_eval``.
 """
 
 from __future__ import annotations
 
+import re
 import sys
+from pathlib import Path
+
+from odelm.errors import OdelmError
+from odelm.hub import HUB_ID
+
+PATH_ARGS = ("pretrained", "tokenizer")
+"""The ``--model_args`` keys that name a saved model or tokenizer."""
+
+
+class HarnessError(OdelmError, ValueError):
+    """The harness was given a model path or a task it cannot use."""
+
+
+def check_model_args(argv: list[str]) -> None:
+    """Refuse a ``--model_args`` path (``pretrained=``, ``tokenizer=``) that is a file, or
+    neither an existing folder nor a Hub id (``owner/name``), before anything loads."""
+    given = [a.split("=", 1)[1] for a in argv if a.startswith("--model_args=")]
+    given += [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--model_args"]
+    for item in ",".join(given).split(","):
+        key, _, value = item.partition("=")
+        if key.strip() not in PATH_ARGS or not value:
+            continue
+        path = Path(value)
+        if path.is_file():
+            raise HarnessError(
+                f"{key}={value} is a file; give the folder of a saved model (RUN/model, or RUN "
+                "for its tokenizer)"
+            )
+        if not path.is_dir() and not HUB_ID.fullmatch(value):
+            raise HarnessError(
+                f"{key}={value}: no such folder (and not a Hub id owner/name); give the folder "
+                "of a saved model (RUN/model, or RUN for its tokenizer)"
+            )
+
+
+def _one_line(error: Exception) -> str | None:
+    """The line of an error ``lm_eval`` or ``transformers`` raise on a bad task or path
+    (None for any other error: a bug, which keeps its traceback)."""
+    text = str(error).splitlines()[0] if str(error) else ""
+    if isinstance(error, ValueError) and text.startswith("Tasks not found"):
+        return f"{text}; python -m odelm.harness ls tasks lists the tasks"
+    repo = re.match(r"Repo id must be in the form .*: '(.*)'", text)
+    if isinstance(error, OSError) and repo:
+        return f"{repo[1]} is neither a folder of a saved model nor a Hub id (owner/name)"
+    return None
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -27,8 +77,17 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(
             "lm-evaluation-harness is not installed: pip install 'odelm[harness]'"
         ) from None
-    sys.argv = ["lm_eval", *_without_second_bos(sys.argv[1:] if argv is None else argv)]
-    cli_evaluate()
+    args = sys.argv[1:] if argv is None else list(argv)
+    try:
+        check_model_args(args)
+        sys.argv = ["lm_eval", *_without_second_bos(args)]
+        cli_evaluate()
+    except (ValueError, OSError) as error:
+        line = str(error) if isinstance(error, OdelmError) else _one_line(error)
+        if line is None:
+            raise
+        print(f"odelm: error: {line}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 def _without_second_bos(argv: list[str]) -> list[str]:

@@ -34,6 +34,18 @@ DOWNLOAD_OPTIONS = ("revision", "cache_dir", "token", "force_download", "local_f
 SAVED_FILES = ["config.json", "model.safetensors"]
 
 
+def model_type_mismatch(saved: dict[str, Any], path: Path) -> str | None:
+    """Why a ``config.json``'s ``model_type`` is not its ``architecture``'s (``transformers``
+    would load it as another model than odelm builds), or None when it is (or has none)."""
+    given, expected = saved.get("model_type"), MODEL_TYPES.get(saved["architecture"])
+    if given is None or expected is None or given == expected:
+        return None
+    return (
+        f"{path} says model_type {given!r} but its architecture {saved['architecture']} is "
+        f"{expected!r}; the file was edited: restore it, or save the model again"
+    )
+
+
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 """A Hub repository id, ``owner/name`` (a relative path of two parts that is not a folder)."""
 

@@ -12,15 +12,12 @@ rather than plain values overrides
 write) and [`PretrainedMixin.from_config`][odelm.pretrained.PretrainedMixin.from_config] (how to
 rebuild).
 
-Tensors (e.g. initial embeddings) are not written to the config: the weights file holds
-their trained values. Weights go through ``safetensors.torch.save_model`` / ``load_model``,
-which keep tied weights tied.
-
-Loading runs no code named by the files: ``architecture`` must be one of
-[`ARCHITECTURES`][odelm.pretrained.ARCHITECTURES] (the library's own model classes) or the class
-``from_pretrained`` is called on, the weights are safetensors (no pickle), their SHA-256 recorded in
-``config.json`` must match, and every weight must be finite. A config saved by odelm 0.3
-and before (the recorded constructor arguments, old key spellings) still loads.
+Tensors are not written to the config: the weights file (``safetensors``, tied weights kept
+tied) holds their trained values. Loading runs no code named by the files: ``architecture``
+must be one of [`ARCHITECTURES`][odelm.pretrained.ARCHITECTURES] or the class
+``from_pretrained`` is called on, the weights are safetensors (no pickle), their SHA-256
+recorded in ``config.json`` must match, every weight must be finite. A config saved by odelm
+0.3 and before still loads.
 """
 
 from __future__ import annotations
@@ -41,7 +38,13 @@ from typing import TYPE_CHECKING, Any
 
 from odelm.errors import OdelmError
 from odelm.files import atomic_write, make_dir
-from odelm.hub import MODEL_TYPES, resolve, restore_special_tokens, special_token_ids
+from odelm.hub import (
+    MODEL_TYPES,
+    model_type_mismatch,
+    resolve,
+    restore_special_tokens,
+    special_token_ids,
+)
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -325,6 +328,8 @@ def read_config(directory: str | os.PathLike[str]) -> dict[str, Any]:
             f"{path} is not a saved model's config (it needs an 'architecture' string and a "
             "'config' object); save the model again"
         )
+    if mismatch := model_type_mismatch(saved, path):
+        raise CorruptModelError(mismatch)
     return saved
 
 

@@ -79,11 +79,11 @@ CLI_CASES: dict[str, tuple[Callable[[Path], list[str]], str]] = {
         _train(optim={"label_smoothing": 1.5}),
         "optim.label_smoothing = 1.5 is out of range; it must be in [0, 1)",
     ),
-    "negative seed": (  # odelm train names the seed as its Lightning form does
+    "negative seed": (  # odelm train names the seed as the config file spells it
         _train(seed=-1),
-        "seed_everything = -1 is out of range; it must be in [0, 4294967295]",
+        "seed = -1 is out of range; it must be in [0, 4294967295]",
     ),
-    "seed over 2**32-1": (_train(seed=2**32), "seed_everything = 4294967296 is out of range"),
+    "seed over 2**32-1": (_train(seed=2**32), "seed = 4294967296 is out of range"),
     "data seed negative": (_train(data={"seed": -3}), "data.seed = -3 is out of range"),
     "key of another family": (
         _train(model=OTHER_FAMILY),

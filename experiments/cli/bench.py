@@ -105,7 +105,9 @@ def bench_parser() -> Parser:
     parser.add_argument("name", help=f"the benchmark: all, {', '.join(sorted(BENCHMARKS))}")
     parser.add_argument("--json", action="store_true", help="one JSON object per line")
     parser.add_argument("--strict", action="store_true", help="exit 1 when a target is missed")
-    parser.add_argument("--out", help="folder of the records (gpu; default gpu-check)")
+    parser.add_argument(
+        "--out", type=values.folder, help="folder of the records (gpu; default gpu-check)"
+    )
     parser.add_argument("--short", action="store_true", help="gpu: every phase on the CPU, tiny")
     parser.add_argument(
         "--num-threads",

@@ -117,7 +117,9 @@ class OdelmCLI(LightningCLI):
         """The command line ``args`` (``odelm``'s ``main`` hands them over); a wrong one
         raises ``UsageError``, one line naming the option."""
         from experiments.cli.usage import usage_error
+        from experiments.training.run_sections import WRITTEN
 
+        WRITTEN.clear()  # this parse's --config files: errors name their keys as written
         try:
             self.config = parser.parse_args(args)
         except ArgumentError as error:

@@ -145,10 +145,24 @@ def main(argv: list[str] | None = None) -> int:
     """Run one subcommand. A user error ([`OdelmError`][odelm.errors.OdelmError]) prints one line
     and returns 2; ``--debug`` shows its traceback. Anything else is a bug and keeps its
     traceback."""
+    from experiments.cli.environment import check_environment
+
     debug = False
     try:
+        debug = "--debug" in (sys.argv[1:] if argv is None else argv)[:1]
+        check_environment()  # before Lightning is imported: it reads SLURM_PROCID on import
         command, options, debug = parse(sys.argv[1:] if argv is None else list(argv))
         return subcommands()[command][1](options)
+    except UnicodeEncodeError as error:
+        if debug or error.encoding.replace("-", "").lower() == "utf8":
+            raise
+        print(
+            f"odelm: error: the output holds {error.object[error.start : error.end]!r}, which "
+            f"the output's encoding {error.encoding} cannot show (PYTHONIOENCODING or the "
+            "locale); set PYTHONIOENCODING=utf-8",
+            file=sys.stderr,
+        )
+        return 2
     except OdelmError as error:
         if debug:
             raise

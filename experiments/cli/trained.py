@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
+import time
 from typing import Any
 
 import torch
@@ -18,6 +20,7 @@ from experiments.cli import values
 from experiments.cli.parser import Parser
 from experiments.training.config import EvalConfig
 from experiments.training.threads import set_threads
+from odelm.errors import OdelmError
 
 PERPLEXITY_LABELS = {
     "ppl": "per token: the perplexity of the tables",
@@ -64,16 +67,92 @@ def cmd_eval(args: Namespace) -> int:
     return 0
 
 
-def cmd_generate(args: Namespace) -> int:
-    from experiments.evaluation.trained import load_run
-    from odelm.decoding import check_beam_memory
+GENERATE_FLOP_BUDGET = {"cpu": 1e13, "cuda": 1e15}
+"""The most forward FLOPs ``odelm generate`` starts (about 5 minutes of one CPU, or of a
+GPU): beyond it the command is refused before it runs (the library's ``generate`` has no
+budget). Other devices get the CPU's."""
+GENERATE_POSITION_BUDGET = {"cpu": 20_000_000, "cuda": 200_000_000}
+"""The most token positions ``odelm generate`` reads (beams x positions per beam), whatever
+the model's size: each costs time beyond its FLOPs (about 5 microseconds of one CPU for the
+tiny test model: 64 beams x 10,000 tokens, 160 million positions, took 12 minutes)."""
+PROGRESS_AFTER = 2_000
+"""Generation of more token positions than this prints its progress on stderr."""
 
+
+def generation_positions(model: Any, prompt: int, new: int, beams: int) -> int:
+    """Token positions the model reads to generate ``new`` tokens after a ``prompt``-token
+    prompt with ``beams`` rows: one per step with a cache, the whole window (cropped to
+    ``max_positions``) without one or once the window slides."""
+    limit = getattr(model, "max_positions", None) or prompt + new
+    cached = all(callable(getattr(model, n, None)) for n in ("init_cache", "next_token_logits"))
+    total = 0
+    for step in range(new):
+        length = prompt + step
+        total += 1 if cached and 0 < step and length <= limit else min(length, limit)
+    return beams * total
+
+
+def check_generation_cost(model: Any, prompt: int, args: Namespace) -> int:
+    """Refuse ``--max-new-tokens`` with ``--num-beams`` whose token positions exceed
+    ``GENERATE_POSITION_BUDGET`` or whose forward FLOPs (at least 2 x parameters per position
+    read) exceed ``GENERATE_FLOP_BUDGET`` here; returns the positions."""
+    from odelm.contract import model_device
+
+    beams = args.num_beams if args.strategy == "beam" else 1
+    positions = generation_positions(model, prompt, args.max_new_tokens, beams)
+    parameters = sum(p.numel() for p in model.parameters())
+    flops, device = 2.0 * parameters * positions, model_device(model).type
+    budget = GENERATE_FLOP_BUDGET.get(device, GENERATE_FLOP_BUDGET["cpu"])
+    most = GENERATE_POSITION_BUDGET.get(device, GENERATE_POSITION_BUDGET["cpu"])
+    request = f"--max-new-tokens {args.max_new_tokens} with {beams} beam(s)"
+    if positions > most:
+        raise GenerationBudgetError(
+            f"{request} reads {positions:,} token positions, over odelm generate's budget of "
+            f"{most:,} on {device}; lower --max-new-tokens or --num-beams"
+        )
+    if flops > budget:
+        raise GenerationBudgetError(
+            f"{request} needs at least {flops:.2g} forward FLOPs ({positions:,} token positions "
+            f"x 2 x {parameters:,} parameters), over odelm generate's budget of {budget:.0e} "
+            f"on {device}; lower --max-new-tokens or --num-beams"
+        )
+    return positions
+
+
+class GenerationBudgetError(OdelmError, ValueError):
+    """A generation request would run past ``odelm generate``'s budget."""
+
+
+def progress_printer(prompt: int, new: int) -> Any:
+    """A ``progress(length)`` callback printing ``[generate] K/N tokens`` on stderr at most
+    every 2 seconds, and at the end."""
+    last = [time.monotonic()]
+
+    def progress(length: int) -> None:
+        done = length - prompt
+        if time.monotonic() - last[0] >= 2.0 or done == new - 1:
+            last[0] = time.monotonic()
+            print(f"[generate] {done + 1}/{new} tokens", file=sys.stderr, flush=True)
+
+    return progress
+
+
+def cmd_generate(args: Namespace) -> int:
+    from experiments.cli.environment import check_encodable
+    from experiments.evaluation.trained import load_run
+    from odelm.decoding import MAX_NEW_TOKENS, check_beam_memory
+
+    check_encodable(args.prompt, "--prompt", sys.stdout.encoding)  # echoed with the output
     if args.num_threads is not None:
         torch.set_num_threads(args.num_threads)
     run = load_run(args.run, device=args.device)
+    prompt = len(run.encode(args.prompt)) + 1
     if args.strategy == "beam":  # the memory bound needs the model's vocabulary
-        length = len(run.encode(args.prompt)) + 1 + args.max_new_tokens
-        check_beam_memory(run.model, args.num_beams, 1, length, "--num-beams")
+        check_beam_memory(run.model, args.num_beams, 1, prompt + args.max_new_tokens, "--num-beams")
+    positions = 0  # a --max-new-tokens out of its range is refused by generate, in one line
+    if 0 <= args.max_new_tokens <= MAX_NEW_TOKENS:
+        positions = check_generation_cost(run.model, prompt, args)
+    options = {"progress": progress_printer(prompt, args.max_new_tokens)}
     text = run.generate(
         args.prompt,
         args.max_new_tokens,
@@ -84,6 +163,7 @@ def cmd_generate(args: Namespace) -> int:
         top_p=args.top_p,
         seed=args.seed,
         stop_at_eos=args.stop_at_eos,
+        **(options if positions > PROGRESS_AFTER else {}),
     )
     print(text)
     return 0
@@ -144,7 +224,8 @@ def generate_parser() -> Parser:
         "--max-new-tokens",
         type=int,
         default=20,
-        help=f"tokens to generate (at most {MAX_NEW_TOKENS})",
+        help=f"tokens to generate (at most {MAX_NEW_TOKENS}, and with --num-beams within "
+        "odelm generate's budget of token positions and FLOPs, checked before it starts)",
     )
     parser.add_argument(
         "--strategy",

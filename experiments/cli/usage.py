@@ -7,12 +7,12 @@ import re
 from argparse import ArgumentError
 from collections.abc import Sequence
 
-import yaml
 from jsonargparse import ArgumentParser
 
 from experiments.config_errors import ConfigError, type_name
 from experiments.training.config_checks import RANGES, check_range
 from experiments.training.lightning_form import renamed_key
+from experiments.training.yamlfiles import parse_yaml
 from odelm.errors import OdelmError
 
 RUN_COMMANDS = ("train", "compare")
@@ -64,14 +64,17 @@ def usage_error(
         value = restricted[1] if restricted else given[1] if given else None
         flag = _flag(sub, key, argv) or f"--{key}"
         given_here = _given(argv, flag)  # None: the value came from a config file
-        label = key if given_here is None else flag
+        label, shown = (key if given_here is None else flag), flag
+        if given_here is None and command == "train":  # as its --config file spells it
+            label, value = _written(key, value)
+            shown = label
         out_of_range = _out_of_range(key, value or given_here, label)
         if out_of_range:  # a run-config key: its range as the config's own check words it
             return out_of_range
         if restricted:  # jsonargparse.typing's PositiveInt and the like
-            return UsageError(f"{flag} must be {restricted[2]}, got {restricted[1]}")
+            return UsageError(f"{shown} must be {restricted[2]}, got {value}")
         expected = type_name(getattr(action, "_typehint", None) or getattr(action, "type", None))
-        return UsageError(f"{flag} must be {expected}, got {value or given_here!r}")
+        return UsageError(f"{shown} must be {expected}, got {value or given_here!r}")
     typed = re.match(r"argument ([-\w]+): (\1 .*)", text)
     if typed:  # a range type's own line (experiments.cli.values) names the option
         return UsageError(typed[2])
@@ -92,8 +95,8 @@ def _out_of_range(key: str, text: str | None, label: str) -> UsageError | None:
     if key not in RANGED or text is None:
         return None
     try:
-        value = yaml.safe_load(text)
-    except yaml.YAMLError:
+        value = parse_yaml(text)
+    except ConfigError:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
@@ -102,6 +105,17 @@ def _out_of_range(key: str, text: str | None, label: str) -> UsageError | None:
     except ConfigError as error:
         return UsageError(str(error))
     return None
+
+
+def _written(key: str, value: str | None) -> tuple[str, str | None]:
+    """A key whose value came from a ``--config`` file, as the file spells it, and the
+    value written there (jsonargparse's message may only say ``None``)."""
+    from experiments.training.run_sections import written_key
+
+    spelled = written_key(key)
+    if spelled is None:
+        return key, value
+    return spelled[0], str(spelled[1]) if not isinstance(spelled[1], str) else spelled[1]
 
 
 def _given(argv: list[str], flag: str) -> str | None:

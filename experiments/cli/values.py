@@ -10,6 +10,7 @@ argparse keeps; ``experiments.cli.main.usage_error`` drops its ``argument X:`` p
 
 from __future__ import annotations
 
+import os
 from argparse import ArgumentTypeError
 from collections.abc import Callable
 from pathlib import Path
@@ -61,9 +62,18 @@ def _check_positive(value: int, flag: str) -> None:
 
 
 def _check_folder(value: str, flag: str) -> None:
+    """An output folder, checked before any work: an existing file, a path under a file or
+    a folder this process cannot write is refused (nothing is written to check)."""
     path = Path(value)
     if path.exists() and not path.is_dir():
         raise ConfigError(f"{flag} {value} is a file; it must be a folder (made when missing)")
+    parent = path.absolute()
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise ConfigError(f"{flag} {value} lies under {parent}, a file; choose another folder")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ConfigError(f"{flag} {value}: {parent} cannot be written here; choose another folder")
 
 
 threads = _typed("threads", "--num-threads", _integer, check_threads)

@@ -15,11 +15,10 @@ import math
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from experiments.comparison.plots import _draw, read_metrics
 from experiments.comparison.tables import group_by_model
 from experiments.plotting import plain_log_ticks, plt, save_figure
+from experiments.training.yamlfiles import parse_yaml, read_yaml_text
 from odelm import files
 
 
@@ -29,7 +28,7 @@ def step_flops(run_dir: Path, result: dict[str, Any]) -> float | None:
     path = run_dir / "config.yaml"
     if not isinstance(forward, (int, float)) or not forward or not path.is_file():
         return None
-    data = (yaml.safe_load(path.read_text()) or {}).get("data", {})
+    data = (parse_yaml(read_yaml_text(path), str(path)) or {}).get("data", {})
     if data.get("batching", "stream") != "stream":
         return None
     return 3.0 * forward * data.get("batch_size", 0) * data.get("bptt", 0) or None

@@ -1,17 +1,23 @@
-"""SHA-256 checks of corpus files: the one hash helper, and the hashes a file must have.
+"""SHA-256 checks of corpus files and of a run's recorded files: the one hash helper, and
+the hashes a file must have.
 
 A split file's expected hash is the one recorded in its folder's manifest
 (``.verified.json``, written by the downloader only after the file passed its archive's
 check) or else the corpus's published one (``CorpusSpec.file_sha256``). A file with neither
 is "unknown": it is used as it is, since nothing says what it should be.
+
+A finished run's marker (``RUN_MARKER``) records the SHA-256 of the files the run is loaded
+from and of its splits' tokens (``run_record``); every load checks them
+(``verify_recorded_files``), here so that the data layer's loaders (``hf_tokenizer``) can.
 """
 
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pooch
 
@@ -22,10 +28,15 @@ if TYPE_CHECKING:
     from experiments.data.registry import CorpusSpec
 
 MANIFEST = ".verified.json"
+RUN_MARKER = ".odelm-run"
 
 
 class ChecksumError(OdelmError, ValueError):
     """A file's SHA-256 differs from the expected one."""
+
+
+class RunFilesChangedError(OdelmError, ValueError):
+    """A file of a finished run differs from the one odelm wrote (damaged or tampered)."""
 
 
 def sha256_file(path: str | os.PathLike[str]) -> str:
@@ -70,3 +81,47 @@ def checksum_status(spec: CorpusSpec, path: Path) -> tuple[str, str]:
     if expected is None:
         return actual, "unknown"
     return actual, "ok" if actual == expected else "MISMATCH"
+
+
+def run_record(run_dir: Path) -> dict[str, Any]:
+    """The run marker's record ({} where there is none, or a user created it empty to adopt
+    an old run); a marker that is not a JSON object is refused: it promised a record."""
+    path = run_dir / RUN_MARKER
+    try:
+        text = path.read_text() if path.is_file() else ""
+        record = json.loads(text) if text.strip() else {}
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        record = None
+    if not isinstance(record, dict):
+        raise RunFilesChangedError(
+            f"{path} is damaged (not a JSON object), so the run's files cannot be checked; "
+            "restore the run from a copy, or retrain it"
+        )
+    return record
+
+
+def verify_recorded_files(run_dir: Path, names: Iterable[str] | None = None) -> None:
+    """Refuse a run whose recorded files changed: all of them, or those under ``names``
+    (files or folders); a run with no record is not checked."""
+    recorded = run_record(run_dir).get("files") or {}
+    if not isinstance(recorded, dict):
+        raise RunFilesChangedError(
+            f"{run_dir / RUN_MARKER} is damaged (its file list is not a mapping); restore the "
+            "run from a copy, or retrain it"
+        )
+    wanted = None if names is None else tuple(names)
+    for name, expected in sorted(recorded.items()):
+        path = run_dir / name
+        if Path(name).is_absolute() or ".." in Path(name).parts:
+            raise RunFilesChangedError(
+                f"{run_dir / RUN_MARKER} lists {name!r}, a file outside the run; the marker "
+                "was tampered with: restore the run from a copy, or retrain it"
+            )
+        if wanted is not None and not any(name == w or name.startswith(f"{w}/") for w in wanted):
+            continue
+        if not path.is_file() or sha256_file(path) != expected:
+            state = "is missing" if not path.is_file() else "does not match its recorded SHA-256"
+            raise RunFilesChangedError(
+                f"{path} {state} (changed or damaged since odelm wrote it); restore the run "
+                "from a copy, or retrain it"
+            )

@@ -74,10 +74,36 @@ def read_lines(path: Path) -> list[list[str]]:
 def default_data_dirs(data_dir: str | Path | None) -> list[Path]:
     """The data directories searched, in order: the argument, $ODELM_DATA_DIR, the cache."""
     dirs = [Path(data_dir)] if data_dir else []
-    if os.environ.get(DATA_DIR_ENV):
-        dirs.append(Path(os.environ[DATA_DIR_ENV]))
+    env = env_data_dir()
+    dirs += [env] if env is not None else []
     dirs.append(DEFAULT_CACHE_DIR)
     return dirs
+
+
+def env_data_dir() -> Path | None:
+    """``$ODELM_DATA_DIR`` (None when unset); one line when it names a file, a folder that
+    cannot be read, or a path the system refuses (too long)."""
+    value = os.environ.get(DATA_DIR_ENV, "")
+    if not value:
+        return None
+    shown = f"{DATA_DIR_ENV}={value[:200]!r}{'...' if len(value) > 200 else ''}"
+    path = Path(value)
+    try:
+        is_dir = path.is_dir()
+        exists = is_dir or path.exists()
+    except OSError as error:
+        raise CorpusError(
+            f"{shown} cannot be used ({error.strerror}); point it at the folder holding your "
+            "corpora, or unset it"
+        ) from None
+    if exists and not is_dir:
+        raise CorpusError(
+            f"{shown} is a file, not a folder; point it at the folder holding your corpora, "
+            "or unset it"
+        )
+    if is_dir and not os.access(path, os.R_OK | os.X_OK):
+        raise CorpusError(f"{shown} is a folder odelm cannot read; check its permissions")
+    return path
 
 
 def find_split_files(name: str, data_dir: str | Path | None) -> dict[str, Path]:

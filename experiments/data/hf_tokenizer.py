@@ -28,6 +28,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from experiments.data.checksums import verify_recorded_files
 from experiments.data.tokenization import (
     SubwordTokenizer,
     Tokenizer,
@@ -35,6 +36,7 @@ from experiments.data.tokenization import (
     load_tokenizer,
 )
 from odelm import files
+from odelm.errors import OdelmError
 
 HF_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 """What [`save_hf_tokenizer`][experiments.data.hf_tokenizer.save_hf_tokenizer] writes into a run."""
@@ -43,6 +45,11 @@ MISSING_UNK = "<not-in-vocabulary>"
 """The unknown token a word-level vocabulary without ``<unk>`` names but does not hold, so
 that the tokenizer refuses a word outside the vocabulary instead of mapping it."""
 SPACE = "\u2581"  # "▁", the word-start mark of a word-level vocabulary
+
+
+class HFTokenizerError(OdelmError, ValueError):
+    """A run's Hugging Face tokenizer cannot be read, or is not the one its model was
+    trained with."""
 
 
 def _backend(tokenizer: Tokenizer) -> tuple[Any, dict[str, str]]:
@@ -115,21 +122,43 @@ def to_hf_tokenizer(tokenizer: Tokenizer, model_max_length: int | None = None) -
 def hf_tokenizer(run_dir: str | os.PathLike[str]) -> Any:
     """The ``PreTrainedTokenizerFast`` of a run: ``AutoTokenizer.from_pretrained(RUN)`` when the
     run has its Hugging Face files, else built in memory from ``RUN/tokenizer`` (a run written
-    by an earlier version; the folder is left as it is)."""
+    by an earlier version; the folder is left as it is). The tokenizer files the run recorded
+    must be unchanged, and the vocabulary must be the model's size."""
     from transformers import AutoTokenizer
 
     run = Path(run_dir)
+    verify_recorded_files(run, ["tokenizer", *HF_TOKENIZER_FILES])
     if all((run / name).is_file() for name in HF_TOKENIZER_FILES):
-        return AutoTokenizer.from_pretrained(str(run))
-    return to_hf_tokenizer(load_tokenizer(run / "tokenizer"), _max_positions(run))
+        try:
+            hf = AutoTokenizer.from_pretrained(str(run))
+        except Exception as error:  # noqa: BLE001 (tokenizers raises a bare Exception)
+            raise HFTokenizerError(
+                f"{run / HF_TOKENIZER_FILES[0]} is not a tokenizer transformers can read "
+                f"({type(error).__name__}: {(str(error).splitlines() or ['no detail'])[0][:200]}"
+                "); restore the run's own tokenizer files"
+            ) from None
+    else:
+        hf = to_hf_tokenizer(load_tokenizer(run / "tokenizer"), _max_positions(run))
+    vocab = _model_config(run).get("vocab_size")
+    if isinstance(vocab, int) and len(hf) != vocab:
+        raise HFTokenizerError(
+            f"the tokenizer of {run} has {len(hf)} tokens but its model's vocabulary has "
+            f"{vocab}; it belongs to another run: restore the run's own tokenizer files"
+        )
+    return hf
 
 
-def _max_positions(run: Path) -> int | None:
+def _model_config(run: Path) -> dict[str, Any]:
+    """The ``config`` of the run's saved model ({} where it cannot be read)."""
     try:
         config = json.loads((run / "model" / "config.json").read_text())["config"]
     except (OSError, ValueError, KeyError, TypeError):
-        return None
-    value = config.get("max_positions") if isinstance(config, dict) else None
+        return {}
+    return config if isinstance(config, dict) else {}
+
+
+def _max_positions(run: Path) -> int | None:
+    value = _model_config(run).get("max_positions")
     return value if isinstance(value, int) else None
 
 

@@ -40,7 +40,7 @@ from experiments.evaluation.depth_curve import (
 from experiments.models.flops import forward_flops_per_token
 from experiments.training.evaluate import EvalSettings, evaluation_batches, window_length
 from neuralode_lm.depth_field import FixedGrid
-from neuralode_lm.solvers import solve
+from neuralode_lm.solvers import DEFAULT_MAX_NUM_STEPS, solve
 from neuralode_lm.transformer import NODETransformerLM
 from ode_transformer.tableau import METHODS, TABLEAUX
 from odelm import files
@@ -63,8 +63,33 @@ REFERENCE = {"method": "dopri5", "rtol": 1e-7, "atol": 1e-9, "max_num_steps": 10
 COLUMNS = ("method", "setting", "ppl", "nfe", "flops_per_token", "seconds", "state_error")
 
 
+MAX_GRID_STEPS = DEFAULT_MAX_NUM_STEPS
+"""The most steps of one ``--steps`` value: the solver's step cap."""
+MAX_FIELD_EVALUATIONS = 20_000
+"""The most field evaluations per token the fixed grids of one table may take (the default
+``--steps 1 2 4 8`` take 150), so a table ends in minutes, not days."""
+
+
 class DiscretizeError(OdelmError, ValueError):
-    """The run's model has no vector field to re-discretise."""
+    """The run's model has no vector field to re-discretise, or the request is over budget."""
+
+
+def check_steps(steps: list[int]) -> None:
+    """Refuse ``--steps`` beyond ``MAX_GRID_STEPS`` each or ``MAX_FIELD_EVALUATIONS`` in all
+    (each method evaluates the field steps x its stages times per token)."""
+    stages = sum(len(TABLEAUX[method].b) for method in GRID_METHODS)
+    for n in steps:
+        if n > MAX_GRID_STEPS:
+            raise DiscretizeError(
+                f"--steps {n} is over the budget of {MAX_GRID_STEPS} steps per solve (the "
+                "solver's step cap); give fewer steps"
+            )
+    if stages * sum(steps) > MAX_FIELD_EVALUATIONS:
+        raise DiscretizeError(
+            f"--steps {' '.join(map(str, steps))} needs {stages * sum(steps):,} field evaluations "
+            f"per token ({' + '.join(GRID_METHODS)}: {stages} stages x {sum(steps)} steps), over "
+            f"the budget of {MAX_FIELD_EVALUATIONS:,}; give fewer or smaller step counts"
+        )
 
 
 def _adaptive(rtol: float) -> dict[str, Any]:
@@ -192,6 +217,7 @@ def discretize(
     for flag, value in [*counts, *(("--steps", n) for n in steps or [])]:
         if value < 1:
             raise DiscretizeError(f"{flag} must be >= 1, got {value}")
+    check_steps(steps or [])
 
     run = load_run(run_dir, device=device)
     lm, data, config = run.model, run.data(), run.config

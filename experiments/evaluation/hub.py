@@ -5,7 +5,8 @@ The folder holds ``config.json`` (with ``model_type``) and ``model.safetensors``
 ``model/``), ``tokenizer.json`` and ``tokenizer_config.json`` (the run's tokenizer), and
 ``README.md`` (the run's card), so ``AutoModelForCausalLM.from_pretrained(folder)``,
 ``AutoTokenizer.from_pretrained(folder)`` and ``pipeline("text-generation", model=folder)``
-all read the one folder. The run itself is only read.
+all read the one folder. The run itself is only read, and only after its recorded files
+(weights, tokenizer, config) are checked against their SHA-256 in the run's marker.
 """
 
 from __future__ import annotations
@@ -18,23 +19,28 @@ from typing import Any
 
 from experiments.data.hf_tokenizer import save_hf_tokenizer
 from experiments.data.tokenization import load_tokenizer
+from experiments.training.runfolder import verify_run_files
 from odelm import files
+from odelm.errors import OdelmError
 from odelm.hub import MODEL_TYPES, SPECIAL_TOKEN_IDS
 from odelm.pretrained import CONFIG_FILE, WEIGHTS_FILE, read_config
 
 
-class ExportError(FileExistsError):
-    """The export folder exists and is not empty."""
+class ExportError(OdelmError, FileExistsError):
+    """The export folder exists and is not empty, or is a file."""
 
 
 def export_run(run_dir: str | os.PathLike[str], folder: str | os.PathLike[str]) -> Path:
     """Write the Hugging Face folder of a run (the module docstring) to ``folder`` (new or
     empty); a run saved before ``model_type`` (or its special token ids) existed gets them in
-    the copy."""
+    the copy. A run whose recorded files changed is refused before anything is written."""
     run, out = Path(run_dir), Path(folder)
+    if out.exists() and not out.is_dir():
+        raise ExportError(f"{out} is a file, not a folder; export a run into a new folder")
     if out.exists() and any(out.iterdir()):
         raise ExportError(f"{out} is not empty; export a run into a new folder")
     saved = read_config(run / "model")  # checks that the run has a saved model
+    verify_run_files(run)  # the weights, tokenizer and config the run recorded
     files.make_dir(out, root=out)  # the folder named; no write leaves it (odelm.files)
     files.copy_file(run / "model" / WEIGHTS_FILE, out / WEIGHTS_FILE)
     model_type = MODEL_TYPES.get(saved["architecture"])

@@ -36,6 +36,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from experiments.data.checksums import run_record
 from experiments.data.corpora import load_corpus
 from experiments.data.tokenization import (
     EncodedSplit,
@@ -268,14 +269,27 @@ class TrainedRun:
         return data
 
     def check_data(self, data: LMData) -> None:
-        """Refuse splits whose checksums differ from those in the run's ``result.json``."""
+        """Refuse splits whose checksums differ from those the run recorded: in its
+        ``result.json`` and in its marker (which stands in for a damaged ``result.json``);
+        a damaged ``result.json`` with no record in the marker is refused too."""
         path = self.run_dir / "result.json"
         try:
-            recorded = json.loads(path.read_text()).get("data_sha256") or {}
-        except (OSError, ValueError, AttributeError):
-            recorded = {}
+            result = json.loads(path.read_text()) if path.exists() else {}
+        except (OSError, ValueError):
+            result = None
+        result = result if isinstance(result, dict) else None
+        given = [run_record(self.run_dir).get("data_sha256"), (result or {}).get("data_sha256")]
+        records: list[dict[str, Any]] = [r for r in given if isinstance(r, dict)]
+        if result is None and not records:
+            raise DataChangedError(
+                f"{path} is damaged and the run's marker records no split checksums, so the "
+                "splits cannot be checked against those the run was tested on; restore "
+                "result.json, or pass --allow-changed-data to score the data anyway"
+            )
         actual = split_checksums(data)
-        changed = [k for k, v in recorded.items() if k in actual and actual[k] != v]
+        changed = sorted(
+            {k for record in records for k, v in record.items() if k in actual and actual[k] != v}
+        )
         if changed:
             raise DataChangedError(
                 f"the {', '.join(changed)} split of {data.corpus_name} differs from the one "

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import datetime
 import re
+from collections.abc import Collection
 from typing import Any
 
 from experiments.config_errors import ConfigError
@@ -91,9 +92,14 @@ def run_form_key(key: str) -> str:
     return f"trainer.{back[name]}" if section == "trainer" and name in back else key
 
 
-def lightning_message(text: str) -> str:
-    """A run-form error message with its keys named as the Lightning form names them."""
-    return re.sub(r"\b(seed|trainer\.\w+)\b", lambda m: renamed_key(m[1]), text)
+def lightning_message(text: str, written: Collection[str] = ()) -> str:
+    """A run-form error message with its keys named as the Lightning form names them, but
+    for those in ``written`` (the user's config file spells them so)."""
+    return re.sub(
+        r"\b(seed|trainer\.\w+)\b",
+        lambda m: m[1] if m[1] in written else renamed_key(m[1]),
+        text,
+    )
 
 
 # --- run form -> Lightning form ------------------------------------------------------

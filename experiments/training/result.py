@@ -110,7 +110,9 @@ def finish_run(
     }
     check_finite(result, trainer.global_step)
     written = save_run_model(model, run_dir, data.tokenizer)
-    runfolder.record_run_files(run_dir, [CONFIG_FILE, "tokenizer", *written])
+    runfolder.record_run_files(
+        run_dir, [CONFIG_FILE, "tokenizer", *written], data_sha256=result["data_sha256"]
+    )
     write_card(config, result)  # RUN/README.md; before result.json: a finished run has one
     write_json(run_dir / RESULT_FILE, result)
     return result

@@ -34,7 +34,6 @@ from experiments.training.lightning_form import (
 )
 from experiments.training.run_schema import (
     RECIPE_DIR,
-    SECTIONS,
     DataConfig,
     EvalConfig,
     OptimConfig,
@@ -47,6 +46,7 @@ from experiments.training.run_sections import (
     ModelSection,
     RecipeFile,
     add_section,
+    check_sections,
     descriptions,
     lightning_values,
     ranged_type,
@@ -175,10 +175,7 @@ def read_run_form(
     """``experiments.training.config.parse_config``: a run-form mapping (Lightning-form keys
     read too) read by the run config's parser; an error is one line naming the key as it
     was written (``where``: the file or grid entry it came from)."""
-    for key in SECTIONS.keys() & values.keys():
-        if not isinstance(values[key], dict):
-            got = type(values[key]).__name__
-            raise ConfigError(f"{where}.{key} must be a mapping, got {got}")
+    check_sections(values, where)
     try:
         cfg = run_parser().parse_object(lightning_values(values))
     except ArgumentError as error:

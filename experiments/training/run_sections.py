@@ -15,12 +15,17 @@ from typing import Any, Optional
 
 import docstring_parser
 import yaml
-from jsonargparse import ActionConfigFile, Namespace, get_loader
+from jsonargparse import ActionConfigFile, Namespace
 from jsonargparse.typing import registered_types, restricted_number_type
 
 from experiments.config_errors import ConfigError
 from experiments.training.config_checks import NULLABLE, RANGES, SEED_MAX
-from experiments.training.lightning_form import from_lightning, lightning_message, to_lightning
+from experiments.training.lightning_form import (
+    from_lightning,
+    lightning_message,
+    run_form_key,
+    to_lightning,
+)
 from experiments.training.run_schema import (
     RECIPE_DIR,
     RunConfig,
@@ -29,7 +34,7 @@ from experiments.training.run_schema import (
     recipe_path,
     saved_run_values,
 )
-from experiments.training.yamlfiles import load_yaml, merge
+from experiments.training.yamlfiles import load_yaml, merge, parse_yaml
 
 COMMAND_KEYS = ("overwrite", "quiet", "verbose")
 """Options of the command, not of the run: left out of the printed config."""
@@ -110,7 +115,8 @@ class ModelSection(Action):
 
     def __call__(self, parser: Any, namespace: Any, value: Any, option: Any = None) -> None:
         key = str(option or "").removeprefix(self.option_strings[0]).removeprefix(".")
-        value = get_loader("yaml")(value) if isinstance(value, str) else value
+        flag = self.option_strings[0] + (f".{key}" if key else "")
+        value = parse_yaml(value, flag) if isinstance(value, str) else value
         current = namespace.get(self.dest)
         if not key:
             if not isinstance(value, dict):
@@ -123,10 +129,60 @@ class ModelSection(Action):
         namespace[self.dest] = type(current)(merged) if isinstance(current, dict) else merged
 
 
-def read_config_file(path: str | Path) -> dict[str, Any]:
-    """A config file in the Lightning form (``lightning_values``)."""
+MAPPING_SECTIONS = ("data", "model", "optim", "trainer", "eval", "run")
+"""The config's keys that hold a mapping, in either form."""
+
+
+def check_sections(values: dict[str, Any], where: str) -> None:
+    """Refuse a section that is not a mapping (``data: 5``), naming it as written in
+    ``where`` (the file or grid entry)."""
+    for key in MAPPING_SECTIONS:
+        if key in values and not isinstance(values[key], dict):
+            raise ConfigError(
+                f"{where}.{key} must be a mapping, got {type(values[key]).__name__}; write "
+                f"{key}: {{KEY: VALUE, ...}} ({key}.KEY options on the command line)"
+            )
+
+
+WRITTEN: list[dict[str, Any]] = []
+"""The config files ``--config`` read in the current parse, as written: an error names a key
+as they spell it (``LightningCLI.parse_arguments`` empties it first)."""
+
+
+def written_key(key: str) -> tuple[str, Any] | None:
+    """A Lightning-form ``key`` as the config files read in this parse spell it, and its
+    value there (the last file giving it); None when no file gives it."""
+    for values in reversed(WRITTEN):
+        for spelled in (run_form_key(key), key):
+            value: Any = values
+            for part in spelled.split("."):
+                value = value.get(part, WRITTEN) if isinstance(value, dict) else WRITTEN
+            if value is not WRITTEN:
+                return spelled, value
+    return None
+
+
+def written_keys() -> set[str]:
+    """Every dotted key of the config files read in this parse, as written."""
+    keys: set[str] = set()
+    stack: list[tuple[str, Any]] = [("", values) for values in WRITTEN]
+    while stack:
+        prefix, values = stack.pop()
+        for key, value in values.items() if isinstance(values, dict) else ():
+            keys.add(f"{prefix}{key}")
+            stack.append((f"{prefix}{key}.", value))
+    return keys
+
+
+def read_config_file(path: str | Path, *, written: bool = False) -> dict[str, Any]:
+    """A config file in the Lightning form (``lightning_values``); ``written``: the user's
+    own (``--config``), kept in ``WRITTEN`` so that errors name its keys as it does."""
     recipe = Path(path).resolve().parent == RECIPE_DIR.resolve()
-    return lightning_values(load_yaml(path), recipe=recipe)
+    values = load_yaml(path)
+    check_sections(values, str(path))
+    if written:
+        WRITTEN.append(values)
+    return lightning_values(values, recipe=recipe)
 
 
 def lightning_values(values: dict[str, Any], *, recipe: bool = False) -> dict[str, Any]:
@@ -152,7 +208,7 @@ class ConfigFile(ActionConfigFile):
         if path is None and isinstance(values, str) and Path(values).suffix in CONFIG_SUFFIXES:
             raise ConfigError(f"config file {values} does not exist")
         if path is not None:
-            values = yaml.safe_dump(read_config_file(path), sort_keys=False)
+            values = yaml.safe_dump(read_config_file(path, written=True), sort_keys=False)
         self.apply_config(parser, cfg, self.dest, values)
         cfg[self.dest][-1] = path  # the file's name (--name auto names the run after it)
 
@@ -188,7 +244,7 @@ def run_config(
     except ConfigError as error:
         if not lightning_names:
             raise
-        raise ConfigError(lightning_message(str(error))) from None
+        raise ConfigError(lightning_message(str(error), written_keys())) from None
     return config
 
 

@@ -25,12 +25,16 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from experiments.data.checksums import (  # noqa: F401 (RunFilesChangedError re-exported)
+    RUN_MARKER,
+    RunFilesChangedError,
+    verify_recorded_files,
+)
 from experiments.training.rankorder import rank_zero_first
 from odelm import __version__, files
 from odelm.errors import OdelmError
 from odelm.pretrained import file_sha256
 
-RUN_MARKER = ".odelm-run"
 COMPARISON_MARKER = ".odelm-comparison"
 LOCK_FILE = ".odelm-lock"
 RUN_FILES = frozenset(
@@ -75,10 +79,6 @@ class RunInUseError(OdelmError, BlockingIOError):
 
 class RankVariableError(OdelmError, ValueError):
     """A launcher's rank variable (``RANK``, ``LOCAL_RANK``, ...) is not an integer."""
-
-
-class RunFilesChangedError(OdelmError, ValueError):
-    """A file of a finished run differs from the one odelm wrote (damaged or tampered)."""
 
 
 def check_run_name(name: Any, what: str = "run name") -> None:
@@ -223,31 +223,18 @@ def _files_under(run_dir: Path, names: Iterable[str]) -> list[str]:
     return found
 
 
-def record_run_files(run_dir: Path, names: Iterable[str]) -> None:
-    """Record in the run marker the SHA-256 of each file under ``names`` (files or folders)."""
+def record_run_files(
+    run_dir: Path, names: Iterable[str], data_sha256: dict[str, str] | None = None
+) -> None:
+    """Record in the run marker the SHA-256 of each file under ``names`` (files or folders)
+    and, given, of each split's tokens (``data_sha256``: what ``odelm eval`` checks the
+    splits against, also when ``result.json`` is damaged)."""
     files = {name: file_sha256(run_dir / name) for name in _files_under(run_dir, names)}
+    splits = {} if data_sha256 is None else {"data_sha256": data_sha256}
     marker = read_marker(run_dir)
-    _write_marker(run_dir, RUN_MARKER, {**marker, "kind": "run", "files": files})
+    _write_marker(run_dir, RUN_MARKER, {**marker, "kind": "run", "files": files, **splits})
 
 
 def verify_run_files(run_dir: Path) -> None:
     """Refuse a run whose recorded files changed (a run with no record is not checked)."""
-    recorded = read_marker(run_dir).get("files") or {}
-    if not isinstance(recorded, dict):
-        raise RunFilesChangedError(
-            f"{run_dir / RUN_MARKER} is damaged (its file list is not a mapping); restore the "
-            "run from a copy, or retrain it"
-        )
-    for name, expected in sorted(recorded.items()):
-        path = run_dir / name
-        if Path(name).is_absolute() or ".." in Path(name).parts:
-            raise RunFilesChangedError(
-                f"{run_dir / RUN_MARKER} lists {name!r}, a file outside the run; the marker "
-                "was tampered with: restore the run from a copy, or retrain it"
-            )
-        if not path.is_file() or file_sha256(path) != expected:
-            state = "is missing" if not path.is_file() else "does not match its recorded SHA-256"
-            raise RunFilesChangedError(
-                f"{path} {state} (changed or damaged since odelm wrote it); restore the run "
-                "from a copy, or retrain it"
-            )
+    verify_recorded_files(run_dir)
