@@ -187,14 +187,10 @@ class PretrainedMixin:
     def save_pretrained(
         self, directory: str | os.PathLike[str], *, metadata: Any = None, **hub_options: Any
     ) -> None:
-        """Write ``config.json`` and ``model.safetensors`` into ``directory``.
-
-        ``metadata`` (JSON data, e.g. the tokenizer's fingerprint) is stored beside the
-        config and returned by [`read_config`][odelm.pretrained.read_config]. Options of
-        ``transformers``' ``save_pretrained`` (``safe_serialization``, ``state_dict``, ...,
-        passed by ``Trainer`` and ``push_to_hub``) are accepted and ignored: the weights are
-        always one safetensors file of the model's own parameters.
-        """
+        """Write ``config.json`` and ``model.safetensors`` into ``directory``; ``metadata``
+        (JSON data) is stored beside the config ([`read_config`][odelm.pretrained.read_config]
+        returns it). ``transformers``' options (``safe_serialization``, ``state_dict``, ...,
+        passed by ``Trainer``) are ignored: the weights are one safetensors file."""
         from safetensors.torch import save_model
 
         directory = make_dir(directory, root=directory)  # the folder the caller names
