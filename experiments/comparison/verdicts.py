@@ -185,7 +185,9 @@ def _evidence(
 ) -> Evidence:
     grid = item["grid"]
     if grid not in cache:  # each grid's file and seed-noise row, once
-        pending = not (root / grid).exists() and (GRIDS_DIR / f"{grid}.yaml").is_file()
+        # a registered grid still running (its records folder, no results.csv yet) or not run
+        pending = not (root / grid / "results.csv").exists()
+        pending = pending and (GRIDS_DIR / f"{grid}.yaml").is_file()
         if pending and kind in ("primary", *PLANNED):
             cache[grid] = None
         else:
