@@ -5,6 +5,10 @@ fast tier's CPU-time record (``--record-fast-tier``, tests/fast_tier.py)."""
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -12,6 +16,7 @@ from typing import Any
 import fast_tier
 import pytest
 import torch
+import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -201,3 +206,30 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
         terminalreporter.write_line(
             'mark them slow, or re-record: python -m pytest -m "not slow" --record-fast-tier'
         )
+
+
+def kill_at_first_checkpoint(values: dict[str, Any], run_dir: Path, max_steps: int) -> None:
+    """Train ``values`` (a run config) in a child ``odelm train``, SIGKILL it as soon as its
+    first checkpoint is written, and check that it died mid-run (no result, a step between 0
+    and ``max_steps``): the first half of every kill-and-resume test."""
+    config_file = run_dir.parent / f"{run_dir.name}.yaml"
+    config_file.write_text(yaml.safe_dump(values))
+    command = [
+        sys.executable,
+        "-m",
+        "experiments",
+        "train",
+        "--config",
+        str(config_file),
+        "--quiet",
+    ]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    checkpoints = run_dir / "checkpoints"
+    deadline = time.time() + 240
+    while time.time() < deadline and not (checkpoints / "last.ckpt").exists():
+        time.sleep(0.02)
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait()
+    assert not (run_dir / "result.json").exists(), "the run finished before the kill"
+    state = torch.load(checkpoints / "last.ckpt", weights_only=True)
+    assert 0 < state["global_step"] < max_steps

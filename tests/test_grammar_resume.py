@@ -3,15 +3,9 @@ killed mid-way resumes to the uninterrupted run's result."""
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
-import time
-
 import pytest
 import torch
-import yaml
+from conftest import kill_at_first_checkpoint
 
 from experiments.training.config import DataConfig, parse_config
 from experiments.training.datamodule import (
@@ -44,19 +38,7 @@ def test_sigkill_mid_run_on_the_stream_then_resume_matches_uninterrupted(tmp_pat
         return tiny_config(tmp_path, name, data=data, trainer={"max_steps": 40})
 
     reference = train(parse_config(config("reference")))
-    config_file = tmp_path / "killed.yaml"
-    config_file.write_text(yaml.safe_dump(config("killed")))
-    command = [sys.executable, "-m", "experiments", "train", "--config", str(config_file)]
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    checkpoints = tmp_path / "killed" / "checkpoints"
-    deadline = time.time() + 240
-    while time.time() < deadline and not (checkpoints / "last.ckpt").exists():
-        time.sleep(0.02)
-    os.kill(process.pid, signal.SIGKILL)
-    process.wait()
-    assert not (tmp_path / "killed" / "result.json").exists(), "the run finished before the kill"
-    state = torch.load(checkpoints / "last.ckpt", weights_only=True)
-    assert 0 < state["global_step"] < 40
+    kill_at_first_checkpoint(config("killed"), tmp_path / "killed", 40)
     resumed = train(parse_config(config("killed")))
     assert resumed["steps"] == 40
     assert resumed["valid_ppl"] == pytest.approx(reference["valid_ppl"], abs=1e-6)

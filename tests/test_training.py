@@ -5,16 +5,12 @@ from __future__ import annotations
 import csv
 import json
 import math
-import os
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
+from conftest import kill_at_first_checkpoint
 
 from experiments.cli.main import main
 from experiments.data.tokenization import VocabularyMismatchError, WordTokenizer
@@ -72,27 +68,7 @@ def test_sigkill_mid_run_then_resume_matches_uninterrupted(tmp_path, tiny_config
     with (tmp_path / "reference" / "logs" / "metrics.csv").open() as handle:
         logged = {float(row["val/lr"]) for row in csv.DictReader(handle) if row.get("val/lr")}
     assert logged == lrs  # the stateful run anneals (40 -> 10) on a validation plateau
-    config_file = tmp_path / "killed.yaml"
-    config_file.write_text(yaml.safe_dump(config("killed")))
-    command = [
-        sys.executable,
-        "-m",
-        "experiments",
-        "train",
-        "--config",
-        str(config_file),
-        "--quiet",
-    ]
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    checkpoints = tmp_path / "killed" / "checkpoints"
-    deadline = time.time() + 240
-    while time.time() < deadline and not (checkpoints / "last.ckpt").exists():
-        time.sleep(0.02)
-    os.kill(process.pid, signal.SIGKILL)
-    process.wait()
-    assert not (tmp_path / "killed" / "result.json").exists(), "the run finished before the kill"
-    state = torch.load(checkpoints / "last.ckpt", weights_only=True)
-    assert 0 < state["global_step"] < 40
+    kill_at_first_checkpoint(config("killed"), tmp_path / "killed", 40)
     resumed = train(parse_config(config("killed")))
     assert resumed["steps"] == 40
     assert resumed["valid_ppl"] == pytest.approx(reference["valid_ppl"], abs=1e-6)
