@@ -487,8 +487,10 @@ def test_a_key_added_later_keeps_old_runs_hashes() -> None:
         "trainer.max_time": None,
         "data.order": 1,
         "trainer.matmul_precision": "highest",
+        "data.grammar_depth": None,
     }
     assert "trainer.compile" not in identity(plain)
+    assert "data.grammar_depth" not in identity(plain)
     assert "trainer.matmul_precision" not in identity(plain)
     old_style = {k: v for k, v in plain.to_dict().items()}
     old_style["trainer"] = {k: v for k, v in old_style["trainer"].items() if k != "compile"}
