@@ -98,9 +98,9 @@ def markdown(
                 noise = next((_noise(e) for e in items if _noise(e)), "")
                 parts.append(f"**{title}** ({grids}{noise}): " + "; ".join(map(_cell, items)))
         links = ", ".join(
-            f"[{name}]({name}/{_page(results_root / name)})"
+            f"[{name}]({name}/{page})"
             for name in claim.get("details", [])
-            if (results_root / name).is_dir()
+            if (page := _page(results_root / name))
         )
         cells = [f'<a id="{_anchor(claim)}"></a>{claim["claim"]}']
         cells += [_primary_cell(claim["primary"].get(r.name)) for r in regimes]
@@ -172,7 +172,8 @@ def _anchor(claim: dict[str, Any]) -> str:
 
 
 def _page(folder: Path) -> str:
-    return "README.md" if (folder / "README.md").is_file() else "results.md"
+    """The grid's page (README.md, else results.md; empty while it has neither)."""
+    return next((name for name in ("README.md", "results.md") if (folder / name).is_file()), "")
 
 
 def with_block(path: Path, table: str) -> str:
