@@ -26,7 +26,9 @@ from experiments.plotting import plain_log_ticks, plt, save_figure
 from odelm import files
 
 LINE_STYLES = ("-", "--", "-.", ":")
-MARKERS = ("o", "s", "^", "D", "v", "P", "X", "h", "<", ">")
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "h", "<", ">", "p", "d", "H", "8")
+# Past tab10's ten colours (a study of 13 arms), Dark2's: no colour and marker pair repeats.
+EXTRA_COLOURS = "Dark2"
 # Parameter counts within this ratio of each other make a perplexity-vs-parameters plot
 # meaningless (every point on one vertical line), so it is not drawn.
 EQUAL_PARAMETERS_RATIO = 1.1
@@ -49,8 +51,9 @@ def read_metrics(run_dir: Path) -> dict[str, Series]:
 
 def style(index: int) -> dict[str, Any]:
     """Colour, line style and marker of the ``index``-th model (all three differ)."""
+    colour = plt.get_cmap("tab10")(index % 10) if index % 18 < 10 else None
     return {
-        "color": plt.get_cmap("tab10")(index % 10),
+        "color": colour or plt.get_cmap(EXTRA_COLOURS)(index % 18 - 10),
         "linestyle": LINE_STYLES[index % len(LINE_STYLES)],
         "marker": MARKERS[index % len(MARKERS)],
     }
