@@ -1,13 +1,13 @@
 """The fast tier (``python -m pytest -m "not slow"``) and its recorded CPU time (issue 34).
 
-The README states how long the fast tier takes; ``tests/fast_tier.json`` is the record that
+tests/README.md states how long the fast tier takes; ``tests/fast_tier.json`` is the record that
 statement rests on: the CPU seconds (user + system, of pytest and of the subprocesses it
 waited for) each fast-tier test took, and what collection took before the first test.
 CPU time, not wall time, because it barely moves with the machine's load (the record was
 made on a 2-core machine whose both cores were busy with other work) and so can be checked
 without a flaky timing test. ``tests/test_fast_tier.py`` checks the record against the
 suite: every fast-tier test recorded, none over :data:`PER_TEST_CPU_S`, the total within
-what the README states and within :data:`TOTAL_CPU_S`.
+what tests/README.md states and within :data:`TOTAL_CPU_S`.
 
 Record after adding, removing or slowing a fast test::
 
