@@ -86,6 +86,7 @@ def test_the_commands_turn_it_off_with_one_flag():
         assert parser.parse_args([*given, "--no-batch-invariant"]).batch_invariant is False
 
 
+@pytest.mark.slow  # trains a run
 def test_a_runs_recorded_test_perplexity_is_the_shared_solve(tmp_path):
     corpus = tmp_path / "corpus"
     corpus.mkdir()

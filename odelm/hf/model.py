@@ -131,6 +131,16 @@ class HuggingFaceLM(EmbeddingsMixin, _PreTrainedModel, GenerationMixin):
         own): ``gradient_checkpointing_enable()`` switches it on."""
         return supports_checkpointing(self)
 
+    def gradient_checkpointing_enable(self, *args: Any, **kwargs: Any) -> None:
+        """``transformers``' switch, or one line saying why a model without layers, stages or
+        fields (the bigram) has nothing to recompute."""
+        if not self.supports_gradient_checkpointing:
+            raise HuggingFaceError(
+                f"{type(self).__name__} has no layers, RK stages or vector fields, so there is "
+                "nothing to recompute: train it without gradient checkpointing"
+            )
+        super().gradient_checkpointing_enable(*args, **kwargs)
+
     @property
     def is_gradient_checkpointing(self) -> bool:
         """Whether gradient checkpointing is on in any module."""
