@@ -184,7 +184,7 @@ def add_batch_invariance(parser: Parser, what: str) -> None:
         action="store_false",
         help=f"solve an adaptive model's batch with one shared step size, as the run's own test "
         f"evaluation did (default: each sequence its own steps, so {what} do not depend on the "
-        "batch; ~1e-4 relative apart)",
+        "batch)",
     )
 
 
