@@ -3,7 +3,7 @@ what batch-invariant adaptive solves cost.
 
 ``checkpoint-memory``: peak CPU memory of a forward + backward pass with and without
 ``gradient_checkpointing_enable()`` (an RK4 ODE Transformer, per layer; a fixed-grid
-node-transformer, per RK stage). ``batch-invariant-cost``: evaluation time of a left-padded
+node-transformer, per RK stage; a 4-layer LSTM, per layer). ``batch-invariant-cost``: evaluation time of a left-padded
 batch with one shared adaptive solve (``batch_invariant=False``) and with batch-invariant
 solves (the default in evaluation), and how far each is from scoring every row alone.
 """
@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from benchmarks.ode_heads import _peak_bytes
-from neuralode_lm.models import ODELSTM
+from neuralode_lm.models import LSTMLM, ODELSTM
 from neuralode_lm.transformer import NODETransformerLM
 from ode_transformer import ODETransformerConfig, ODETransformerLM
 from odelm.timing import alternating, medians
@@ -32,7 +32,8 @@ def _checkpoint_models() -> dict[str, torch.nn.Module]:
     node = NODETransformerLM(
         VOCAB, n_layers=2, solver={"method": "rk4"}, steps=2, dropout=0.0, **width
     )
-    return {"rk4-transformer": rk4, "node-transformer-rk4": node}
+    lstm = LSTMLM(VOCAB, embed_dim=64, hidden_dim=256, n_layers=4, dropout=0.0)
+    return {"rk4-transformer": rk4, "node-transformer-rk4": node, "lstm-4layer": lstm}
 
 
 def checkpoint_memory() -> list[dict[str, Any]]:

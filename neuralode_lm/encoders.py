@@ -19,9 +19,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from ode_transformer.backbone import TokenInputError, check_tokens
+from odelm.checkpointing import Checkpointable
 from odelm.mixed_precision import Dropout, recurrent_in_fp32
 
 from .configs import LSTMConfig
@@ -43,11 +45,14 @@ def check_token_batch(
         )
 
 
-class LSTMEncoder(nn.Module):
+class LSTMEncoder(Checkpointable, nn.Module):
     """Embedding -> dropout -> LSTM -> dropout; ``[B, T] -> [B, T, hidden_dim]``, causal.
 
     ``forward_with_state`` also takes and returns the LSTM's ``(h, c)``, so a caller can
     continue a stream across consecutive windows (truncated backpropagation through time).
+    With gradient checkpointing on ([`odelm.checkpointing`][odelm.checkpointing]) the LSTM
+    runs one layer at a time, each layer recomputed in the backward pass: the same outputs
+    as the fused ``nn.LSTM`` (and on the CPU the same dropout masks between layers).
     """
 
     def __init__(self, vocab_size: int, config: LSTMConfig | None = None, **options: Any) -> None:
@@ -101,6 +106,8 @@ class LSTMEncoder(nn.Module):
         after its last real token."""
         check_token_batch(tokens, self.embedding.weight.shape[0])  # a LoRA wrapper too
         inputs = self.input_dropout(self.embedding(tokens))
+        if self.checkpointing():
+            return self._by_layer(inputs, state, attention_mask)
         if attention_mask is not None:
             return self._masked(inputs, state, attention_mask)
         if recurrent_in_fp32(inputs):
@@ -134,6 +141,57 @@ class LSTMEncoder(nn.Module):
                 c = torch.where(keep[:, :, t], c_new, c)
                 outputs.append(out)
         return self.dropout(torch.cat(outputs, dim=1)), (h, c)
+
+    def _by_layer(
+        self,
+        inputs: torch.Tensor,
+        state: tuple[torch.Tensor, torch.Tensor] | None,
+        attention_mask: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        """The LSTM one checkpointed layer at a time, with its dropout between layers."""
+        fp32 = recurrent_in_fp32(inputs)
+        inputs = inputs.float() if fp32 else inputs
+        layers = self.lstm.num_layers
+        if state is None:
+            zeros = inputs.new_zeros(layers, inputs.shape[0], self.hidden_dim)
+            state = (zeros, zeros)
+        h, c = (state[0].to(inputs.dtype), state[1].to(inputs.dtype))
+        ends: list[tuple[torch.Tensor, torch.Tensor]] = []
+        off = torch.autocast(inputs.device.type, enabled=False)
+        with off if fp32 else contextlib.nullcontext():
+            for k in range(layers):
+                layer_state = (h[k : k + 1], c[k : k + 1])
+                inputs, end = self.checkpointed(self._layer, k, inputs, layer_state, attention_mask)
+                ends.append(end)
+                if k < layers - 1:
+                    inputs = F.dropout(inputs, self.lstm.dropout, self.training)
+        h = torch.cat([end[0] for end in ends])
+        return self.dropout(inputs), (h, torch.cat([end[1] for end in ends]))
+
+    def _layer(
+        self,
+        k: int,
+        inputs: torch.Tensor,
+        state: tuple[torch.Tensor, torch.Tensor],
+        attention_mask: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        """Layer ``k`` of the LSTM over ``inputs`` (its own weights, as ``nn.LSTM`` runs
+        them); with ``attention_mask``, one step at a time, the state kept at padding."""
+        weights = self.lstm._flat_weights[4 * k : 4 * k + 4]
+
+        def run(x: torch.Tensor, hc: tuple[torch.Tensor, torch.Tensor]) -> Any:
+            return torch._VF.lstm(x, hc, weights, True, 1, 0.0, self.training, False, True)
+
+        if attention_mask is None:
+            out, h, c = run(inputs, state)
+            return out, (h, c)
+        (h, c), outputs = state, []
+        keep = attention_mask.bool()[None, :, :, None]  # [1, B, T, 1]
+        for t in range(inputs.shape[1]):
+            out, h_new, c_new = run(inputs[:, t : t + 1], (h, c))
+            h, c = torch.where(keep[:, :, t], h_new, h), torch.where(keep[:, :, t], c_new, c)
+            outputs.append(out)
+        return torch.cat(outputs, dim=1), (h, c)
 
     def forward(
         self, tokens: torch.Tensor, attention_mask: torch.Tensor | None = None

@@ -26,12 +26,16 @@ class Checkpointable:
     gradient_checkpointing: bool = False
     """Set by ``gradient_checkpointing_enable()`` / ``..._disable()`` (or by hand)."""
 
+    def checkpointing(self) -> bool:
+        """Whether [`checkpointed`][odelm.checkpointing.Checkpointable.checkpointed] recomputes
+        now: the flag is on, the module is in training and gradients are recorded."""
+        training = getattr(self, "training", False)
+        return self.gradient_checkpointing and training and torch.is_grad_enabled()
+
     def checkpointed(self, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        """``function(*args, **kwargs)``, checkpointed when the flag is on, the module is in
-        training and gradients are recorded."""
-        if not (self.gradient_checkpointing and torch.is_grad_enabled()):
-            return function(*args, **kwargs)
-        if not getattr(self, "training", False):
+        """``function(*args, **kwargs)``, checkpointed when
+        [`checkpointing`][odelm.checkpointing.Checkpointable.checkpointing]."""
+        if not self.checkpointing():
             return function(*args, **kwargs)
         run = getattr(self, "_gradient_checkpointing_func", None)
         if run is None:

@@ -37,6 +37,7 @@ import torch.nn.functional as F
 
 from odelm.contract import LanguageModel, model_device
 from odelm.errors import OdelmError
+from odelm.invariance import evaluating
 
 STRATEGIES = ("greedy", "sample", "beam")
 MAX_NEW_TOKENS = 10_000
@@ -205,6 +206,7 @@ def generate(
     generator: torch.Generator | None = None,
     eos_id: int | None = None,
     use_cache: bool = True,
+    batch_invariant: bool = True,
     progress: Any = None,
 ) -> torch.Tensor:
     """Continue ``prompt_ids`` [B, P]; returns the prompt followed by the new tokens.
@@ -213,9 +215,11 @@ def generate(
     restricted to the ``top_k`` tokens and the ``top_p`` nucleus, drawn with ``generator``)
     or ``"beam"`` (the ranking rule in the module docstring). With ``eos_id`` a finished row
     is padded with it, and decoding stops once every row has finished. ``use_cache=False``
-    recomputes the context every step (the reference the cache is checked against). The
-    model runs in eval mode and gets its training mode back afterwards. The prompt is moved
-    to the model's device; a sampling ``generator`` must be on a device of the same type.
+    recomputes the context every step (the reference the cache is checked against).
+    ``batch_invariant`` (the default): adaptive solves step each row (and beam) on its own
+    ([`odelm.invariance`][odelm.invariance]), so a row's tokens do not depend on its batch;
+    False solves the batch together, as training does. The model runs in eval mode and gets
+    its training mode back afterwards. The prompt is moved to the model's device; a sampling ``generator`` must be on a device of the same type.
     ``progress(length)``, given, is called before each step with the sequence's length.
     """
     _check_options(strategy, max_new_tokens, num_beams, temperature, top_k, top_p)
@@ -229,10 +233,7 @@ def generate(
             f"the generator is on {generator.device} but the model on {device}; make it "
             f"there: torch.Generator(device={str(device)!r}).manual_seed(seed)"
         )
-    was_training = getattr(model, "training", False)  # an nn.Module in training mode
-    if was_training:
-        model.eval()  # type: ignore[attr-defined]
-    try:
+    with evaluating(model, batch_invariant):
         step = StepFunction(model, use_cache, progress)
         if strategy == "beam":
             rows, length = prompt_ids.shape[0], prompt_ids.shape[1] + max_new_tokens
@@ -242,9 +243,6 @@ def generate(
         return _one_by_one(
             step, prompt_ids, max_new_tokens, eos_id, sample, temperature, top_k, top_p, generator
         )
-    finally:
-        if was_training:
-            model.train(True)  # type: ignore[attr-defined]
 
 
 def _check_options(

@@ -12,10 +12,11 @@ from pathlib import Path
 import pytest
 import yaml
 from conftest import make_tiny_config
+from huggingface_hub import ModelCard
 
 import experiments
 from experiments.cli.main import main
-from experiments.training.cards import CARD_FILE, git_commit
+from experiments.training.cards import CARD_FILE, card_text, git_commit
 from experiments.training.config import parse_config
 from experiments.training.runfolder import RUN_FILES, clear_run
 from experiments.training.train import train
@@ -41,6 +42,11 @@ def split_card(text: str) -> tuple[dict, str]:
 def test_a_finished_run_has_a_hugging_face_model_card(finished):
     run_dir, result = finished
     header, body = split_card((run_dir / CARD_FILE).read_text())
+    card = ModelCard.load(run_dir / CARD_FILE)  # huggingface_hub reads it
+    assert [r.metric_value for r in card.data.eval_results] == [
+        result["test_ppl"],
+        result["test_ppl_per_word"],
+    ]
     assert header["library_name"] == "odelm"
     assert {"odelm", "language-modeling", "ode_transformer", "discrete-depth"} <= set(
         header["tags"]
@@ -113,3 +119,59 @@ def test_overwrite_removes_the_card_but_not_a_users_file(finished, tmp_path):
 
 def test_outside_a_git_checkout_the_commit_is_unknown(tmp_path):
     assert git_commit(tmp_path) is None
+
+
+RESULT = {  # what finish_run records, made up
+    "family": "discrete depth",
+    "model": "ode_transformer rk4, 2 layers",
+    "parameters": 12345,
+    "is_causal": True,
+    "protocol": "grammar-v1",
+    "recipe": "custom",
+    "steps": 24,
+    "selected": "best (step 16)",
+    "seed": 3,
+    "config_sha256": "ab" * 32,
+    "test_ppl": 12.3456,
+    "test_ppl_per_word": 15.25,
+    "valid_ppl": 11.5,
+    "train_seconds": 4.25,
+    "test_nfe": None,
+    "test_flops_per_token": 9876.0,
+    "test_bleu_tf": 0.125,
+}
+
+
+def test_the_card_is_huggingface_hubs_model_card_with_a_valid_model_index(tmp_path):
+    from huggingface_hub import EvalResult
+    from huggingface_hub.repocard_data import model_index_to_eval_results
+
+    config = parse_config(make_tiny_config(tmp_path / "runs", "card-run"))
+    text = card_text(config, RESULT, "0" * 40)
+    card = ModelCard(text)  # huggingface_hub parses the front matter and the model-index
+    assert card.data.library_name == "odelm" and card.data.model_name == "card-run"
+    assert card.data.datasets == ["grammar"] and card.data.metrics == ["perplexity"]
+    common = {"task_type": "text-generation", "task_name": "Language modeling"}
+    common |= {"dataset_type": "grammar", "dataset_name": "grammar-v1", "dataset_split": "test"}
+    assert card.data.eval_results == [
+        EvalResult(
+            **common,
+            metric_type="perplexity",
+            metric_value=12.3456,
+            metric_name="Test perplexity (per token)",
+        ),
+        EvalResult(
+            **common,
+            metric_type="perplexity",
+            metric_value=15.25,
+            metric_name="Test perplexity (per word)",
+        ),
+    ]
+    header, body = split_card(text)
+    name, results = model_index_to_eval_results(header["model-index"])
+    assert name == "card-run" and results == card.data.eval_results
+    assert "| Test | 12.35 | 15.25 |" in body and "| Validation (selection) | 11.50 | – |" in body
+    assert "| NFE (function evaluations per forward) | – |" in body
+    assert "| Parameters | 12,345 |" in body and "| Git commit | " + "0" * 40 + " |" in body
+    assert f"run = experiments.load_run({str(config.run_dir)!r})" in body
+    assert text.endswith("|\n") and CARD_FILE == "README.md"

@@ -14,7 +14,8 @@ import torch
 
 from experiments.comparison import launchers
 from experiments.comparison.gpus import free_slot, job_env, run_gpus, visible_gpus
-from experiments.comparison.launchers import Job, LocalLauncher, RayLauncher, slurm_parameters
+from experiments.comparison.launchers import Job, LocalLauncher, RayLauncher
+from experiments.comparison.slurm import slurm_parameters
 
 
 def _gpus(monkeypatch: pytest.MonkeyPatch, count: int) -> None:
@@ -94,7 +95,7 @@ def test_submitit_gets_one_task_per_gpu_of_a_multi_gpu_run() -> None:
         "tasks_per_node": 4,
     }
     assert slurm_parameters({}, threads=2, gpus=1) == {"cpus_per_task": 2, "gpus_per_node": 1}
-    assert slurm_parameters({"gpus": 8}, threads=1, gpus=2)["gpus_per_node"] == 8
+    assert slurm_parameters({"gpus_per_node": 8}, threads=1, gpus=2)["gpus_per_node"] == 8
     assert slurm_parameters({}, threads=2) == {"cpus_per_task": 2}  # a CPU run: as before
 
 

@@ -20,9 +20,8 @@ from experiments.comparison.launchers import (
     LauncherError,
     launch_settings,
     run_jobs,
-    slurm_parameters,
-    time_minutes,
 )
+from experiments.comparison.slurm import slurm_parameters, time_minutes
 from experiments.training.progress import ProgressBoard
 
 QUICK = Path(__file__).resolve().parents[1] / "experiments" / "configs" / "grids" / "quick.yaml"
@@ -165,14 +164,17 @@ def test_jobs_bound_how_many_run_at_once(tmp_path):
     assert [(tmp_path / "logs" / f"r{i}.log").read_text() for i in range(3)] == ["1\n"] * 3
 
 
-def test_slurm_options_translate_to_submitit_parameters():
-    given = {"partition": "gpu", "time": "1-02:30:00", "cpus": 4, "gpus": 1, "mem": 16}
+def test_slurm_options_pass_through_under_submitits_names():
+    given = {"slurm_partition": "gpu", "timeout_min": "1-02:30:00", "cpus_per_task": 4}
+    given |= {"gpus_per_node": 1, "mem_gb": 16, "slurm_qos": "high", "nodes": 1}
     assert slurm_parameters(given, threads=2) == {
         "cpus_per_task": 4,
         "slurm_partition": "gpu",
-        "timeout_min": 1590,
+        "timeout_min": 1590,  # H:MM:SS is also taken, as minutes
         "gpus_per_node": 1,
         "mem_gb": 16,
+        "slurm_qos": "high",
+        "nodes": 1,
     }
     assert slurm_parameters({}, threads=2) == {"cpus_per_task": 2}  # the run's threads
     assert [time_minutes(v) for v in (90, "90", "4:00:00", "0:30", "0:00:30")] == [
@@ -182,12 +184,24 @@ def test_slurm_options_translate_to_submitit_parameters():
         30,
         1,
     ]
-    with pytest.raises(LauncherError, match="unknown slurm option 'nodes'; valid: partition"):
-        slurm_parameters({"nodes": 2}, threads=1)
-    with pytest.raises(LauncherError, match="slurm time must be minutes or H:MM:SS"):
+    renamed = r"^slurm option 'partition' is submitit's 'slurm_partition' now: write --slurm"
+    with pytest.raises(LauncherError, match=renamed):
+        slurm_parameters({"partition": "gpu"}, threads=1)
+    with pytest.raises(LauncherError, match="^slurm option 'mem' is submitit's 'mem_gb' now"):
+        slurm_parameters({"mem": 16}, threads=1)
+    unknown = r"^unknown slurm option 'queue': submitit takes cpus_per_task, gpus_per_node"
+    with pytest.raises(LauncherError, match=unknown):
+        slurm_parameters({"queue": "gpu"}, threads=1)
+    with pytest.raises(LauncherError, match="unknown slurm option 'slurm_queue'"):
+        slurm_parameters({"slurm_queue": "gpu"}, threads=1)
+    with pytest.raises(LauncherError, match="^slurm option 'name' is not yours to set"):
+        slurm_parameters({"name": "x"}, threads=1)
+    with pytest.raises(LauncherError, match="slurm timeout_min must be minutes or H:MM:SS"):
         time_minutes("4 hours")
-    with pytest.raises(LauncherError, match="slurm mem must be a whole number"):
-        slurm_parameters({"mem": "16G"}, threads=1)
+    with pytest.raises(LauncherError, match="^slurm mem_gb must be a number >= 0, got '16G'$"):
+        slurm_parameters({"mem_gb": "16G"}, threads=1)
+    with pytest.raises(LauncherError, match="^slurm nodes must be a whole number >= 0"):
+        slurm_parameters({"nodes": 1.5}, threads=1)
 
 
 def test_launch_settings_defaults_and_errors(monkeypatch):
@@ -199,16 +213,17 @@ def test_launch_settings_defaults_and_errors(monkeypatch):
     ray = launch_settings({"launcher": "ray"}, runs=7, threads=1, grid_slurm={})
     assert ray.jobs == 7  # Ray's scheduler queues them
     merged = launch_settings(
-        {"launcher": "submitit", "slurm": {"time": "1:00:00"}},
+        {"launcher": "submitit", "slurm": {"timeout_min": "1:00:00"}},
         runs=2,
         threads=1,
-        grid_slurm={"partition": "cpu", "time": 30},
+        grid_slurm={"slurm_partition": "cpu", "timeout_min": 30},
     )
-    assert merged.slurm == {"partition": "cpu", "time": "1:00:00"}  # the command line wins
+    expected = {"slurm_partition": "cpu", "timeout_min": "1:00:00"}
+    assert merged.slurm == expected  # the command line wins
     with pytest.raises(LauncherError, match="--ray-address needs --launcher ray"):
         launch_settings({"ray_address": "ray://head:10001"}, runs=1, threads=1, grid_slurm={})
-    with pytest.raises(LauncherError, match="--slurm.partition needs --launcher submitit"):
-        launch_settings({"slurm": {"partition": "gpu"}}, runs=1, threads=1, grid_slurm={})
+    with pytest.raises(LauncherError, match="--slurm.slurm_partition needs --launcher submitit"):
+        launch_settings({"slurm": {"slurm_partition": "gpu"}}, runs=1, threads=1, grid_slurm={})
     with pytest.raises(LauncherError, match="--jobs must be at least 1"):
         launch_settings({"jobs": 0}, runs=1, threads=1, grid_slurm={})
 
@@ -216,9 +231,10 @@ def test_launch_settings_defaults_and_errors(monkeypatch):
 @pytest.mark.slow
 def test_cli_launch_errors_are_one_line(tmp_path, capsys):
     out = str(tmp_path / "out")
-    assert main(["compare", "--preset", "quick", "--out", out, "--slurm.partition", "gpu"]) == 2
+    argv = ["compare", "--preset", "quick", "--out", out, "--slurm.slurm_partition", "gpu"]
+    assert main(argv) == 2
     assert capsys.readouterr().err == (
-        "odelm: error: --slurm.partition needs --launcher submitit\n"
+        "odelm: error: --slurm.slurm_partition needs --launcher submitit\n"
     )
     grid = tmp_path / "grid.yaml"
     values = yaml.safe_load(QUICK.read_text())
@@ -226,7 +242,7 @@ def test_cli_launch_errors_are_one_line(tmp_path, capsys):
     argv = ["compare", "--grid", str(grid), "--out", out, "--launcher", "submitit"]
     assert main(argv) == 2
     assert "unknown slurm option 'queue'" in capsys.readouterr().err
-    grid.write_text(yaml.safe_dump({**values, "launcher": {"partition": "gpu"}}))
+    grid.write_text(yaml.safe_dump({**values, "launcher": {"slurm_partition": "gpu"}}))
     assert main(argv) == 2
     assert "launcher section takes only slurm:" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()  # nothing written before the errors

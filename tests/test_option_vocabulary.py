@@ -17,7 +17,6 @@ import yaml
 from experiments.cli.commands import ALIASES, compare_parser, given_options
 from experiments.cli.lightning_cli import OdelmCLI, cli_parser
 from experiments.cli.main import build_parser, main, parse
-from experiments.comparison.launchers import SLURM_KEYS
 from experiments.data.registry import CORPUS_NAMES
 from experiments.models.build import build_model
 from experiments.training.config import RunConfig
@@ -58,7 +57,7 @@ ONLY_COMPARE = {
     "--jobs": "runs in flight at once",
     "--launcher": "where the runs train (local, submitit, ray)",
     "--ray-address": "the Ray cluster of --launcher ray",
-    **{f"--slurm.{key}": "a SLURM option of --launcher submitit" for key in SLURM_KEYS},
+    "--slurm": "the SLURM options of --launcher submitit (--slurm.KEY, submitit's names)",
 }
 
 

@@ -162,7 +162,7 @@ def cmd_compare(args: Namespace) -> int:
     launch = launch_settings(launch_options, runs, trainer.get("num_threads"), grid_slurm(values))
     if launch.launcher == "local":  # Slurm's nodes may have more CPUs than this machine
         check_threads(trainer.get("num_threads"))
-    requested = trainer.get("num_threads") or launch.slurm.get("cpus")
+    requested = trainer.get("num_threads") or launch.slurm.get("cpus_per_task")
     # the policy's threads, shared among the runs in flight at once
     trainer["num_threads"] = set_threads(requested, runs=min(launch.jobs, runs))
     results = run_grid(grid, out, shared, num_seeds=num_seeds, launch=launch)

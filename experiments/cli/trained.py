@@ -59,7 +59,13 @@ def cmd_eval(args: Namespace) -> int:
     overrides = {"data_dir": args.data_dir} if args.data_dir else {}
     data = run.data(allow_changed_data=args.allow_changed_data, **overrides)
     set_threads(args.num_threads)  # once the run and its data load: an error stays one line
-    result = run.evaluate(args.split, **given, allow_noncausal=args.allow_noncausal, data=data)
+    result = run.evaluate(
+        args.split,
+        **given,
+        allow_noncausal=args.allow_noncausal,
+        data=data,
+        batch_invariant=args.batch_invariant,
+    )
     if args.json:
         print(json.dumps(result))
     else:
@@ -163,10 +169,23 @@ def cmd_generate(args: Namespace) -> int:
         top_p=args.top_p,
         seed=args.seed,
         stop_at_eos=args.stop_at_eos,
+        batch_invariant=args.batch_invariant,
         **(options if positions > PROGRESS_AFTER else {}),
     )
     print(text)
     return 0
+
+
+def add_batch_invariance(parser: Parser, what: str) -> None:
+    """``--no-batch-invariant``: the shared adaptive solve instead of each sequence's own."""
+    parser.add_argument(
+        "--no-batch-invariant",
+        dest="batch_invariant",
+        action="store_false",
+        help=f"solve an adaptive model's batch with one shared step size, as the run's own test "
+        f"evaluation did (default: each sequence its own steps, so {what} do not depend on the "
+        "batch)",
+    )
 
 
 def eval_parser() -> Parser:
@@ -207,6 +226,7 @@ def eval_parser() -> Parser:
         action="store_true",
         help="score splits that differ from those the run recorded (data_sha256)",
     )
+    add_batch_invariance(parser, "scores")
     values.add_placement(parser, "the cores other work leaves free, printed")
     parser.add_argument("--json", action="store_true", help="one JSON object instead of lines")
     return parser
@@ -263,5 +283,6 @@ def generate_parser() -> Parser:
     parser.add_argument(
         "--stop-at-eos", action="store_true", help="stop at the first end of line (<eos>)"
     )
+    add_batch_invariance(parser, "beams")
     values.add_placement(parser, "torch's choice")
     return parser

@@ -331,11 +331,14 @@ def grid_slurm(grid: dict[str, Any]) -> dict[str, Any]:
     section = grid.get("launcher") or {}
     if not isinstance(section, dict) or set(section) - {"slurm"}:
         raise ConfigError(
-            "the grid's launcher section takes only slurm: {partition, time, cpus, gpus, mem}"
+            "the grid's launcher section takes only slurm: {submitit's parameters, e.g. "
+            "slurm_partition, timeout_min, cpus_per_task, gpus_per_node, mem_gb}"
         )
     slurm = section.get("slurm") or {}
     if not isinstance(slurm, dict):
-        raise ConfigError("the grid's launcher.slurm must be a mapping, e.g. {partition: gpu}")
+        raise ConfigError(
+            "the grid's launcher.slurm must be a mapping, e.g. {slurm_partition: gpu}"
+        )
     return slurm
 
 

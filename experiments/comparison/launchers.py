@@ -9,8 +9,9 @@ finished one), and how it was launched never enters its identity (``experiments.
 - ``local``: up to ``--jobs`` child processes at once on this machine (each dies with
   ``odelm compare``).
 - ``submitit``: one job per run through ``submitit.AutoExecutor`` (SLURM where ``sbatch``
-  exists, else submitit's local executor), with the options of ``SLURM_KEYS`` from the
-  grid's ``launcher: {slurm: {...}}`` section or ``--slurm.KEY`` (the command line wins).
+  exists, else submitit's local executor), with submitit's own parameters
+  (``experiments.comparison.slurm``) from the grid's
+  ``launcher: {slurm: {...}}`` section or ``--slurm.KEY`` (the command line wins).
 - ``ray``: one remote task per run with ``num_cpus`` its threads; ``ray.init()`` on this
   machine (with the CPUs of ``--jobs`` runs) unless ``--ray-address`` names a cluster.
 
@@ -23,7 +24,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import re
 import signal
 import subprocess
 import time
@@ -33,9 +33,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from experiments.comparison.gpus import free_slot, job_env
+from experiments.comparison.slurm import LauncherError, slurm_parameters, submitit_parameters
 from experiments.training.threads import available_cores, busy_cores
 from odelm import files
-from odelm.errors import OdelmError
 
 if TYPE_CHECKING:
     from experiments.training.progress import ProgressBoard
@@ -43,18 +43,7 @@ if TYPE_CHECKING:
 LAUNCHERS = ("local", "submitit", "ray")
 LAUNCH_KEYS = ("launcher", "jobs", "ray_address", "slurm")
 """The options of ``odelm compare`` that say how runs are launched (never a run's config)."""
-SLURM_KEYS = {
-    "partition": "the SLURM partition (slurm_partition)",
-    "time": "the time limit: minutes, or H:MM:SS / D-HH:MM:SS (timeout_min)",
-    "cpus": "CPUs per run (cpus_per_task; default: the run's threads)",
-    "gpus": "GPUs per run (gpus_per_node)",
-    "mem": "memory per run in GB (mem_gb)",
-}
 POLL_S = 1.0
-
-
-class LauncherError(OdelmError, RuntimeError):
-    """A launcher cannot start: not installed, or given options it does not know."""
 
 
 @dataclass(frozen=True)
@@ -133,9 +122,13 @@ def add_launch_options(parser: Any) -> None:
         dest="ray_address",
         help="--launcher ray: the cluster to join (default: a local ray.init())",
     )
-    for key, text in SLURM_KEYS.items():
-        kind = str if key in ("partition", "time") else int
-        parser.add_argument(f"--slurm.{key}", type=kind, help=f"--launcher submitit: {text}")
+    parser.add_argument(
+        "--slurm",
+        type=dict[str, Any] | None,
+        help="--launcher submitit: submitit's AutoExecutor parameters under its own names, "
+        "e.g. --slurm.slurm_partition gpu --slurm.timeout_min 240 --slurm.mem_gb 16 "
+        "(cpus_per_task defaults to the run's threads)",
+    )
 
 
 def default_jobs(launcher: str, threads: int | None, runs: int) -> int:
@@ -169,51 +162,6 @@ def launch_settings(
     if launcher == "submitit":
         slurm_parameters(slurm, threads or 1)  # a bad option is one line, before any run
     return Launch(launcher, jobs, slurm, address)
-
-
-def time_minutes(value: Any) -> int:
-    """A SLURM time limit in minutes: an integer, or ``[D-]HH:MM[:SS]``."""
-    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-        return value
-    if isinstance(value, str) and value.isdigit() and int(value) > 0:
-        return int(value)
-    match = re.fullmatch(r"(?:(\d+)-)?(\d+):(\d{2})(?::(\d{2}))?", str(value))
-    if not match:
-        raise LauncherError(
-            f"slurm time must be minutes or H:MM:SS (e.g. 240 or 4:00:00), got {value!r}"
-        )
-    days, hours, minutes, seconds = (int(part or 0) for part in match.groups())
-    return max(1, days * 1440 + hours * 60 + minutes + (seconds > 0))
-
-
-def slurm_parameters(slurm: dict[str, Any], threads: int, gpus: int = 0) -> dict[str, Any]:
-    """``AutoExecutor.update_parameters`` keywords from the grid's and the command line's
-    SLURM options (``SLURM_KEYS``); a run on ``gpus`` GPUs gets them (unless
-    ``slurm.gpus`` says otherwise) and, on several, one task per GPU (Lightning's SLURM DDP)."""
-    unknown = sorted(set(slurm) - set(SLURM_KEYS))
-    if unknown:
-        raise LauncherError(
-            f"unknown slurm option {unknown[0]!r}; valid: {', '.join(SLURM_KEYS)} "
-            "(--slurm.KEY, or the grid's launcher: {slurm: {KEY: ...}})"
-        )
-    for key in ("cpus", "gpus", "mem"):
-        value = slurm.get(key)
-        if value is not None and (
-            not isinstance(value, int) or isinstance(value, bool) or value < 0
-        ):
-            raise LauncherError(f"slurm {key} must be a whole number >= 0, got {value!r}")
-    parameters: dict[str, Any] = {"cpus_per_task": slurm.get("cpus") or threads}
-    if slurm.get("partition"):
-        parameters["slurm_partition"] = str(slurm["partition"])
-    if slurm.get("time") is not None:
-        parameters["timeout_min"] = time_minutes(slurm["time"])
-    if slurm.get("gpus") is not None or gpus:
-        parameters["gpus_per_node"] = slurm["gpus"] if slurm.get("gpus") is not None else gpus
-    if gpus > 1:
-        parameters["tasks_per_node"] = gpus
-    if slurm.get("mem") is not None:
-        parameters["mem_gb"] = slurm["mem"]
-    return parameters
 
 
 class LocalLauncher:
@@ -254,13 +202,9 @@ class SubmititLauncher:
     """One submitit job per run (SLURM, or submitit's local executor without SLURM)."""
 
     def __init__(self, folder: Path, slurm: dict[str, Any], cluster: str | None = None) -> None:
-        try:
-            import submitit
-        except ImportError:
-            raise LauncherError(
-                "--launcher submitit needs submitit: pip install submitit "
-                "(or pip install 'odelm[launchers]')"
-            ) from None
+        submitit_parameters()  # installed, or one line saying how
+        import submitit
+
         self.executor = submitit.AutoExecutor(folder=folder / "%j", cluster=cluster)
         self.slurm = slurm
         self.jobs: list[Any] = []

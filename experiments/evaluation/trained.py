@@ -124,13 +124,15 @@ class TrainedRun:
         allow_noncausal: bool = False,
         data_dir: str | None = None,
         allow_changed_data: bool = False,
+        batch_invariant: bool = True,
     ) -> float:
         """Perplexity of ``texts`` (each one a line ending with ``<eos>``), scored as the
         run's evaluation scores its test split: per word, ``exp(total NLL / (words +
         lines))``; ``per="token"``, ``exp(total NLL / tokens)`` (the same for a word vocabulary).
 
         ``split`` instead scores that split of the run's own corpus, as ``odelm eval RUN
-        --split SPLIT`` does (``data_dir`` and ``allow_changed_data`` as there)."""
+        --split SPLIT`` does (``data_dir``, ``allow_changed_data`` and ``batch_invariant`` as
+        there)."""
         if per not in ("word", "token"):
             raise ValueError(f"per must be 'word' or 'token', got {per!r}")
         if split is not None:
@@ -142,11 +144,14 @@ class TrainedRun:
                 allow_noncausal=allow_noncausal,
                 data_dir=data_dir,
                 allow_changed_data=allow_changed_data,
+                batch_invariant=batch_invariant,
             )
             return float(result["ppl_per_word" if per == "word" else "ppl"])
-        return self._text_perplexity(texts, per, allow_noncausal)
+        return self._text_perplexity(texts, per, allow_noncausal, batch_invariant)
 
-    def _text_perplexity(self, texts: Any, per: str, allow_noncausal: bool) -> float:
+    def _text_perplexity(
+        self, texts: Any, per: str, allow_noncausal: bool, batch_invariant: bool
+    ) -> float:
         """Perplexity of new lines of text (see
         [`perplexity`][experiments.evaluation.trained.TrainedRun.perplexity])."""
         from experiments.training.evaluate import EvalSettings, NonCausalModelError, perplexity
@@ -163,7 +168,8 @@ class TrainedRun:
         words = sum(len(text.split()) + 1 for text in texts)
         split = EncodedSplit(ids, sentences, words)
         data = LMData("text", "given texts", self.tokenizer, {"text": split})
-        result = perplexity(self.model, data, "text", EvalSettings.from_config(self.config))
+        settings = EvalSettings.from_config(self.config)
+        result = perplexity(self.model, data, "text", settings, batch_invariant=batch_invariant)
         return float(result["ppl_per_word" if per == "word" else "ppl"])
 
     def evaluate(
@@ -178,6 +184,7 @@ class TrainedRun:
         data_dir: str | None = None,
         allow_changed_data: bool = False,
         data: LMData | None = None,
+        batch_invariant: bool = True,
     ) -> dict[str, Any]:
         """What ``odelm eval RUN`` reports (its ``--json`` object), with the same options:
         perplexity, BLEU and NFE of ``split`` of the run's corpus. The per-token perplexity
@@ -185,7 +192,10 @@ class TrainedRun:
 
         BLEU settings left None keep the run's ``eval`` config; ``data`` is the corpus
         already loaded by [`data`][experiments.evaluation.trained.TrainedRun.data] (default: loaded
-        here, from ``data_dir`` if given)."""
+        here, from ``data_dir`` if given). ``batch_invariant`` (the default): an adaptive
+        solve steps each sequence on its own, so its score does not depend on its batch
+        ([`odelm.invariance`][odelm.invariance]); the run's recorded test perplexity was
+        scored with one shared solve per batch (``batch_invariant=False`` reproduces it)."""
         from experiments.training.evaluate import EvalSettings, evaluate
 
         settings = EvalSettings.from_config(self.config).with_overrides(
@@ -198,7 +208,12 @@ class TrainedRun:
             overrides = {"data_dir": data_dir} if data_dir else {}
             data = self.data(allow_changed_data=allow_changed_data, **overrides)
         result = evaluate(
-            self.model, data, split, settings=settings, allow_noncausal=allow_noncausal
+            self.model,
+            data,
+            split,
+            settings=settings,
+            allow_noncausal=allow_noncausal,
+            batch_invariant=batch_invariant,
         )
         lead: dict[str, Any] = {k: result[k] for k in ("ppl", "ppl_per_word") if k in result}
         return {**lead, **result}
@@ -215,6 +230,7 @@ class TrainedRun:
         top_p: float | None = None,
         seed: int = 0,
         stop_at_eos: bool = False,
+        batch_invariant: bool = True,
         **options: Any,
     ) -> str:
         """``prompt`` followed by the model's continuation, as text: what ``odelm generate
@@ -226,7 +242,8 @@ class TrainedRun:
         ``MIN_TEMPERATURE``, a ``top_p`` below ``MIN_TOP_P``, more beams than memory holds. ``options`` go to
         [`odelm.decoding.decode_continuation`][odelm.decoding.decode_continuation]: ``generator`` (a
         generator of your own, used instead of ``seed``), ``eos_id``, ``length_penalty``,
-        ``use_cache``.
+        ``use_cache``. ``batch_invariant``: as
+        [`odelm.decoding.generate`][odelm.decoding.generate]'s.
         """
         from odelm.decoding import check_seed, decode_continuation
 
@@ -245,6 +262,7 @@ class TrainedRun:
             temperature=temperature,
             top_k=top_k,
             top_p=top_p,
+            batch_invariant=batch_invariant,
             **options,
         )
         text = self.decode(new).rstrip("\n")

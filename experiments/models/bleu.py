@@ -141,11 +141,13 @@ def continuation_bleu(
     strategy: str = "greedy",
     num_beams: int = 4,
     max_sentences: int | None = None,
+    batch_invariant: bool = True,
 ) -> float:
     """Corpus BLEU of decoded continuations of the first ``prompt_len`` tokens of each sentence.
 
     Sentences with fewer than ``prompt_len + 1`` words are skipped; each continuation may run
-    two tokens past the reference length before it is cut.
+    two tokens past the reference length before it is cut. ``batch_invariant``: as
+    [`odelm.decoding.generate`][odelm.decoding.generate]'s.
     """
     _check_sentences(sentences, eos_id)
     eligible = [s for s in sentences if len(s) - 1 >= prompt_len + 1][:max_sentences]
@@ -159,7 +161,9 @@ def continuation_bleu(
     for sentence in eligible:
         prompt = torch.tensor([[eos_id, *sentence[:prompt_len]]], device=device)
         budget = len(sentence) - 1 - prompt_len + 2
-        new = decode_continuation(model, prompt, budget, strategy, num_beams, eos_id)
+        new = decode_continuation(
+            model, prompt, budget, strategy, num_beams, eos_id, batch_invariant=batch_invariant
+        )
         references.append([id_to_token(i) for i in sentence[prompt_len:-1]])
         hypotheses.append([id_to_token(i) for i in new if i != eos_id])
     return corpus_bleu_score(references, hypotheses)

@@ -1,9 +1,11 @@
 """``RUN/README.md``: a finished run's model card, in the Hugging Face layout.
 
 A run folder shared with someone else should say what it is without its reader parsing
-``config.yaml`` and ``result.json``: ``write_card`` writes YAML front matter
-(``library_name: odelm``, ``tags``, ``datasets``, ``metrics`` and a ``model-index`` with the
-test perplexity per token, then per word, as the Hub reads it) followed by sections on the
+``config.yaml`` and ``result.json``: ``write_card`` writes, through ``huggingface_hub``'s
+``ModelCard`` / ``ModelCardData`` / ``EvalResult`` and the package's template
+(``templates/model_card.md``), YAML front matter (``library_name: odelm``, ``tags``,
+``datasets``, ``metrics`` and a valid ``model-index`` with the test perplexity per token,
+then per word, as the Hub reads it) followed by sections on the
 model, the data protocol, the training recipe, the results (test and validation perplexity,
 per token first as in the tables, per word beside it; NFE and FLOPs per token),
 the software (odelm version and git commit) and the command that reproduces the run.
@@ -20,12 +22,14 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-import yaml
+from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
 from experiments.training.config import RunConfig
 from odelm import __version__, files
 
 CARD_FILE = "README.md"
+TEMPLATE = Path(__file__).with_name("templates") / "model_card.md"
+"""The card's layout: a Jinja template ``huggingface_hub`` renders (the package ships it)."""
 HUB_DATASETS = {"ptb": "ptb_text_only", "wikitext2": "wikitext", "wikitext2-raw": "wikitext"}
 """The Hugging Face dataset id of each shipped corpus (others keep their corpus name)."""
 
@@ -69,132 +73,85 @@ def _number(value: Any, digits: int = 2) -> str:
     return f"{value:,}" if isinstance(value, int) else str(value)
 
 
-def front_matter(config: RunConfig, result: dict[str, Any]) -> dict[str, Any]:
-    """The card's YAML header: what the Hub indexes (library, tags, data, metrics)."""
+def card_data(config: RunConfig, result: dict[str, Any]) -> ModelCardData:
+    """The card's YAML header, as ``huggingface_hub`` builds it: library, tags, data,
+    metrics and a ``model-index`` with the test perplexity per token, then per word."""
     corpus = config.data.corpus
     family = config.model.get("family", "unknown")
     tags = ["odelm", "language-modeling", family, result["family"].replace(" ", "-")]
-    metrics = [  # the per-token perplexity of the tables first, the per-word one beside it
-        {
-            "type": "perplexity",
-            "value": result.get("test_ppl"),
-            "name": "Test perplexity (per token)",
-        },
-        {
-            "type": "perplexity",
-            "value": result.get("test_ppl_per_word"),
-            "name": "Test perplexity (per word)",
-        },
-    ]
-    return {
-        "library_name": "odelm",
-        "tags": tags,
-        "datasets": [HUB_DATASETS.get(corpus, corpus)],
-        "metrics": ["perplexity"],
-        "model-index": [
-            {
-                "name": config.name,
-                "results": [
-                    {
-                        "task": {"type": "text-generation", "name": "Language modeling"},
-                        "dataset": {"type": corpus, "name": result["protocol"], "split": "test"},
-                        "metrics": metrics,
-                    }
-                ],
-            }
-        ],
+    test = {  # the per-token perplexity of the tables first, the per-word one beside it
+        "Test perplexity (per token)": result.get("test_ppl"),
+        "Test perplexity (per word)": result.get("test_ppl_per_word"),
     }
+    results = [
+        EvalResult(
+            task_type="text-generation",
+            task_name="Language modeling",
+            dataset_type=corpus,
+            dataset_name=result["protocol"],
+            dataset_split="test",
+            metric_type="perplexity",
+            metric_value=value,
+            metric_name=name,
+        )
+        for name, value in test.items()
+    ]
+    return ModelCardData(
+        library_name="odelm",
+        tags=tags,
+        datasets=[HUB_DATASETS.get(corpus, corpus)],
+        metrics=["perplexity"],
+        model_name=config.name,
+        eval_results=results,
+    )
 
 
 def card_text(config: RunConfig, result: dict[str, Any], commit: str | None = None) -> str:
-    """The Markdown of a run's card (front matter, then sections)."""
-    run_dir = config.run_dir
-    optim, trainer = config.optim, config.trainer
-    rows = [  # validation's perplexity (val/ppl, which selects the weights) is per token
-        ("Test", result.get("test_ppl"), result.get("test_ppl_per_word")),
-        ("Validation (selection)", result.get("valid_ppl"), None),
-    ]
-    results = "\n".join(f"| {name} | {_number(t)} | {_number(w)} |" for name, t, w in rows)
+    """The Markdown of a run's card: ``huggingface_hub``'s ``ModelCard`` from the package's
+    template (``TEMPLATE``) and ``card_data``."""
+    optim, trainer, data = config.optim, config.trainer, config.data
     limits = {"max_steps": trainer.max_steps, "max_epochs": trainer.max_epochs}
     limits["max_time_s"] = trainer.max_time_s
-    budget = ", ".join(f"{key} {value}" for key, value in limits.items() if value is not None)
-    header = yaml.safe_dump(front_matter(config, result), sort_keys=False)
-    return f"""---
-{header}---
-
-# {config.name}
-
-A {result["family"]} language model trained with odelm: {result["model"]}.
-
-## Model
-
-| | |
-|---|---|
-| Architecture | {result["model"]} |
-| Family | {config.model.get("family", "unknown")} ({result["family"]}) |
-| Parameters | {_number(result["parameters"])} |
-| Causal | {result["is_causal"]} |
-
-## Data
-
-| | |
-|---|---|
-| Corpus | {config.data.corpus} |
-| Protocol | {result["protocol"]} |
-| Tokenizer | {config.data.tokenizer} |
-| Batching | {config.data.batching} (bptt {config.data.bptt}, batch {config.data.batch_size}) |
-
-## Training recipe
-
-| | |
-|---|---|
-| Recipe | {result["recipe"]} |
-| Optimizer | {optim.optimizer}, lr {optim.lr}, schedule {optim.schedule} |
-| Steps | {_number(result["steps"])} (budget: {budget}) |
-| Weights | {result["selected"]} |
-| Seed | {result["seed"]} |
-| Precision | {trainer.precision}, float32 matmuls {trainer.matmul_precision} |
-| Training time | {_number(result.get("train_seconds"), 1)} s |
-
-## Results
-
-| Split | Perplexity per token | Perplexity per word |
-|---|---|---|
-{results}
-
-| Test cost | |
-|---|---|
-| NFE (function evaluations per forward) | {_number(result.get("test_nfe"))} |
-| FLOPs per token (forward) | {_number(result.get("test_flops_per_token"), 0)} |
-| Teacher-forced BLEU | {_number(result.get("test_bleu_tf"))} |
-
-## Use
-
-```python
-import experiments
-
-run = experiments.load_run({str(run_dir)!r})
-run.perplexity(["some new text"], per="token")  # as in the tables; per="word" beside it
-run.generate("the", 20, strategy="sample", seed=1)
-```
-
-## Reproduce
-
-```bash
-{reproduce_command(run_dir)}
-```
-
-The config is the run's resolved one (every default and override written out); the data
-folder is `data.data_dir`, else `$ODELM_DATA_DIR`. The config's SHA-256 is
-`{result["config_sha256"]}`.
-
-## Software
-
-| | |
-|---|---|
-| odelm | {__version__} |
-| Git commit | {commit or "unknown (not run from a git checkout)"} |
-"""
+    card = ModelCard.from_template(
+        card_data(config, result),
+        template_path=str(TEMPLATE),
+        run_name=config.name,
+        depth=result["family"],
+        architecture=result["model"],
+        model_family=config.model.get("family", "unknown"),
+        parameters=_number(result["parameters"]),
+        is_causal=result["is_causal"],
+        corpus=data.corpus,
+        protocol=result["protocol"],
+        tokenizer=data.tokenizer,
+        batching=data.batching,
+        bptt=data.bptt,
+        batch_size=data.batch_size,
+        recipe=result["recipe"],
+        optimizer=optim.optimizer,
+        lr=optim.lr,
+        schedule=optim.schedule,
+        steps=_number(result["steps"]),
+        budget=", ".join(f"{key} {value}" for key, value in limits.items() if value is not None),
+        selected=result["selected"],
+        seed=result["seed"],
+        precision=trainer.precision,
+        matmul_precision=trainer.matmul_precision,
+        train_seconds=_number(result.get("train_seconds"), 1),
+        result_rows=[  # validation's perplexity (val/ppl, which selects the weights) is per token
+            ("Test", _number(result.get("test_ppl")), _number(result.get("test_ppl_per_word"))),
+            ("Validation (selection)", _number(result.get("valid_ppl")), _number(None)),
+        ],
+        nfe=_number(result.get("test_nfe")),
+        flops_per_token=_number(result.get("test_flops_per_token"), 0),
+        bleu_tf=_number(result.get("test_bleu_tf")),
+        run_dir=repr(str(config.run_dir)),
+        reproduce=reproduce_command(config.run_dir),
+        config_sha256=result["config_sha256"],
+        version=__version__,
+        commit=commit or "unknown (not run from a git checkout)",
+    )
+    return str(card) + "\n"
 
 
 def write_card(config: RunConfig, result: dict[str, Any]) -> Path:

@@ -21,6 +21,7 @@ from experiments.models.flops import counting_flops
 from experiments.training.datamodule import EvalSettings, evaluation_batches
 from odelm.contract import call_model, check_stateful
 from odelm.errors import OdelmError
+from odelm.invariance import evaluating, rows_alone
 
 FLOPS_SAMPLE = "every batch of the split, the forward passes of the perplexity and NFE"
 NONCAUSAL_LABEL = "non-causal (reconstruction) perplexity: not a valid language-model perplexity"
@@ -38,7 +39,12 @@ def window_length(model: nn.Module, requested: int) -> int:
 
 @torch.no_grad()
 def perplexity(
-    model: nn.Module, data: LMData, split: str, settings: EvalSettings = EvalSettings()
+    model: nn.Module,
+    data: LMData,
+    split: str,
+    settings: EvalSettings = EvalSettings(),
+    *,
+    batch_invariant: bool = True,
 ) -> dict[str, Any]:
     """Total NLL over every token of ``split`` (each predicted exactly once) and its ratios.
 
@@ -46,6 +52,9 @@ def perplexity(
     ``eval_batch_size`` contiguous streams (the stateful extension of the contract). The forward
     FLOPs per predicted token (``experiments.models.flops``) and the mean NFE are
     measured on the same forward passes, every batch of the split (``flops_sample``).
+    ``batch_invariant`` (the default): an adaptive solve steps each row on its own
+    ([`odelm.invariance`][odelm.invariance]), so a sentence's score does not depend on its
+    batch; False: one shared solve per batch, as the test evaluation that ends training.
     """
     if settings.stateful:
         check_stateful(model)
@@ -56,7 +65,7 @@ def perplexity(
     for tokens, mask in batches:
         tokens = tokens.to(device)
         mask = None if mask is None else mask.to(device)
-        with counting_flops(model) as flops:
+        with counting_flops(model) as flops, rows_alone(model, batch_invariant):
             if settings.stateful:
                 logits, aux = call_model(model, tokens[:, :-1], stateful=True, state=state)
                 state = aux["state"]
@@ -117,6 +126,7 @@ def evaluate(
     *,
     settings: EvalSettings = EvalSettings(),
     allow_noncausal: bool = False,
+    batch_invariant: bool = True,
 ) -> dict[str, Any]:
     """Evaluate a contract model on one split of encoded data, batched and decoded as
     ``settings`` say (a run's: ``EvalSettings.from_config(config)``).
@@ -127,7 +137,8 @@ def evaluate(
     (mean forward NFE when the model reports it), ``flops_per_token`` (forward FLOPs per
     predicted token, measured on the same forward passes as ``ppl`` and ``nfe``: every batch
     of the split), ``is_causal`` and ``protocol``. BLEU uses the first ``bleu_sentences``
-    lines of the split (0 skips BLEU).
+    lines of the split (0 skips BLEU). ``batch_invariant``: as
+    [`perplexity`][experiments.training.evaluate.perplexity]'s, for BLEU's decoding too.
     """
     from experiments.models.bleu import continuation_bleu, teacher_forced_bleu
 
@@ -138,11 +149,11 @@ def evaluate(
             "predict, so its perplexity is not a language-model perplexity. Pass "
             "allow_noncausal=True (--allow-noncausal) to report it labelled as such."
         )
-    was_training = model.training
-    model.eval()
     started = time.perf_counter()
-    try:
-        result: dict[str, Any] = perplexity(model, data, split, settings)
+    with evaluating(model, batch_invariant):
+        result: dict[str, Any] = perplexity(
+            model, data, split, settings, batch_invariant=batch_invariant
+        )
         sentences = [s for s in data.split(split).sentences if len(s) > 1]
         sentences = sentences[: settings.bleu_sentences]
         tokenizer = data.tokenizer
@@ -158,11 +169,10 @@ def evaluate(
                 prompt_len=settings.prompt_len,
                 strategy=settings.decode,
                 max_sentences=settings.continuation_sentences,
+                batch_invariant=batch_invariant,
             )
         else:
             result["bleu_tf"] = result["bleu_cont"] = None
-    finally:
-        model.train(was_training)
     result.update(
         seconds=time.perf_counter() - started,
         is_causal=is_causal,

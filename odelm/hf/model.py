@@ -3,10 +3,9 @@
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import inspect
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import torch
@@ -28,6 +27,7 @@ from odelm.hf.config import (
 )
 from odelm.hf.embeddings import EmbeddingsMixin
 from odelm.hub import MODEL_TYPES
+from odelm.invariance import rows_alone
 
 HF_ONLY_KEYWORDS = frozenset(
     {
@@ -106,9 +106,9 @@ class HuggingFaceLM(EmbeddingsMixin, _PreTrainedModel, GenerationMixin):
     batch_invariant: bool | None = None
     """Adaptive solves in a Hugging Face call (forward, ``generate``, ``pipeline``, lm-eval)
     step each sequence (node-transformer) or position (the ODE heads) on its own, so a score
-    does not depend on the batch around it: None (the default) in evaluation mode, True
-    always, False never (one shared solve per batch, the library forward's and training's
-    way). Fixed-grid models are batch-invariant anyway."""
+    does not depend on the batch around it ([`odelm.invariance`][odelm.invariance]): None
+    (the default) in evaluation mode, True always, False never (one shared solve per batch,
+    training's way). Fixed-grid models are batch-invariant anyway."""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -130,6 +130,16 @@ class HuggingFaceLM(EmbeddingsMixin, _PreTrainedModel, GenerationMixin):
         ([`odelm.checkpointing`][odelm.checkpointing]; GPT-2's blocks are ``transformers``'
         own): ``gradient_checkpointing_enable()`` switches it on."""
         return supports_checkpointing(self)
+
+    def gradient_checkpointing_enable(self, *args: Any, **kwargs: Any) -> None:
+        """``transformers``' switch, or one line saying why a model without layers, stages or
+        fields (the bigram) has nothing to recompute."""
+        if not self.supports_gradient_checkpointing:
+            raise HuggingFaceError(
+                f"{type(self).__name__} has no layers, RK stages or vector fields, so there is "
+                "nothing to recompute: train it without gradient checkpointing"
+            )
+        super().gradient_checkpointing_enable(*args, **kwargs)
 
     @property
     def is_gradient_checkpointing(self) -> bool:
@@ -239,7 +249,7 @@ class HuggingFaceLM(EmbeddingsMixin, _PreTrainedModel, GenerationMixin):
                     "the real tokens (right padding: tokenizer.padding_side = 'right')"
                 )
         alone = self.batch_invariant if self.batch_invariant is not None else not self.training
-        with _rows_alone(self, alone):
+        with rows_alone(self, alone):
             if cache is not None:
                 cache._batch = input_ids.shape[0]
                 output = forward(input_ids, cache=cache.tree, **options)
@@ -331,23 +341,6 @@ class HuggingFaceLM(EmbeddingsMixin, _PreTrainedModel, GenerationMixin):
     def _from_config(cls, config: Any, **kwargs: Any) -> Any:
         """A freshly initialised model from a ``transformers`` config (``AutoModel.from_config``)."""
         return build(config)
-
-
-@contextlib.contextmanager
-def _rows_alone(model: torch.nn.Module, on: bool) -> Iterator[None]:
-    """Within: the modules with a ``solve_rows_alone`` switch have it set to ``on``."""
-    switches = [m for m in model.modules() if hasattr(type(m), "solve_rows_alone")]
-    before = [m.__dict__.get("solve_rows_alone") for m in switches]
-    for module in switches:
-        module.solve_rows_alone = on
-    try:
-        yield
-    finally:
-        for module, value in zip(switches, before):
-            if value is None:
-                del module.solve_rows_alone
-            else:
-                module.solve_rows_alone = value
 
 
 def _padding_mask(
