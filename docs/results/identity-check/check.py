@@ -18,6 +18,9 @@ CASES = [
     ("continuous-field", "node-euler4-seed1"),
     ("macaron-field", "macaron-seed1"),
     ("node-lm-gpt2-field", "ode-gpt2-seed1"),
+    ("study2-table5-2layer", "rk4-seed1"),
+    ("study-grammar-d3", "node-weights4-seed1"),
+    ("study-grammar-d3", "ode-lstm-seed1"),
 ]
 out = {}
 root = Path(sys.argv[1])
