@@ -171,17 +171,15 @@ def harness_loss(
     """The library's training loss of ``model``: ``LMTask._loss`` where Lightning imports,
     else ``training_nll`` of the model's logits (plus its regulariser). With
     ``compile_backend`` the forward goes through ``trainer.compile``'s
-    ``CompiledModel`` (its ``torch.compile`` given that
-    backend)."""
-    if isinstance(model, PlainGPT):
-        return model.loss
+    ``CompiledModel`` (its ``torch.compile`` given that backend; on a GPU the forward and
+    the loss compile as one graph)."""
+    if isinstance(model, PlainGPT):  # compiled as nanoGPT is: the forward with its loss
+        if compile_backend is None:
+            return model.loss
+        return torch.compile(model.loss, dynamic=False, backend=compile_backend)  # type: ignore[return-value]
     from experiments.training.compiled import CompiledModel
 
-    compiled = None
-    if compile_backend is not None:
-        compiled = CompiledModel(model)
-        if compile_backend != "inductor":
-            compiled.compiled = torch.compile(model.forward, dynamic=False, backend=compile_backend)
+    compiled = None if compile_backend is None else CompiledModel(model, compile_backend)
     try:
         from experiments.training.config import OptimConfig
         from experiments.training.task import LMTask
@@ -202,7 +200,7 @@ def harness_loss(
 
 class Stepper:
     """One AdamW training step of ``model`` on a batch, in fp32 or under bf16 autocast
-    (through ``torch.compile`` with ``compile_backend``)."""
+    (through ``torch.compile`` with ``compile_backend``; ``fused``: the fused AdamW)."""
 
     def __init__(
         self,
@@ -210,11 +208,12 @@ class Stepper:
         bf16: bool = False,
         lr: float = 1e-3,
         compile_backend: str | None = None,
+        fused: bool = False,
     ) -> None:
         self.model, self.bf16 = model.train(), bf16
         self.device = next(model.parameters()).device
         self.loss = harness_loss(model, compile_backend)
-        self.optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=lr, fused=fused or None)
 
     def __call__(self, tokens: torch.Tensor) -> torch.Tensor:
         """The step's loss, detached (no host sync)."""
