@@ -58,7 +58,8 @@ FILL, MAX_BATCH, HALVINGS = 0.8, 128, 4
 
 def gpt2_spec(sizes: Sizes, name: str) -> dict[str, Any]:
     """The library's ``model`` section of ``name`` at ``sizes`` (no dropout, as nanoGPT)."""
-    shape = {"d_model": sizes.d_model, "n_heads": sizes.n_heads, "d_ff": sizes.d_ff}
+    shape: dict[str, Any] = {"d_model": sizes.d_model, "n_heads": sizes.n_heads}
+    shape["d_ff"] = sizes.d_ff
     shape |= {"max_positions": sizes.seq + 1, "dropout": 0.0}
     if name == "node-shared":
         return {"family": "neuralode_lm", "name": "node-transformer", **shape, "n_layers": 1}
@@ -100,13 +101,19 @@ def choose_batch(ctx: Context, sizes: Sizes) -> dict[str, Any]:
     del model, step
     free(device)
     available = torch.cuda.mem_get_info(device)[0]
-    rows = max(1, int((FILL * available - static) // per_row))
-    batch = min(MAX_BATCH, 1 << (rows.bit_length() - 1))
     return {
-        "batch": batch,
+        "batch": fill_batch(available, static, per_row),
         "how": f"{FILL:.0%} of {available / 2**30:.1f} GiB free over one eager sequence's "
         f"{per_row / 2**20:.0f} MiB, past {static / 2**20:.0f} MiB of weights and state",
     }
+
+
+def fill_batch(available: float, static: float, per_row: float) -> int:
+    """The largest power of two of rows (at most ``MAX_BATCH``, at least 1) whose
+    activations, ``per_row`` bytes each, fit in ``FILL`` of ``available`` bytes past
+    ``static``."""
+    rows = max(1, int((FILL * available - static) // per_row))
+    return min(MAX_BATCH, 1 << (rows.bit_length() - 1))
 
 
 def measure(ctx: Context, sizes: Sizes, name: str, batch: int) -> dict[str, Any]:
@@ -176,10 +183,10 @@ def gpt2_small(ctx: Context, record: dict[str, Any]) -> None:
     if ctx.device.type != "cuda":
         record["peak_memory"] = "not measured on the CPU (torch.cuda.max_memory_allocated)"
     record["batch"] = choose_batch(ctx, sizes)
-    runs = record.setdefault("runs", {})
+    runs, batch = record.setdefault("runs", {}), record["batch"]["batch"]
     for name in MODELS:
         ctx.check()
-        runs[name] = attempt(lambda name=name: measure(ctx, sizes, name, record["batch"]["batch"]))
+        runs[name] = attempt(partial(measure, ctx, sizes, name, batch))
         record["ratios"] = gpt2_ratios(runs)
     free(ctx.device)
     residual = record["ratios"]["residual/plain"]

@@ -176,7 +176,8 @@ def measure_packing(record: dict[str, Any], device: torch.device, short: bool, r
     """Fill ``record`` with each level's workers, runs per hour and the speed-up."""
     grid = SHORT_GRID if short else GRID
     runs = grid_runs(grid)
-    facts = {"vocab": 100, "epoch_batches": None} if short else corpus_facts(runs[0])
+    facts: dict[str, Any] = {"vocab": 100, "epoch_batches": None}
+    facts = facts if short else corpus_facts(runs[0])
     record["grid"], record["corpus"] = grid, facts
     record["mps"] = mps_active()
     window = SHORT_WINDOW_S if short else WINDOW_S

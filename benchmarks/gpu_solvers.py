@@ -22,6 +22,7 @@ import contextlib
 import importlib.util
 import warnings
 from collections.abc import Callable, Iterator
+from functools import partial
 from typing import Any
 
 import torch
@@ -77,15 +78,15 @@ def host_syncs(call: Callable[[], Any], device: torch.device) -> dict[str, Any]:
     return {"syncs": len(syncs), "how": "torch.cuda.set_sync_debug_mode warnings"}
 
 
-def _head(ctx: Context, backend: str, entry: dict[str, Any]) -> None:
-    """Fill ``entry`` with one backend's peaks, NFE and host syncs."""
+def _head(ctx: Context, backend: str, entry: dict[str, Any]) -> dict[str, Any]:
+    """Fill ``entry`` with one backend's peaks, NFE and host syncs; return it."""
     from neuralode_lm import MLPField, solve
 
     sizes, device = ctx.sizes, ctx.device
     torch.manual_seed(0)
     field = MLPField(sizes.d_model, sizes.d_ff).to(device)
     y0 = torch.randn(sizes.solver_rows, sizes.d_model, device=device)
-    options = {"method": "dopri5", "adjoint": True, "backend": backend}
+    options: dict[str, Any] = {"method": "dopri5", "adjoint": True, "backend": backend}
     nfe: dict[str, Any] = {}
 
     def step(length: float) -> None:
@@ -110,6 +111,7 @@ def _head(ctx: Context, backend: str, entry: dict[str, Any]) -> None:
     entry["memory_ratio"] = ratio(max(measured), min(measured)) if measured else None
     ctx.check()
     entry["per_step"] = host_syncs(lambda: step(LENGTHS[0]), device)
+    return entry
 
 
 def adjoint_head(ctx: Context, record: dict[str, Any]) -> None:
@@ -125,8 +127,7 @@ def adjoint_head(ctx: Context, record: dict[str, Any]) -> None:
             record[backend] = {"skipped": f"{backend} is not installed (pip install {backend})"}
             continue
         entry = record.setdefault(backend, {})
-        outcome = attempt(lambda backend=backend, entry=entry: _head(ctx, backend, entry) or {})
-        entry.update(outcome)
+        entry.update(attempt(partial(_head, ctx, backend, entry)))
     free(ctx.device)
     record["summary"] = "; ".join(_line(backend, record[backend]) for backend in BACKENDS)
 
