@@ -138,7 +138,7 @@ def test_a_run_estimate_counts_its_context_weights_and_activations() -> None:
     assert deeper > small
 
 
-def test_runs_per_hour_and_a_grids_predicted_wall_time() -> None:
+def test_runs_per_hour() -> None:
     reports = [{"steps": 100, "seconds": 10.0, "startup_s": 20.0}] * 2  # 10 steps/s each
     assert gpu_packing.runs_per_hour(reports, [1000, 1000]) == pytest.approx(2 * 3600 / 120)
     assert gpu_packing.runs_per_hour([{"error": "worker exit 1"}], [1000]) is None
@@ -146,6 +146,10 @@ def test_runs_per_hour_and_a_grids_predicted_wall_time() -> None:
     assert gpu_packing.run_steps({"trainer": {"max_steps": 8000}}, None) == 8000
     assert gpu_packing.run_steps({"trainer": {"max_epochs": 20}}, 95) == 1900
     assert gpu_packing.run_steps({"trainer": {"max_epochs": 20}}, None) is None
+
+
+@pytest.mark.slow  # expands a grid of 86 runs: the full suite runs it
+def test_a_grids_predicted_wall_time() -> None:
     predicted = gpu_packing.predict_grid_hours("study2-continuous", 43.0)
     # 9 models x 5 seeds, 5 seed-noise runs, 4 learning rates x 9 models tuned at seed 0
     assert predicted["runs"] == 9 * 5 + 5 + 4 * 9 and predicted["hours"] == pytest.approx(2.0)

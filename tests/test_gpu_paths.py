@@ -89,6 +89,7 @@ def test_the_compiled_loss_is_chosen_off_the_cpu_for_unmasked_batches() -> None:
         assert not compiled_loss_applies(cuda_tokens, torch.ones(2, 5, dtype=torch.bool))
 
 
+@pytest.mark.slow  # torch.compile, a second or more: the full suite runs it
 @pytest.mark.parametrize("name", sorted(SPECS))
 def test_the_forward_and_loss_compile_as_one_graph(name: str) -> None:
     torch.manual_seed(0)
@@ -104,6 +105,7 @@ def test_the_forward_and_loss_compile_as_one_graph(name: str) -> None:
     assert aux["nfe"] == (8 if name == "rk4" else 3)
 
 
+@pytest.mark.slow  # torch.compile, a second or more: the full suite runs it
 def test_lmtask_sends_a_gpu_batch_through_the_compiled_loss(monkeypatch) -> None:
     torch.manual_seed(0)
     task = LMTask(build_model(SPECS["rk4"], 40), OptimConfig(), compile=True).train()
@@ -151,6 +153,7 @@ def test_the_batch_fills_the_memory_and_halves_when_it_runs_out(monkeypatch) -> 
     assert tried == [1024, 512, 256, 128, 64]  # HALVINGS: bounded
 
 
+@pytest.mark.slow  # torch.compile, a second or more: the full suite runs it
 def test_the_gpt2_phase_runs_every_model_in_the_short_mode(tmp_path: Path) -> None:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
