@@ -7,6 +7,7 @@
   (``CompiledModel.loss``), which ``torch.compile(fullgraph=True)`` takes whole for an RK4
   block and the node-transformer's shared field (no graph break; checked on the CPU in
   fp32, the branches a GPU takes), and ``LMTask`` routes an unmasked CUDA batch there.
+- Adam and AdamW take the fused kernel over CUDA parameters, as nanoGPT's AdamW does.
 - The GPU check's GPT-2-small phase: the batch that fills the memory, halving on running
   out of it (bounded), and the whole phase in the short CPU mode.
 """
@@ -30,6 +31,7 @@ from experiments.models.build import build_model
 from experiments.training import task as task_module
 from experiments.training.compiled import CompiledModel, compiled_loss_applies
 from experiments.training.config import OptimConfig
+from experiments.training.recipes import build_optimizer
 from experiments.training.task import LMTask
 from ode_transformer.layers import MultiHeadSelfAttention
 from tests.fake_cuda import fake_cuda
@@ -175,3 +177,13 @@ def test_the_gpt2_phase_runs_every_model_in_the_short_mode(tmp_path: Path) -> No
     assert targets["gpt2 plain mfu"]["status"] == "not measured (CPU mode)"
     full = {r["metric"]: r for r in target_records({"gpt2_small": record})}
     assert full["gpt2 rk4/plain mfu"]["status"] in ("met", "not met")
+
+
+@pytest.mark.parametrize("name", ["adamw", "adam"])
+def test_adam_takes_the_fused_kernel_on_cuda_only(name: str) -> None:
+    optim = OptimConfig(optimizer=name)
+    cpu = build_optimizer([torch.nn.Parameter(torch.zeros(3))], optim)
+    assert not cpu.defaults["fused"]
+    with FakeTensorMode():
+        weight = torch.nn.Parameter(torch.empty(3, device="cuda"))
+        assert build_optimizer([weight], optim).defaults["fused"] is True
