@@ -129,7 +129,7 @@ PHASES = (
     Phase("determinism", gpu_runs.determinism, 20, BUILD),
     Phase("ddp_train", gpu_runs.ddp_train, 70, ("pytorch_lightning", *BUILD)),
     Phase("adjoint_head", gpu_solvers.adjoint_head, 30),
-    Phase("packing", gpu_packing.packing_phase, 100, BUILD),
+    Phase("packing", gpu_packing.packing_phase, 110, BUILD),
     Phase("compile", gpu_runs.compiled, 60, BUILD),
     Phase("gpt2_small", gpu_gpt2.gpt2_small, 270, BUILD),  # cut to what the total leaves
 )

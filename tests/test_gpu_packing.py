@@ -165,3 +165,16 @@ def test_the_packing_benchmark_runs_workers_side_by_side_in_the_short_mode(
     assert rates["runs_per_hour N=16 over N=1"] > 0
     assert all(r["target"] is None for r in records)  # the short mode claims nothing
     assert (tmp_path / "packing.json").is_file()
+
+
+def test_the_speedup_counts_runs_or_else_training_steps() -> None:
+    levels = [{"runs_per_hour": 10.0, "steps_per_hour": 1e4},
+              {"runs_per_hour": 70.0, "steps_per_hour": 8e4}]  # fmt: skip
+    assert gpu_packing.speedup(levels) == (7.0, "runs")
+    unknown = [{**level, "runs_per_hour": None} for level in levels]  # no corpus here
+    assert gpu_packing.speedup(unknown) == (8.0, "training steps")
+    assert gpu_packing.speedup([{**levels[0], "steps_per_hour": None}] * 2)[0] == 1.0
+    assert gpu_packing.speedup([{"runs_per_hour": None, "steps_per_hour": None}] * 2)[0] is None
+    reports = [{"steps": 50, "seconds": 10.0}, {"steps": 30, "seconds": 10.0}]
+    assert gpu_packing.steps_per_hour(reports) == pytest.approx(3600 * 8)
+    assert gpu_packing.steps_per_hour([{"error": "worker exit 1"}]) is None

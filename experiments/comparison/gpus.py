@@ -122,7 +122,8 @@ class MemoryGate:
 
     def __init__(self, launcher: str = "local", wait_s: float = MEMORY_WAIT_S) -> None:
         self.active = launcher == "local" and torch.cuda.is_available()
-        self.wait_s, self.waiting_since = wait_s, None
+        self.wait_s = wait_s
+        self.waiting_since: float | None = None
         self.slots: dict[str, int] = {}
 
     def device(self, slot: int, gpus: int) -> int:
