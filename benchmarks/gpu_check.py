@@ -1,6 +1,6 @@
 """The GPU check (``odelm bench gpu --out DIR``, ``python -m benchmarks.gpu_check --out
-DIR``): what the library does on a CUDA device, in nine phases of 6 minutes in all on one
-H100.
+DIR``): what the library does on a CUDA device, in twelve phases of at most 8 minutes in
+all on one H100 or H200.
 
 1. ``environment``: versions, the device, its memory; measured matmul peaks (bf16, fp32
    with TF32 off and on).
@@ -14,7 +14,15 @@ H100.
 6. ``precision``: bf16 against fp32 over 30 steps from the same seed.
 7. ``determinism``: two identical short trainings.
 8. ``ddp_train``: ``odelm train`` with ``strategy: ddp`` on one device, in a subprocess.
-9. ``compile``: ``torch.compile`` of the residual model, last.
+9. ``adjoint_head``: the adjoint dopri5 head's peak memory at 2, 4 and 8 times the
+   integration time and its host syncs per step, torchdiffeq and torchode
+   (``benchmarks.gpu_solvers``).
+10. ``packing``: runs per hour of a study's runs packed 1, 4, 8, 16 to the device
+    (``benchmarks.gpu_packing``).
+11. ``compile``: ``torch.compile`` of the residual model.
+12. ``gpt2_small``: the residual, RK2, RK4 blocks and the node-transformer's shared field at
+    GPT-2 small against a nanoGPT-class GPT, bf16, compiled (``benchmarks.gpu_gpt2``), last:
+    the longest phase, cut to what the total leaves.
 
 Each phase runs under its own wall-clock budget (a ``SIGALRM`` timer, and checks between
 its items; also cut to what is left of the total), catches its own exceptions (recording
@@ -23,7 +31,9 @@ keeps what finished; ``DIR/summary.json`` is rewritten after every phase. Packag
 fail to import are recorded at the start and the phases needing them skipped with the
 reason. ``--short`` (``--cpu``) runs every phase on the CPU at tiny sizes in seconds, so
 the tests keep the script working; without CUDA and without ``--short`` only the first
-phase runs.
+phase runs. The summary lists issues 30 and 50's targets with the measured values, each
+``met``, ``not met``, ``not measured`` or, in the short mode, ``not measured (CPU mode)``
+(also printed, one line each, at the end).
 """
 
 from __future__ import annotations

@@ -52,7 +52,7 @@ GPT2 = Sizes(768, 12, 3072, 12, 8, 1024, 50257, 2, 8, 8192, 8192, 1000, 16, 64)
 """GPT-2 small (``batch``: the CPU's batch; on a GPU it is chosen to fill the memory)."""
 GPT2_SHORT = Sizes(32, 2, 64, 2, 2, 16, 100, 1, 2, 256, 64, 100, 4, 16)
 """The short mode's tiny stand-in."""
-MODELS = ("plain", "residual", "node-shared", "rk2", "rk4")
+GPT2_MODELS = ("plain", "residual", "node-shared", "rk2", "rk4")
 FILL, MAX_BATCH, HALVINGS = 0.8, 128, 4
 
 
@@ -78,7 +78,7 @@ def _node_shared(spec: dict[str, Any], sizes: Sizes) -> dict[str, Any]:
 
 
 def make_model(sizes: Sizes, name: str) -> nn.Module:
-    """A fresh model ``name`` of ``MODELS`` at ``sizes`` (seed 0), on the CPU."""
+    """A fresh model ``name`` of ``GPT2_MODELS`` at ``sizes`` (seed 0), on the CPU."""
     torch.manual_seed(0)
     if name == "plain":
         return PlainGPT(sizes, dropout=0.0)
@@ -169,12 +169,12 @@ def gpt2_ratios(runs: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
             key: ratio(runs.get(name, {}).get(key), plain.get(key))
             for key in ("tokens_per_s", "peak_memory_mb", "mfu")
         }
-        for name in MODELS[1:]
+        for name in GPT2_MODELS[1:]
     }
 
 
 def gpt2_small(ctx: Context, record: dict[str, Any]) -> None:
-    """GPT-2 small: every model of ``MODELS`` against the plain GPT (the module docstring)."""
+    """GPT-2 small: every model of ``GPT2_MODELS`` against the plain GPT (the module docstring)."""
     sizes = GPT2_SHORT if ctx.short else GPT2
     record["size"] = {k: getattr(sizes, k) for k in ("d_model", "n_heads", "d_ff", "n_layers")}
     record["size"] |= {"seq": sizes.seq, "vocab": sizes.vocab}
@@ -184,7 +184,7 @@ def gpt2_small(ctx: Context, record: dict[str, Any]) -> None:
         record["peak_memory"] = "not measured on the CPU (torch.cuda.max_memory_allocated)"
     record["batch"] = choose_batch(ctx, sizes)
     runs, batch = record.setdefault("runs", {}), record["batch"]["batch"]
-    for name in MODELS:
+    for name in GPT2_MODELS:
         ctx.check()
         runs[name] = attempt(partial(measure, ctx, sizes, name, batch))
         record["ratios"] = gpt2_ratios(runs)
@@ -193,5 +193,5 @@ def gpt2_small(ctx: Context, record: dict[str, Any]) -> None:
     record["summary"] = (
         f"plain MFU {fmt(runs['plain'].get('mfu'))}; residual/plain tokens/s "
         f"{fmt(residual['tokens_per_s'])}, memory {fmt(residual['peak_memory_mb'])}; MFU/plain "
-        + ", ".join(f"{n} {fmt(record['ratios'][f'{n}/plain']['mfu'])}" for n in MODELS[2:])
+        + ", ".join(f"{n} {fmt(record['ratios'][f'{n}/plain']['mfu'])}" for n in GPT2_MODELS[2:])
     )

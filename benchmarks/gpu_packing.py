@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 
+from benchmarks.gpu_models import free
 from benchmarks.gpu_phases import Context, fmt
 
 GRID = "study2-continuous"
@@ -241,6 +242,7 @@ def predict_grid_hours(grid: str, rate: float) -> dict[str, Any]:
 
 def packing_phase(ctx: Context, record: dict[str, Any]) -> None:
     """The GPU check's ``packing`` phase."""
+    free(ctx.device)  # the check's own cached memory back to the device for the workers
     measure_packing(record, ctx.device, ctx.short, ctx.repo, ctx.check)
     best = max((v["runs_per_hour"] or 0 for v in record["levels"].values()), default=0)
     if best and not ctx.short:

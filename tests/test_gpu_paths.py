@@ -167,7 +167,7 @@ def test_the_gpt2_phase_runs_every_model_in_the_short_mode(tmp_path: Path) -> No
     finally:
         torch.set_num_threads(threads)
     runs = record["runs"]
-    assert list(runs) == list(gpu_gpt2.MODELS)
+    assert list(runs) == list(gpu_gpt2.GPT2_MODELS)
     assert all(run["tokens_per_s"] > 0 and run["mfu"] > 0 for run in runs.values()), runs
     same = {runs[name]["parameters"] for name in ("plain", "residual", "rk2", "rk4")}
     assert len(same) == 1  # the same shape: the same parameters as the plain GPT
