@@ -2,9 +2,10 @@
 memory against the integration length and its host syncs per training step, for each
 backend (torchdiffeq, torchode).
 
-The head's solve is the facade's (``neuralode_lm.solve``: dopri5 at its default tolerances,
-``adjoint=True``) of an ``MLPField(d_model, d_ff)`` on ``solver_rows`` states over ``[0, S]``
-for ``S`` in ``LENGTHS``; the NFE per unit time of each length is recorded
+The head is a ``CausalODEHead`` (its MLP field of width ``d_model``, hidden ``d_ff``; dopri5
+at the facade's default tolerances, ``adjoint=True``) on ``solver_rows`` encoder states,
+integrated over ``[0, S]`` for ``S`` in ``LENGTHS`` and scored by cross-entropy over a
+vocabulary of ``small_vocab`` words; the NFE per unit time of each length is recorded
 (``nfe_per_unit_time``: forward and backward evaluations over ``S``), so the peaks are read
 at equal NFE per unit time where those agree. The adjoint keeps no stage of the forward solve for backward, so its
 peak memory (``torch.cuda.max_memory_allocated`` around forward and backward) should not
@@ -80,19 +81,27 @@ def host_syncs(call: Callable[[], Any], device: torch.device) -> dict[str, Any]:
 
 def _head(ctx: Context, backend: str, entry: dict[str, Any]) -> dict[str, Any]:
     """Fill ``entry`` with one backend's peaks, NFE and host syncs; return it."""
-    from neuralode_lm import MLPField, solve
+    import torch.nn.functional as F
+
+    from neuralode_lm import CausalODEHead
 
     sizes, device = ctx.sizes, ctx.device
     torch.manual_seed(0)
-    field = MLPField(sizes.d_model, sizes.d_ff).to(device)
-    y0 = torch.randn(sizes.solver_rows, sizes.d_model, device=device)
-    options: dict[str, Any] = {"method": "dopri5", "adjoint": True, "backend": backend}
+    solver = {"method": "dopri5", "adjoint": True, "backend": backend}
+    head = CausalODEHead(sizes.d_model, sizes.small_vocab, field_hidden=sizes.d_ff, solver=solver)
+    head = head.to(device).train()
+    rows = sizes.solver_rows
+    hidden = torch.randn(rows // sizes.small_seq, sizes.small_seq, sizes.d_model, device=device)
+    targets = torch.randint(0, sizes.small_vocab, (hidden.shape[0] * sizes.small_seq,))
+    targets = targets.to(device)
     nfe: dict[str, Any] = {}
 
     def step(length: float) -> None:
-        field.zero_grad(set_to_none=True)
-        states, stats = solve(field, y0.clone().requires_grad_(), [0.0, length], **options)
-        states[-1].square().mean().backward()
+        head.zero_grad(set_to_none=True)
+        head.integration_time = length
+        logits, _ = head(hidden.clone().requires_grad_())
+        F.cross_entropy(logits.flatten(0, 1).float(), targets).backward()
+        stats = head.last_stats
         nfe[f"{length:g}"] = {"forward": stats.nfe_forward, "backward": stats.nfe_backward}
 
     step(LENGTHS[0])  # warm-up: imports, first kernels
@@ -117,7 +126,10 @@ def _head(ctx: Context, backend: str, entry: dict[str, Any]) -> dict[str, Any]:
 def adjoint_head(ctx: Context, record: dict[str, Any]) -> None:
     """The adjoint dopri5 head's peak memory against ``S`` and host syncs, per backend."""
     sizes = ctx.sizes
-    record["field"] = f"MLPField({sizes.d_model}, {sizes.d_ff}) on {sizes.solver_rows} states"
+    record["head"] = (
+        f"CausalODEHead({sizes.d_model}, vocabulary {sizes.small_vocab}, field hidden "
+        f"{sizes.d_ff}) on {sizes.solver_rows} states"
+    )
     record["lengths"] = list(LENGTHS)
     if ctx.device.type != "cuda":
         record["peak_memory"] = "not measured on the CPU (torch.cuda.max_memory_allocated)"

@@ -29,7 +29,7 @@ EXPECTED = {
     "precision": ("losses", "final", "difference"),
     "determinism": ("default", "deterministic"),
     "compile": ("backend", "eager_ms", "compile_s", "compiled_ms"),
-    "adjoint_head": ("field", "lengths", "torchdiffeq"),
+    "adjoint_head": ("head", "lengths", "torchdiffeq"),
     "packing": ("grid", "levels", "speedup"),
     "gpt2_small": ("size", "batch", "runs", "ratios"),
 }
