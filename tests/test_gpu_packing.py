@@ -78,7 +78,7 @@ def test_a_run_larger_than_the_device_or_kept_waiting_by_others_is_refused(
     device: dict[str, float],
 ) -> None:
     with pytest.raises(GPUMemoryError, match=r"needs about 102400 MiB but GPU 0 has 81920 MiB"):
-        MemoryGate().ready(_job("huge", 100 * 1024), {})
+        MemoryGate("local", [_job("small", 1024), _job("huge", 100 * 1024)])  # before any start
     device["free"] = 4 * GIB  # another user's process holds the rest
     gate, job = MemoryGate(wait_s=600), _job("run", 10 * 1024)
     assert gate.ready(job, {}, clock=0.0) is False

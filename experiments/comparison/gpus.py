@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -120,11 +120,26 @@ class MemoryGate:
     run that needs more than the device has in all is refused at once. Jobs on the CPU,
     remote launchers and machines without CUDA pass unchecked."""
 
-    def __init__(self, launcher: str = "local", wait_s: float = MEMORY_WAIT_S) -> None:
+    def __init__(
+        self, launcher: str = "local", jobs: Sequence[Any] = (), wait_s: float = MEMORY_WAIT_S
+    ) -> None:
         self.active = launcher == "local" and torch.cuda.is_available()
         self.wait_s = wait_s
         self.waiting_since: float | None = None
         self.slots: dict[str, int] = {}
+        if self.active and any(job.gpus for job in jobs):
+            self.check_sizes(jobs)
+
+    def check_sizes(self, jobs: Sequence[Any]) -> None:
+        """Refuse, before any job starts, a GPU run larger than the smallest visible GPU."""
+        devices = range(max(1, len(visible_gpus())))
+        total, device = min((torch.cuda.mem_get_info(d)[1] / 2**20, d) for d in devices)
+        for job in jobs:
+            if job.gpus and job.memory_mb > total:
+                raise GPUMemoryError(
+                    f"run {job.run} needs about {job.memory_mb:.0f} MiB but GPU {device} has "
+                    f"{total:.0f} MiB in all; use a smaller model or batch, or a larger GPU"
+                )
 
     def device(self, slot: int, gpus: int) -> int:
         """The index (in this process's numbering) of the first GPU slot ``slot`` gets."""
@@ -140,11 +155,6 @@ class MemoryGate:
         slot = free_slot({self.slots[r.run] for r in running if r.run in self.slots})
         device = self.device(slot, job.gpus)
         free, total = (value / 2**20 for value in torch.cuda.mem_get_info(device))
-        if job.memory_mb > total:
-            raise GPUMemoryError(
-                f"run {job.run} needs about {job.memory_mb:.0f} MiB but GPU {device} has "
-                f"{total:.0f} MiB in all; use a smaller model or batch, or a larger GPU"
-            )
         sharing = [r for r in running if self.device(self.slots.get(r.run, 0), r.gpus) == device]
         reserved = sum(r.memory_mb for r in sharing if r.gpus)
         if job.memory_mb <= min(free, total - reserved):

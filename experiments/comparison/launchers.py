@@ -370,7 +370,7 @@ def run_jobs(
         return
     board = board or ProgressBoard(every=launch.progress_every)
     launcher = make_launcher(launch, folder, max(job.threads for job in jobs))
-    pending, running, gate = list(jobs), {}, MemoryGate(launch.launcher)
+    pending, running, gate = list(jobs), {}, MemoryGate(launch.launcher, jobs)
     try:
         while pending or running:
             while pending and len(running) < launch.jobs and gate.ready(pending[0], running):
