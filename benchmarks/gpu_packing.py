@@ -85,26 +85,31 @@ def corpus_facts(values: dict[str, Any]) -> dict[str, Any]:
 def worker_job(
     values: dict[str, Any], vocab: int, device: str, window_s: float, short: bool
 ) -> dict:
-    """What one worker is told: the run's values, vocabulary, device and window."""
+    """What one worker is told: the run's values, vocabulary, device and window (the short
+    mode: a tiny width, and the loss without Lightning, whose import alone takes seconds)."""
     if short:
         values = {**values, "model": {**values["model"], **SHORT_MODEL}}
-    return {"values": values, "vocab": vocab, "device": device, "window_s": window_s}
+    return {"values": values, "vocab": vocab, "device": device, "window_s": window_s,
+            "harness": not short}  # fmt: skip
 
 
 def worker(job: dict[str, Any]) -> dict[str, Any]:
-    """Train ``job``'s run for its window once the parent says go (a line on stdin)."""
+    """Train ``job``'s run for its window once the parent says go (a line on stdin). The
+    run's values were checked by the parent (``expand_grid``); the worker reads them
+    directly, the schema's defaults for what they leave out."""
     started = time.perf_counter()
     from benchmarks.gpu_models import Stepper, random_batches, sync
     from experiments.models.build import build_model
-    from experiments.training.config import parse_config
+    from experiments.training.run_schema import DataConfig, TrainerConfig
 
-    config = parse_config(job["values"])
+    values = job["values"]
+    data, trainer = values.get("data", {}), values.get("trainer", {})
     device = torch.device(job["device"])
-    torch.manual_seed(config.seed)
-    model = build_model(config.model, job["vocab"]).to(device)
-    bf16 = str(config.trainer.precision).startswith("bf16")
-    step = Stepper(model, bf16=bf16, lr=1e-4)
-    shape = (config.data.batch_size, config.data.bptt)
+    torch.manual_seed(values.get("seed", 0))
+    model = build_model(values["model"], job["vocab"]).to(device)
+    bf16 = str(trainer.get("precision", TrainerConfig.precision)).startswith("bf16")
+    step = Stepper(model, bf16=bf16, lr=1e-4, harness=job["harness"])
+    shape = (data.get("batch_size", DataConfig.batch_size), data.get("bptt", DataConfig.bptt))
     batches = random_batches(4, *shape, job["vocab"], device)
     for batch in batches[:2]:
         float(step(batch))
