@@ -36,6 +36,9 @@ from benchmarks.gpu_models import free
 from benchmarks.gpu_phases import Context, fmt
 
 GRID = "study2-continuous"
+"""The GPU check's grid (one grid within its time budget)."""
+BENCH_GRIDS = ("study2-continuous", "study-grammar-d1", "study-grammar-d3")
+"""``odelm bench gpu-packing``'s grids: the study run sizes of PTB-mini and the grammars."""
 SHORT_GRID = "study-grammar-d1"
 LEVELS, SHORT_LEVELS = (1, 4, 8, 16), (1,)
 WINDOW_S, SHORT_WINDOW_S = 8.0, 0.5
@@ -196,9 +199,10 @@ def speedup(levels: list[dict[str, Any]]) -> tuple[float | None, str]:
 
 
 def measure_packing(record: dict[str, Any], device: torch.device, short: bool, repo: Path,
-                    check: Any = lambda: None) -> None:  # fmt: skip
-    """Fill ``record`` with each level's workers, runs per hour and the speed-up."""
-    grid = SHORT_GRID if short else GRID
+                    check: Any = lambda: None, grid: str | None = None) -> None:  # fmt: skip
+    """Fill ``record`` with each level's workers, runs per hour and the speed-up of ``grid``
+    (default ``GRID``, the short mode's ``SHORT_GRID``)."""
+    grid = grid or (SHORT_GRID if short else GRID)
     runs = grid_runs(grid)
     facts: dict[str, Any] = {"vocab": 100, "epoch_batches": None}
     facts = facts if short else corpus_facts(runs[0])
@@ -255,26 +259,43 @@ def packing_phase(ctx: Context, record: dict[str, Any]) -> None:
 
 
 def gpu_packing(out: str | None = None, short: bool = False) -> list[dict[str, Any]]:
-    """``odelm bench gpu-packing``: runs per hour at each N, and N=16 over N=1 (target 6)."""
+    """``odelm bench gpu-packing``: for each grid of ``BENCH_GRIDS`` (the short mode:
+    ``SHORT_GRID`` on the CPU), runs per hour at each N, N=16 over N=1 (target 6) and the
+    grid's predicted wall time on the device at its best N; ``out``: the records as JSON."""
     device = torch.device("cuda" if torch.cuda.is_available() and not short else "cpu")
-    record: dict[str, Any] = {}
-    repo = Path(__file__).resolve().parents[1]
-    measure_packing(record, device, short, repo)
+    repo, rows = Path(__file__).resolve().parents[1], []
+    records: dict[str, dict[str, Any]] = {}
+    for grid in (SHORT_GRID,) if short else BENCH_GRIDS:
+        record = records.setdefault(grid, {})
+        measure_packing(record, device, short, repo, grid=grid)
+        rates = [level["runs_per_hour"] or 0 for level in record["levels"].values()]
+        if max(rates) and not short:
+            record["predicted"] = predict_grid_hours(grid, max(rates))
+        rows += packing_rows(grid, record, short)
     if out:
         from odelm import files
 
         folder = Path(out)
         files.make_dir(folder, root=folder)
-        files.write_text(folder / "packing.json", json.dumps(record, indent=2) + "\n", root=folder)
+        files.write_text(folder / "packing.json", json.dumps(records, indent=2) + "\n", root=folder)
+    return rows
+
+
+def packing_rows(grid: str, record: dict[str, Any], short: bool) -> list[dict[str, Any]]:
+    """``odelm bench`` rows of one grid's packing record."""
+    common = {"bench": "gpu-packing", "better": "higher", "grid": grid}
     rows = [
-        {"bench": "gpu-packing", "metric": f"runs_per_hour N={n}", "value": level["runs_per_hour"],
-         "target": None, "unit": "runs/h", "better": "higher"}
+        {**common, "metric": f"{grid} runs_per_hour N={n}", "value": level["runs_per_hour"],
+         "target": None, "unit": "runs/h"}
         for n, level in record["levels"].items()
     ]  # fmt: skip
     speedup = record["speedup"]
-    rows.append({"bench": "gpu-packing", "metric": "runs_per_hour N=16 over N=1",
+    rows.append({**common, "metric": f"{grid} runs_per_hour N=16 over N=1",
                  "value": speedup if speedup is None or math.isfinite(speedup) else None,
-                 "target": None if short else 6.0, "unit": "x", "better": "higher"})  # fmt: skip
+                 "target": None if short else 6.0, "unit": "x", "basis": record["speedup_basis"]})  # fmt: skip
+    if "predicted" in record:
+        rows.append({**common, "metric": f"{grid} predicted hours on this GPU", "target": None,
+                     "value": record["predicted"]["hours"], "unit": "h", "better": "lower"})  # fmt: skip
     return rows
 
 
