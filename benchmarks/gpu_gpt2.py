@@ -124,15 +124,15 @@ def fill_batch(available: float, static: float, per_row: float) -> int:
 
 def measure(ctx: Context, sizes: Sizes, name: str, batch: int) -> dict[str, Any]:
     """One model's record, halving the batch on running out of memory (bounded)."""
-    for _ in range(HALVINGS + 1):
+    for _ in range(HALVINGS):
         try:
             return _measure(ctx, sizes, name, batch)
         except torch.OutOfMemoryError:
-            free(ctx.device)
             if batch == 1:
                 raise
-            batch //= 2
-    raise torch.OutOfMemoryError(f"out of memory down to batch {batch}")
+        free(ctx.device)  # out of the handler: its traceback, holding the model, is gone
+        batch //= 2
+    return _measure(ctx, sizes, name, batch)
 
 
 def _measure(ctx: Context, sizes: Sizes, name: str, batch: int) -> dict[str, Any]:
