@@ -207,7 +207,7 @@ def measure_packing(record: dict[str, Any], device: torch.device, short: bool, r
     facts: dict[str, Any] = {"vocab": 100, "epoch_batches": None}
     facts = facts if short else corpus_facts(runs[0])
     record["grid"], record["corpus"] = grid, facts
-    record["mps"] = mps_active()
+    record["mps"], record["fit"] = mps_active(), runs_that_fit(runs, device)
     window = SHORT_WINDOW_S if short else WINDOW_S
     levels = record.setdefault("levels", {})
     for n in SHORT_LEVELS if short else LEVELS:
@@ -226,6 +226,24 @@ def measure_packing(record: dict[str, Any], device: torch.device, short: bool, r
     record["summary"] = f"{grid}: runs/hour " + ", ".join(
         f"N={n} {fmt(level['runs_per_hour'])}" for n, level in levels.items()
     )
+
+
+def runs_that_fit(runs: list[dict[str, Any]], device: torch.device) -> dict[str, Any]:
+    """How many of the grid's largest runs ``odelm compare`` packs on the device at once
+    (``gpus.run_memory_mb`` against its memory; the CPU: not measured)."""
+    from experiments.comparison.gpus import fitting_runs, run_memory_mb
+    from experiments.training.run_schema import DataConfig
+
+    def need_mb(values: dict[str, Any]) -> float:
+        data = values.get("data", {})
+        batch = data.get("batch_size", DataConfig.batch_size)
+        return run_memory_mb(values["model"], batch, data.get("bptt", DataConfig.bptt))
+
+    need = max(need_mb(values) for values in runs)
+    if device.type != "cuda":
+        return {"need_mb": need, "runs": None}
+    total = torch.cuda.mem_get_info(device)[1] / 2**20
+    return {"need_mb": need, "total_mb": total, "runs": fitting_runs(need, total)}
 
 
 def mps_active() -> bool:

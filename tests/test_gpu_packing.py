@@ -29,8 +29,8 @@ def device(monkeypatch: pytest.MonkeyPatch) -> dict[str, float]:
     """One visible fake GPU of 80 GiB; set ``free`` (bytes) to what other processes leave."""
     memory = {"free": 80 * GIB, "total": 80 * GIB, "calls": 0}
 
-    def mem_get_info(index: int = 0) -> tuple[float, float]:
-        assert index == 0
+    def mem_get_info(index: Any = 0) -> tuple[float, float]:
+        assert index in (0, torch.device("cuda"))
         memory["calls"] += 1
         return memory["free"], memory["total"]
 
@@ -130,6 +130,13 @@ def test_run_jobs_keeps_in_flight_only_what_fits(
     jobs = [_job(f"run{index}", 30 * 1024) for index in range(6)]
     run_jobs(jobs, Launch(jobs=8), Path("."), lambda job, *rest: done.append(job.run))
     assert sorted(done) == sorted(job.run for job in jobs) and max(flights) == 2
+
+
+def test_the_packing_benchmark_says_how_many_runs_fit(device: dict[str, float]) -> None:
+    values = {"model": STUDY_MODEL, "data": {"batch_size": 20, "bptt": 35}}
+    fit = gpu_packing.runs_that_fit([values], torch.device("cuda"))
+    assert fit["runs"] == int(80 * 1024 // run_memory_mb(STUDY_MODEL, 20, 35)) > 16
+    assert gpu_packing.runs_that_fit([values], torch.device("cpu"))["runs"] is None
 
 
 def test_a_run_estimate_counts_its_context_weights_and_activations() -> None:

@@ -117,7 +117,8 @@ class MemoryGate:
     estimate is reserved while they run). A job that does not fit waits while a run of the
     grid is in flight on its device (one will end), at most ``wait_s`` seconds otherwise
     (the memory is held by processes odelm did not start), then is refused in one line; a
-    run that needs more than the device has in all is refused at once. Jobs on the CPU,
+    run that needs more than the device has in all is refused before any job starts. Jobs
+    on the CPU,
     remote launchers and machines without CUDA pass unchecked."""
 
     def __init__(
