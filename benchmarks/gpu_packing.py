@@ -26,6 +26,7 @@ import json
 import math
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -131,41 +132,52 @@ def worker(job: dict[str, Any]) -> dict[str, Any]:
 def run_level(jobs: list[dict[str, Any]], repo: Path) -> list[dict[str, Any]]:
     """Start one worker per job, wait until all are ready, let them train together; each
     worker's report (its start-up seconds added) or its error."""
+    with contextlib.ExitStack() as stack:  # stderr to files: no pipe left to fill up
+        logs = [stack.enter_context(tempfile.TemporaryFile("w+")) for _ in jobs]
+        children = [_start_worker(repo, log) for log in logs]
+        try:
+            return _run_workers(children, jobs, logs)
+        finally:
+            for child in children:
+                if child.poll() is None:
+                    child.kill()
+                    child.wait()
+
+
+def _start_worker(repo: Path, log: Any) -> subprocess.Popen:
     command = [sys.executable, "-m", "benchmarks.gpu_packing", "--worker"]
-    children = [
-        subprocess.Popen(command, cwd=repo, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True)
-        for _ in jobs
-    ]  # fmt: skip
-    try:
-        ready = []
-        for child, job in zip(children, jobs):
-            assert child.stdin is not None and child.stdout is not None
-            child.stdin.write(json.dumps(job) + "\n")
-            child.stdin.flush()
-        for child in children:
-            line = child.stdout.readline() if child.stdout else ""
-            ready.append(json.loads(line)["ready"] if line.startswith("{") else None)
-        for child in children:
-            if child.stdin is not None and child.poll() is None:
-                with contextlib.suppress(BrokenPipeError):  # a worker that died is reported
-                    child.stdin.write("go\n")
-                    child.stdin.flush()
-        reports = []
-        for child, startup in zip(children, ready):
-            out, err = child.communicate(timeout=READY_TIMEOUT_S)
-            lines = [line for line in out.splitlines() if line.startswith("{")]
-            if child.returncode or startup is None or not lines:
-                tail = (err.strip().splitlines() or ["no output"])[-1]
-                reports.append({"error": f"worker exit {child.returncode}: {tail}"})
-            else:
-                reports.append({**json.loads(lines[-1]), "startup_s": startup})
-        return reports
-    finally:
-        for child in children:
-            if child.poll() is None:
-                child.kill()
-                child.wait()
+    return subprocess.Popen(command, cwd=repo, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=log, text=True)  # fmt: skip
+
+
+def _run_workers(
+    children: list[subprocess.Popen], jobs: list[dict[str, Any]], logs: list[Any]
+) -> list[dict[str, Any]]:
+    """Hand each worker its job, wait until all are ready, say go, collect the reports."""
+    ready = []
+    for child, job in zip(children, jobs):
+        assert child.stdin is not None and child.stdout is not None
+        child.stdin.write(json.dumps(job) + "\n")
+        child.stdin.flush()
+    for child in children:
+        line = child.stdout.readline() if child.stdout else ""
+        ready.append(json.loads(line)["ready"] if line.startswith("{") else None)
+    for child in children:
+        if child.stdin is not None and child.poll() is None:
+            with contextlib.suppress(BrokenPipeError):  # a worker that died is reported
+                child.stdin.write("go\n")
+                child.stdin.flush()
+    reports = []
+    for child, startup, log in zip(children, ready, logs):
+        out, _ = child.communicate(timeout=READY_TIMEOUT_S)
+        lines = [line for line in out.splitlines() if line.startswith("{")]
+        if child.returncode or startup is None or not lines:
+            log.seek(0)
+            tail = (log.read().strip().splitlines() or ["no output"])[-1]
+            reports.append({"error": f"worker exit {child.returncode}: {tail}"})
+        else:
+            reports.append({**json.loads(lines[-1]), "startup_s": startup})
+    return reports
 
 
 def runs_per_hour(reports: list[dict[str, Any]], steps: list[int | None]) -> float | None:

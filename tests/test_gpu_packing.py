@@ -190,3 +190,12 @@ def test_the_speedup_counts_runs_or_else_training_steps() -> None:
     reports = [{"steps": 50, "seconds": 10.0}, {"steps": 30, "seconds": 10.0}]
     assert gpu_packing.steps_per_hour(reports) == pytest.approx(3600 * 8)
     assert gpu_packing.steps_per_hour([{"error": "worker exit 1"}]) is None
+
+
+@pytest.mark.slow
+def test_a_failing_worker_is_reported_with_its_last_line() -> None:
+    values = {"model": {"family": "ode_transformer", "d_model": 6, "n_heads": 4}, "seed": 0}
+    job = gpu_packing.worker_job(values, 50, "cpu", 0.1, short=False) | {"harness": False}
+    report = gpu_packing.run_level([job], Path(__file__).resolve().parents[1])
+    assert report[0]["error"].startswith("worker exit 1: ")
+    assert "d_model=6 is not divisible by n_heads=4" in report[0]["error"]
