@@ -1,6 +1,6 @@
 """The GPU check (``odelm bench gpu --out DIR``, ``python -m benchmarks.gpu_check --out
-DIR``): what the library does on a CUDA device, in nine phases of 6 minutes in all on one
-H100.
+DIR``): what the library does on a CUDA device, in twelve phases of at most 8 minutes in
+all on one H100 or H200.
 
 1. ``environment``: versions, the device, its memory; measured matmul peaks (bf16, fp32
    with TF32 off and on).
@@ -14,7 +14,15 @@ H100.
 6. ``precision``: bf16 against fp32 over 30 steps from the same seed.
 7. ``determinism``: two identical short trainings.
 8. ``ddp_train``: ``odelm train`` with ``strategy: ddp`` on one device, in a subprocess.
-9. ``compile``: ``torch.compile`` of the residual model, last.
+9. ``adjoint_head``: the adjoint dopri5 head's peak memory at 2, 4 and 8 times the
+   integration time and its host syncs per step, torchdiffeq and torchode
+   (``benchmarks.gpu_solvers``).
+10. ``packing``: runs per hour of a study's runs packed 1, 4, 8, 16 to the device
+    (``benchmarks.gpu_packing``).
+11. ``compile``: ``torch.compile`` of the residual model.
+12. ``gpt2_small``: the residual, RK2, RK4 blocks and the node-transformer's shared field at
+    GPT-2 small against a nanoGPT-class GPT, bf16, compiled (``benchmarks.gpu_gpt2``), last:
+    the longest phase, cut to what the total leaves.
 
 Each phase runs under its own wall-clock budget (a ``SIGALRM`` timer, and checks between
 its items; also cut to what is left of the total), catches its own exceptions (recording
@@ -23,7 +31,9 @@ keeps what finished; ``DIR/summary.json`` is rewritten after every phase. Packag
 fail to import are recorded at the start and the phases needing them skipped with the
 reason. ``--short`` (``--cpu``) runs every phase on the CPU at tiny sizes in seconds, so
 the tests keep the script working; without CUDA and without ``--short`` only the first
-phase runs.
+phase runs. The summary lists issues 30 and 50's targets with the measured values, each
+``met``, ``not met``, ``not measured`` or, in the short mode, ``not measured (CPU mode)``
+(also printed, one line each, at the end).
 """
 
 from __future__ import annotations
@@ -49,7 +59,7 @@ os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # for phase 7, befo
 
 import torch
 
-from benchmarks import gpu_phases, gpu_runs
+from benchmarks import gpu_gpt2, gpu_packing, gpu_phases, gpu_runs, gpu_solvers
 from benchmarks.gpu_models import FULL, SHORT, matmul_tflops
 from benchmarks.gpu_phases import Context, PhaseTimeout, last_line
 from odelm import files
@@ -58,7 +68,7 @@ REPO = Path(__file__).resolve().parents[1]
 OPTIONAL = ("transformers", "pytorch_lightning", "lightning", "torchdiffeq", "jsonargparse", "yaml")
 """Packages besides torch that phases need; each is imported once at the start."""
 BUILD = ("yaml", "jsonargparse")  # experiments.models.build's model schemas
-TOTAL_BUDGET_S = 360.0
+TOTAL_BUDGET_S = 480.0
 
 
 @dataclass(frozen=True)
@@ -128,7 +138,10 @@ PHASES = (
     Phase("precision", gpu_runs.precision, 20, BUILD),
     Phase("determinism", gpu_runs.determinism, 20, BUILD),
     Phase("ddp_train", gpu_runs.ddp_train, 70, ("pytorch_lightning", *BUILD)),
-    Phase("compile", gpu_runs.compiled, 150, BUILD),  # cut to what the total leaves
+    Phase("adjoint_head", gpu_solvers.adjoint_head, 30),
+    Phase("packing", gpu_packing.packing_phase, 110, BUILD),
+    Phase("compile", gpu_runs.compiled, 60, BUILD),
+    Phase("gpt2_small", gpu_gpt2.gpt2_small, 270, BUILD),  # cut to what the total leaves
 )
 
 
@@ -237,9 +250,10 @@ def _get(results: dict[str, Any], *path: str) -> Any:
 
 
 def target_records(results: dict[str, Any], short: bool = False) -> list[dict[str, Any]]:
-    """``odelm bench`` records of issue 30's targets (value None where not measured; no
-    target in the short mode, whose tiny CPU sizes say nothing about a GPU)."""
-    ratios = ("throughput", "ratios")
+    """``odelm bench`` records of issues 30 and 50's targets (value None where not measured;
+    no target in the short mode, whose tiny CPU sizes say nothing about a GPU), each with its
+    ``status``: met, not met, not measured, or not measured (CPU mode)."""
+    ratios, gpt2 = ("throughput", "ratios"), ("gpt2_small", "ratios")
     rows = [
         ("residual/plain tokens_per_s bf16", (*ratios, "residual/plain bf16", "tokens_per_s"), 0.8, "higher"),
         ("residual/plain tokens_per_s fp32", (*ratios, "residual/plain fp32", "tokens_per_s"), 0.8, "higher"),
@@ -248,18 +262,30 @@ def target_records(results: dict[str, Any], short: bool = False) -> list[dict[st
         ("residual/plain mfu bf16", (*ratios, "residual/plain bf16", "mfu"), 0.8, "higher"),
         ("loss path / F.cross_entropy time", ("loss_paths", "library_over_cross_entropy"), 1.2, "lower"),
         ("dopri5/grid time per NFE", ("adaptive_solve", "forward", "dopri5_over_grid_per_nfe"), 1.5, "lower"),
+        ("gpt2 plain mfu", ("gpt2_small", "runs", "plain", "mfu"), 0.35, "higher"),
+        ("gpt2 residual/plain tokens_per_s", (*gpt2, "residual/plain", "tokens_per_s"), 0.9, "higher"),
+        ("gpt2 residual/plain peak_memory", (*gpt2, "residual/plain", "peak_memory_mb"), 1.1, "lower"),
+        ("gpt2 rk2/plain mfu", (*gpt2, "rk2/plain", "mfu"), 0.85, "higher"),
+        ("gpt2 rk4/plain mfu", (*gpt2, "rk4/plain", "mfu"), 0.85, "higher"),
+        ("adjoint peak memory max/min S 2-8 torchdiffeq", ("adjoint_head", "torchdiffeq", "memory_ratio"), 1.2, "lower"),
+        ("adjoint peak memory max/min S 2-8 torchode", ("adjoint_head", "torchode", "memory_ratio"), 1.2, "lower"),
+        ("packing runs/hour N=16 over N=1", ("packing", "speedup"), 6.0, "higher"),
     ]  # fmt: skip
     records = []
     for metric, path, target, better in rows:
         value = _get(results, *path)
+        value = value if isinstance(value, (int, float)) else None
+        met = None if value is None else value >= target if better == "higher" else value <= target
+        status = {True: "met", False: "not met", None: "not measured"}[met]
         records.append(
             {
                 "bench": "gpu",
                 "metric": metric,
-                "value": value if isinstance(value, (int, float)) else None,
+                "value": value,
                 "target": None if short else target,
                 "unit": "x",
                 "better": better,
+                "status": "not measured (CPU mode)" if short else status,
             }
         )
     return records
@@ -287,7 +313,13 @@ def run_check(
             run_phase(index, phase, ctx, start, total_s)
     finally:
         gc.unfreeze()  # what the phases froze (benchmarks.gpu_models.free) is collectable again
+    for target in target_records(ctx.results, short):
+        print(f"target {target['metric']}: {target['status']} ({_number(target['value'])})")
     return ctx.results
+
+
+def _number(value: float | None) -> str:
+    return "no value" if value is None else f"{value:.3g}"
 
 
 def gpu(out: str | None = None, short: bool = False) -> list[dict[str, Any]]:

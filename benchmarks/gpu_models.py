@@ -166,23 +166,23 @@ class PlainGPT(nn.Module):
 
 
 def harness_loss(
-    model: nn.Module, compile_backend: str | None = None
+    model: nn.Module, compile_backend: str | None = None, harness: bool = True
 ) -> Callable[[torch.Tensor], torch.Tensor]:
-    """The library's training loss of ``model``: ``LMTask._loss`` where Lightning imports,
-    else ``training_nll`` of the model's logits (plus its regulariser). With
+    """The library's training loss of ``model``: ``LMTask._loss`` where Lightning imports
+    (and ``harness``), else ``training_nll`` of the model's logits (plus its regulariser). With
     ``compile_backend`` the forward goes through ``trainer.compile``'s
-    ``CompiledModel`` (its ``torch.compile`` given that
-    backend)."""
-    if isinstance(model, PlainGPT):
-        return model.loss
+    ``CompiledModel`` (its ``torch.compile`` given that backend; on a GPU the forward and
+    the loss compile as one graph)."""
+    if isinstance(model, PlainGPT):  # compiled as nanoGPT is: the forward with its loss
+        if compile_backend is None:
+            return model.loss
+        return torch.compile(model.loss, dynamic=False, backend=compile_backend)  # type: ignore[return-value]
     from experiments.training.compiled import CompiledModel
 
-    compiled = None
-    if compile_backend is not None:
-        compiled = CompiledModel(model)
-        if compile_backend != "inductor":
-            compiled.compiled = torch.compile(model.forward, dynamic=False, backend=compile_backend)
+    compiled = None if compile_backend is None else CompiledModel(model, compile_backend)
     try:
+        if not harness:
+            raise ImportError("the harness's loss not asked for")
         from experiments.training.config import OptimConfig
         from experiments.training.task import LMTask
     except ImportError:
@@ -202,7 +202,8 @@ def harness_loss(
 
 class Stepper:
     """One AdamW training step of ``model`` on a batch, in fp32 or under bf16 autocast
-    (through ``torch.compile`` with ``compile_backend``)."""
+    (through ``torch.compile`` with ``compile_backend``; ``fused``: the fused AdamW;
+    ``harness``: the harness's loss, else ``harness_loss``'s without Lightning)."""
 
     def __init__(
         self,
@@ -210,11 +211,13 @@ class Stepper:
         bf16: bool = False,
         lr: float = 1e-3,
         compile_backend: str | None = None,
+        fused: bool = False,
+        harness: bool = True,
     ) -> None:
         self.model, self.bf16 = model.train(), bf16
         self.device = next(model.parameters()).device
-        self.loss = harness_loss(model, compile_backend)
-        self.optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+        self.loss = harness_loss(model, compile_backend, harness)
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=lr, fused=fused or None)
 
     def __call__(self, tokens: torch.Tensor) -> torch.Tensor:
         """The step's loss, detached (no host sync)."""

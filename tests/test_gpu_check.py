@@ -29,6 +29,9 @@ EXPECTED = {
     "precision": ("losses", "final", "difference"),
     "determinism": ("default", "deterministic"),
     "compile": ("backend", "eager_ms", "compile_s", "compiled_ms"),
+    "adjoint_head": ("head", "lengths", "torchdiffeq"),
+    "packing": ("grid", "levels", "speedup"),
+    "gpt2_small": ("size", "batch", "runs", "ratios"),
 }
 FAST = [phase.name for phase in PHASES if phase.name != "ddp_train"]
 
@@ -117,13 +120,21 @@ def test_the_summary_lists_the_phases_and_the_targets(short_run: Path) -> None:
     summary = json.loads((short_run / "summary.json").read_text())
     assert list(summary["phases"]) == FAST
     records = [bench.judge(record) for record in summary["targets"]]
-    assert len(records) == 7 and all(r["value"] is None or r["value"] > 0 for r in records)
+    assert len(records) == 15 and all(r["value"] is None or r["value"] > 0 for r in records)
     assert all(r["target"] is None and r["met"] is None for r in records)  # the short mode
+    assert {r["status"] for r in records} == {"not measured (CPU mode)"}
     results = {name: _record(short_run, name) for name in FAST}
     full = {r["metric"]: r for r in target_records(results)}
     assert all(r["target"] > 0 for r in full.values())
     unmeasured = [m for m, r in full.items() if r["value"] is None]
-    assert unmeasured == ["residual/plain peak_memory bf16"]  # CUDA memory only
+    assert unmeasured == [  # CUDA memory, and the packing's second level
+        "residual/plain peak_memory bf16",
+        "gpt2 residual/plain peak_memory",
+        "adjoint peak memory max/min S 2-8 torchdiffeq",
+        "adjoint peak memory max/min S 2-8 torchode",
+        "packing runs/hour N=16 over N=1",  # one level in the short mode
+    ]
+    assert {full[m]["status"] for m in unmeasured} == {"not measured"}
 
 
 def _context(tmp_path: Path, **missing: str) -> Context:

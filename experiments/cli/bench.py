@@ -45,10 +45,12 @@ BENCHMARKS: dict[str, str] = {
     "checkpoint-memory": "benchmarks.hf_paths:checkpoint_memory",
     "batch-invariant-cost": "benchmarks.hf_paths:batch_invariant_cost",
     "gpu": "benchmarks.gpu_check:gpu",
+    "gpu-packing": "benchmarks.gpu_packing:gpu_packing",
 }
-NOT_IN_ALL = frozenset({"gpu"})
+NOT_IN_ALL = frozenset({"gpu", "gpu-packing"})
 """Benchmarks ``odelm bench all`` leaves out: the GPU check writes a folder of records and
-runs for minutes (``odelm bench gpu --out DIR``)."""
+runs for minutes (``odelm bench gpu --out DIR``); the packing benchmark starts up to 16
+training processes on one GPU."""
 OPTIONS = ("out", "short")
 """``odelm bench`` options handed to the benchmarks whose functions take them."""
 

@@ -34,7 +34,7 @@ from typing import Any
 import yaml
 
 from experiments.comparison.compute import write_compute
-from experiments.comparison.gpus import run_gpus
+from experiments.comparison.gpus import run_gpus, run_memory_mb
 from experiments.comparison.launchers import Job, Launch, run_jobs
 from experiments.comparison.tables import SEED_NOISE, write_tables
 from experiments.comparison.tuning import Recorder, apply_choices, run_tuning, tune_spec
@@ -360,6 +360,7 @@ def _prepare_run(plan: PlannedRun, out_dir: Path, label: str) -> Job | dict[str,
     elif (run_dir / RESULT_FILE).is_file():
         print(f"{label}: skipped (finished)", flush=True)
         return json.loads((run_dir / RESULT_FILE).read_text())
+    gpus = run_gpus(config.trainer.accelerator, config.trainer.devices)
     return Job(
         run=name,
         label=label,
@@ -369,7 +370,10 @@ def _prepare_run(plan: PlannedRun, out_dir: Path, label: str) -> Job | dict[str,
         progress=run_dir / PROGRESS_FILE,
         threads=config.trainer.num_threads or 1,
         cwd=os.getcwd(),
-        gpus=run_gpus(config.trainer.accelerator, config.trainer.devices),
+        gpus=gpus,
+        memory_mb=run_memory_mb(config.model, config.data.batch_size, config.data.bptt)
+        if gpus
+        else 0.0,
     )
 
 

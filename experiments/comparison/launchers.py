@@ -16,8 +16,9 @@ finished one), and how it was launched never enters its identity (``experiments.
   machine (with the CPUs of ``--jobs`` runs) unless ``--ray-address`` names a cluster.
 
 Remote launchers need the same Python environment and a shared filesystem for ``--out``.
-``run_jobs`` starts the jobs, at most ``jobs`` in flight, shows their progress
-(``experiments.training.progress``) and hands each outcome to a callback as it comes.
+``run_jobs`` starts the jobs, at most ``jobs`` in flight (a local GPU job once its device has
+the memory: ``gpus.MemoryGate``), shows their progress (``experiments.training.progress``)
+and hands each outcome to a callback as it comes.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from experiments.comparison.gpus import free_slot, job_env
+from experiments.comparison.gpus import MemoryGate, free_slot, job_env
 from experiments.comparison.slurm import LauncherError, slurm_parameters, submitit_parameters
 from experiments.training.threads import available_cores, busy_cores
 from odelm import files
@@ -70,6 +71,7 @@ class Job:
     threads: int
     cwd: str
     gpus: int = 0  # GPUs one run trains on (experiments.comparison.gpus.run_gpus)
+    memory_mb: float = 0.0  # its device memory, estimated (gpus.run_memory_mb)
 
 
 def run_command(command: list[str], log: str, cwd: str) -> int:
@@ -312,10 +314,10 @@ def run_jobs(
         return
     board = board or ProgressBoard(every=launch.progress_every)
     launcher = make_launcher(launch, folder, max(job.threads for job in jobs))
-    pending, running = list(jobs), {}
+    pending, running, gate = list(jobs), {}, MemoryGate(launch.launcher, jobs)
     try:
         while pending or running:
-            while pending and len(running) < launch.jobs:
+            while pending and len(running) < launch.jobs and gate.ready(pending[0], running):
                 job = pending.pop(0)
                 board.event(f"{job.label}: {job.start_text}")
                 running[job.run] = (job, launcher.start(job), time.time())

@@ -20,7 +20,7 @@ from torch import nn
 
 from experiments.data.batching import lm_nll
 from experiments.training.allocator import keep_freed_memory
-from experiments.training.compiled import CompiledModel
+from experiments.training.compiled import CompiledModel, compiled_loss_applies
 from experiments.training.config import OptimConfig
 from experiments.training.datamodule import StreamWindow
 from experiments.training.losses import fused_loss_dtype, fused_training_nll, training_nll
@@ -135,6 +135,8 @@ class LMTask(pl.LightningModule):
         else:
             tokens, mask = batch if isinstance(batch, (tuple, list)) else (batch, None)
             model = self._training_model()
+            if isinstance(model, CompiledModel) and compiled_loss_applies(tokens, mask):
+                return model.loss(tokens, self.optim.label_smoothing)  # one graph on a GPU
             dtype = None  # a compiled model computes its logits; the eager one may fuse them
             if model is self.model:
                 dtype = fused_loss_dtype(model, tokens, mask, self.optim.label_smoothing)
