@@ -117,7 +117,7 @@ def attention(
     ([`masked_dropout`][odelm.mixed_precision.masked_dropout]) in fp32; the weights times ``v``, and
     the backward products, in ``v``'s dtype."""
     with torch.autocast("cpu", enabled=False):
-        scores = _Scores.apply(q, k).mul_(q.shape[-1] ** -0.5)
+        scores = _Scores.apply(q, k).mul(q.shape[-1] ** -0.5)  # not in place: dynamo refuses that
         if causal:
             length, keys = scores.shape[-2:]
             future = torch.ones(length, keys, dtype=torch.bool, device=q.device).triu_(1)

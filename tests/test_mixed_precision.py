@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from odelm.mixed_precision import Dropout, dropout, keep_mask
+from odelm.mixed_precision import Dropout, attention, dropout, keep_mask
 
 
 def test_dropout_is_nn_dropout_bit_for_bit_in_full_precision() -> None:
@@ -115,3 +115,19 @@ def test_mixed_precision_attention_gradients_are_fp32_attentions() -> None:
         grads.append([t.grad.float().flatten() for t in leaves])
     for mixed, exact in zip(*grads):
         assert nn.functional.cosine_similarity(mixed, exact, 0) > 0.999
+
+
+def test_cpu_mixed_precision_attention_compiles_as_one_graph():
+    """``trainer.compile`` with bf16-mixed on a CPU: the attention traces whole under dynamo
+    (no in-place op on the custom Function's output) and gives eager's output and gradients."""
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 2, 8, 4, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+
+    def loss(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return attention(q, k, v, 0.0, True).float().square().sum()
+
+    eager = torch.autograd.grad(loss(q, k, v), (q, k, v))
+    compiled = torch.compile(loss, backend="eager", fullgraph=True)
+    traced = torch.autograd.grad(compiled(q, k, v), (q, k, v))
+    for a, b in zip(eager, traced, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
