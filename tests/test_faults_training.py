@@ -27,8 +27,8 @@ from safetensors.torch import load_file
 from experiments.cli.main import main
 from experiments.training.checkpoints import DiskFullError, atomic_save, read_checkpoint
 from experiments.training.config import ConfigError, load_config, parse_config
+from experiments.training.identity import identity
 from experiments.training.runfolder import RUN_MARKER
-from experiments.training.runs import IDENTITY_EXCLUDED
 from experiments.training.train import train
 
 REPO = Path(__file__).resolve().parents[1]
@@ -219,7 +219,9 @@ def test_changed_config_is_refused_naming_the_keys_unless_overwritten(
     # keys that do not change the result do not count: a finished run is reused
     moved = {**values, "trainer": {**values["trainer"], "num_threads": 2, "progress_bar": True}}
     assert train(parse_config(moved)) == first
-    assert {"trainer.num_threads", "out_dir", "data.data_dir"} <= IDENTITY_EXCLUDED
+    assert not {"trainer.num_threads", "out_dir", "data.data_dir"} & set(
+        identity(parse_config(moved))
+    )
 
     assert main(["train", "--config", str(config_file), "--quiet", "--overwrite"]) == 0
     again = json.loads(capsys.readouterr().out.splitlines()[-2])
@@ -473,18 +475,14 @@ def test_a_key_added_later_keeps_old_runs_hashes() -> None:
     """A run made before ``trainer.compile`` existed has no such key; at its default the
     key is left out of the identity, so that run's hash (and its resumption) is unchanged,
     while turning it on is a change."""
-    from experiments.training.runs import IDENTITY_ADDED, config_sha256, identity
+    from experiments.training.identity import HASHED_03, config_sha256, neutral
 
     values = {"model": {"family": "reference"}, "trainer": {"max_steps": 4}}
     plain = parse_config(values)
-    assert IDENTITY_ADDED == {
-        "trainer.compile": False,
-        "data.shuffle": True,
-        "trainer.max_time": None,
-        "data.order": 1,
-        "trainer.matmul_precision": "highest",
-        "data.grammar_depth": None,
-    }
+    later = {"trainer.compile", "data.shuffle", "trainer.max_time", "data.order"}
+    later |= {"trainer.matmul_precision", "data.grammar_depth"}
+    assert not later & HASHED_03
+    assert [neutral(key) for key in sorted(later)] == [None, 1, True, False, "highest", None]
     assert "trainer.compile" not in identity(plain)
     assert "data.grammar_depth" not in identity(plain)
     assert "trainer.matmul_precision" not in identity(plain)

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from experiments.config_errors import ConfigError  # noqa: F401 (re-exported)
+from experiments.training.identity import saved_run_values
 from experiments.training.run_parser import read_run_form
 from experiments.training.run_schema import (  # noqa: F401 (re-exported: the schema)
     RECIPE_DIR,
@@ -21,7 +22,6 @@ from experiments.training.run_schema import (  # noqa: F401 (re-exported: the sc
     OptimConfig,
     RunConfig,
     TrainerConfig,
-    saved_run_values,
 )
 from experiments.training.yamlfiles import Replace, load_yaml, merge  # noqa: F401
 

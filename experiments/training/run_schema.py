@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from experiments.config_errors import ConfigError
-from experiments.models.schema import check_model, current_spelling
+from experiments.models.schema import check_model
 from experiments.training.config_checks import RANGES, check_range
 from experiments.training.lightning_form import renamed_key
 from experiments.training.yamlfiles import Replace, load_yaml, merge  # noqa: F401 (re-exported)
@@ -60,13 +60,13 @@ class DataConfig:
     """
 
     corpus: str = "grammar"
-    data_dir: str | None = None
+    data_dir: str | None = field(default=None, metadata={"identity": False})
     protocol: str = "full"
-    download: bool = False
+    download: bool = field(default=False, metadata={"identity": False})
     verify_checksums: bool = True
     tokenizer: Literal["word", "bpe"] = "word"
     bpe_vocab_size: int = 4000
-    tokenizer_dir: str | None = None
+    tokenizer_dir: str | None = field(default=None, metadata={"identity": False})
     batching: Literal["stream", "sentences"] = "stream"
     batch_size: int = 16
     bptt: int = 35
@@ -75,7 +75,7 @@ class DataConfig:
     eval_batch_size: int = 16
     stateful: bool = False
     shuffle: bool = True
-    order: Literal[1, 2] = 2
+    order: Literal[1, 2] = field(default=2, metadata={"neutral": 1})
     seed: int = 0
     grammar_depth: Literal[1, 2, 3, 4] | None = None
 
@@ -156,15 +156,17 @@ class TrainerConfig:
     early_stopping_patience: int | None = None
     average_last: int = 0
     log_every: int = 10
-    accelerator: str = "auto"
+    accelerator: str = field(default="auto", metadata={"hashed_as": {"auto": "cpu"}})
     devices: int | str = 1
     num_nodes: int = 1
     strategy: str = "auto"
     precision: str = "32-true"
     deterministic: bool = True
-    progress_bar: bool = True
-    logger: list[str] = field(default_factory=lambda: ["csv", "tensorboard"])
-    num_threads: int | None = None
+    progress_bar: bool = field(default=True, metadata={"identity": False})
+    logger: list[str] = field(
+        default_factory=lambda: ["csv", "tensorboard"], metadata={"identity": False}
+    )
+    num_threads: int | None = field(default=None, metadata={"identity": False})
     compile: bool = False
     matmul_precision: Literal["highest", "high", "medium"] = "highest"
 
@@ -202,10 +204,10 @@ class RunConfig:
             that model's typed keys (odelm models lists them)
     """
 
-    name: str = "run"
+    name: str = field(default="run", metadata={"identity": False})
     recipe: str | None = None
     seed: int = 0
-    out_dir: str = "runs"
+    out_dir: str = field(default="runs", metadata={"identity": False})
     data: DataConfig = field(default_factory=DataConfig)
     model: dict[str, Any] = field(default_factory=dict)
     optim: OptimConfig = field(default_factory=OptimConfig)
@@ -257,30 +259,6 @@ def checked_config(run: dict[str, Any]) -> RunConfig:
     check_values(config)
     check_model(config.model)
     return config
-
-
-_FULL_DATA_DUMP = {"batching", "stateful", "eval_batch_size", "eval_window"}
-"""Keys every ``config.yaml`` odelm has written carries in its data section (a full dump),
-unlike a hand-written partial config."""
-
-
-def is_saved_run(values: dict[str, Any]) -> bool:
-    """Whether a run-form mapping is a ``config.yaml`` odelm wrote (a full dump)."""
-    data = values.get("data")
-    return isinstance(data, dict) and _FULL_DATA_DUMP <= data.keys()
-
-
-def saved_run_values(values: dict[str, Any]) -> dict[str, Any]:
-    """A run folder's ``config.yaml`` values as they read now: model keys renamed since
-    odelm 0.3 under their new names, and ``data.order: 1`` where it was written before
-    ``data.order`` existed."""
-    values = dict(values)
-    if isinstance(values.get("model"), dict):
-        values["model"] = current_spelling(values["model"])
-    data = values.get("data")
-    if is_saved_run(values) and "order" not in data:  # type: ignore[operator]
-        values["data"] = {**data, "order": 1}  # type: ignore[dict-item]
-    return values
 
 
 LIGHTNING_RANGED = tuple(key for key in RANGES if renamed_key(key).startswith("trainer."))

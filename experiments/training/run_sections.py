@@ -20,6 +20,7 @@ from jsonargparse.typing import registered_types, restricted_number_type
 
 from experiments.config_errors import ConfigError
 from experiments.training.config_checks import NULLABLE, RANGES, SEED_MAX
+from experiments.training.identity import is_saved_run, saved_run_values
 from experiments.training.lightning_form import (
     from_lightning,
     lightning_message,
@@ -30,9 +31,7 @@ from experiments.training.run_schema import (
     RECIPE_DIR,
     RunConfig,
     checked_config,
-    is_saved_run,
     recipe_path,
-    saved_run_values,
 )
 from experiments.training.yamlfiles import load_yaml, merge, parse_yaml
 
