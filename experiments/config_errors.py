@@ -76,5 +76,7 @@ def type_name(annotation: Any, short: bool = False) -> str:
         return str(annotation).replace("typing.", "")
     if hasattr(annotation, "_expression") and hasattr(annotation, "_type"):  # jsonargparse's
         limits = annotation._expression.replace("v", "").replace(" and ", ", ")
+        if annotation._type is int:  # PositiveInt: >0 is >=1
+            limits = re.sub(r">(-?\d+)", lambda m: f">={int(m[1]) + 1}", limits)
         return f"{annotation._type.__name__} {limits}"  # restricted_number_type: "int >=1"
     return getattr(annotation, "__name__", str(annotation))

@@ -16,9 +16,9 @@ import yaml
 from conftest import TINY_MODEL, make_tiny_config
 
 from experiments.cli.main import main
+from experiments.config_errors import ConfigError
 from experiments.models.build import build_model
 from experiments.training.config import parse_config
-from experiments.training.config_checks import ConfigError
 from experiments.training.threads import check_threads
 from odelm import decoding
 from odelm.decoding import DecodingError, generate

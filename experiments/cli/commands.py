@@ -15,10 +15,17 @@ from jsonargparse._actions import _ActionConfigLoad
 from experiments.cli.parser import Parser, epilog
 from experiments.comparison.launchers import LAUNCH_KEYS, add_launch_options, launch_settings
 from experiments.config_errors import ConfigError
-from experiments.training.config import SECTIONS, Replace, RunConfig, load_yaml, parse_config
+from experiments.training.config import (
+    SECTIONS,
+    Replace,
+    RunConfig,
+    TrainerConfig,
+    load_yaml,
+    parse_config,
+)
 from experiments.training.lightning_form import plain, run_form_key, run_form_overrides
 from experiments.training.run_parser import SHORT_FLAGS, run_parser
-from experiments.training.run_sections import ModelSection, ranged_type
+from experiments.training.run_sections import ModelSection
 from experiments.training.threads import check_threads, set_threads
 
 ALIASES = {**SHORT_FLAGS, "--max-time-s": "trainer.max_time_s"}
@@ -69,6 +76,8 @@ def add_run_options(parser: Parser, skip: set[str] | None = None) -> None:
             kind = {"type": Optional[str]}  # noqa: UP045 (a runtime type)
         elif action.choices:
             kind["choices"] = action.choices
+        elif dest == "trainer.max_steps":  # Lightning's -1 (no step budget) or the run form's
+            kind["type"] = Optional[int]  # noqa: UP045 (a runtime type)
         elif dest.startswith("trainer.") and dest in keys:  # Lightning's type; the run form's
             kind["type"] = keys[dest]
         run_key = run_form_key(dest)
@@ -81,7 +90,7 @@ def add_run_options(parser: Parser, skip: set[str] | None = None) -> None:
                 text = help_text or alias  # the run form's dotted names accepted, not listed
                 parser.add_argument(flag, dest=key, help=text, **{**default, **kind})
     budget = "the wall-clock budget in seconds (null: none; as --trainer.max_time)"
-    max_time = ranged_type("trainer.max_time_s", float)
+    max_time = typing.get_type_hints(TrainerConfig)["max_time_s"]
     parser.add_argument("--trainer.max_time_s", type=max_time, help=SUPPRESS)
     parser.add_argument("--max-time-s", dest="trainer.max_time_s", type=max_time, help=budget)
 

@@ -10,8 +10,8 @@ from collections.abc import Sequence
 from jsonargparse import ArgumentParser
 
 from experiments.config_errors import ConfigError, type_name
-from experiments.training.config_checks import RANGES, check_range
-from experiments.training.lightning_form import renamed_key
+from experiments.training.lightning_form import renamed_key, run_form_key
+from experiments.training.run_schema import key_range_check
 from experiments.training.yamlfiles import parse_yaml
 from odelm.errors import OdelmError
 
@@ -84,15 +84,11 @@ def usage_error(
     return UsageError(" ".join(text.split()))
 
 
-RANGED = {renamed_key(key): key for key in RANGES}
-"""``odelm train``'s ranged keys (the Lightning form's spelling) -> ``RANGES``' keys."""
-
-
 def _out_of_range(key: str, text: str | None, label: str) -> UsageError | None:
     """``LABEL = VALUE is out of range; it must be ...`` where ``key`` is a ranged run-config
     setting and ``text`` a number outside its range (None otherwise: another kind of error);
     ``label`` is the option given on the command line, else the key of the config file."""
-    if key not in RANGED or text is None:
+    if text is None:
         return None
     try:
         value = parse_yaml(text)
@@ -101,7 +97,7 @@ def _out_of_range(key: str, text: str | None, label: str) -> UsageError | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
     try:
-        check_range(RANGED[key], value, label)
+        key_range_check(run_form_key(key), value, label)
     except ConfigError as error:
         return UsageError(str(error))
     return None

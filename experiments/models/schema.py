@@ -83,7 +83,7 @@ def check_model(spec: dict[str, Any], where: str = "model") -> None:
     from neuralode_lm.errors import ModelConfigError
 
     if not isinstance(spec, dict) or not spec:
-        return  # check_values names an empty section
+        return  # the run config names an empty section
     label = model_label(spec)
     valid = schemas()
     if label not in valid:

@@ -25,7 +25,7 @@ from collections.abc import Collection
 from typing import Any
 
 from experiments.config_errors import ConfigError
-from experiments.training.config_checks import check_range
+from experiments.training.run_schema import key_range_check
 
 TRAINER_RENAMES = {
     "val_every": "val_check_interval",
@@ -139,7 +139,7 @@ def to_lightning(values: dict[str, Any]) -> dict[str, Any]:
                 _agree(run, key, trainer.pop(key), f"trainer.{key}")
         if "max_time_s" in trainer:
             seconds = trainer.pop("max_time_s")
-            check_range("trainer.max_time_s", seconds)
+            key_range_check("trainer.max_time_s", seconds)
             if trainer.get("max_time") is not None and seconds is not None:
                 given = max_time_seconds(trainer["max_time"])
                 if given != float(seconds):

@@ -5,7 +5,7 @@ these arguments to Lightning's parser) and ``parse_config``'s (``read_run_form``
 It reads the Lightning form (``experiments.training.lightning_form``): ``seed_everything``
 (also ``--seed``), ``trainer`` (Lightning's ``Trainer`` arguments the engine takes, under
 Lightning's names and types), ``model``, odelm's ``data``, ``optim``, ``eval`` and ``run``
-sections (each ranged key a jsonargparse constrained number type, from ``RANGES``),
+sections (each ranged key a jsonargparse constrained number type, its field's),
 ``name``, ``out_dir``, ``recipe`` and the short flags. ``--config`` may be repeated, each
 file over the ones before; a file in the run form (every published config, every run
 folder's ``config.yaml``) is translated on read. A recipe is a YAML file under
@@ -15,6 +15,7 @@ folder's ``config.yaml``) is translated on read. A recipe is a YAML file under
 
 from __future__ import annotations
 
+import copy
 import functools
 import importlib
 import re
@@ -24,7 +25,6 @@ from typing import Any, Union
 
 from experiments.config_errors import ConfigError, config_error, lookup
 from experiments.data.corpora import CORPUS_NAMES
-from experiments.training.config_checks import RANGES, check_range
 from experiments.training.lightning_form import (
     DEFAULT_LOGGERS,
     LIGHTNING_TRAINER_KEYS,
@@ -38,7 +38,9 @@ from experiments.training.run_schema import (
     EvalConfig,
     OptimConfig,
     RunConfig,
+    Seed,
     TrainerConfig,
+    key_range_check,
 )
 from experiments.training.run_sections import (
     MODEL_HELP,
@@ -49,7 +51,6 @@ from experiments.training.run_sections import (
     check_sections,
     descriptions,
     lightning_values,
-    ranged_type,
     run_config,
 )
 from odelm.lightning import pl
@@ -91,7 +92,7 @@ def add_config_arguments(parser: Any) -> None:
 def add_seed_arguments(parser: Any) -> None:
     """``seed_everything`` (also ``--seed``): the seed of initialization, batching and
     dropout; ``true`` draws one."""
-    seed = Union[bool, ranged_type("seed", int)]  # noqa: UP007 (a runtime type)
+    seed = Union[bool, Seed]  # noqa: UP007 (a runtime type)
     help_text = "the seed of initialization, batching and dropout (true: draw one)"
     parser.add_argument("--seed_everything", type=seed, default=0, help=help_text)
     parser.add_argument("--seed", dest="seed_everything", type=seed, default=0, help=help_text)
@@ -177,7 +178,7 @@ def read_run_form(
     was written (``where``: the file or grid entry it came from)."""
     check_sections(values, where)
     try:
-        cfg = run_parser().parse_object(lightning_values(values))
+        cfg = run_parser().parse_object(lightning_values(copy.deepcopy(values)))  # kept as given
     except ArgumentError as error:
         raise _run_form_error(str(error), values, where) from None
     return run_config(cfg, lightning_names=lightning_names)
@@ -191,8 +192,7 @@ def _run_form_error(text: str, values: dict[str, Any], where: str) -> ConfigErro
         key = run_form_key(wrong[1])
         for spelled in (key, wrong[1]):
             value = lookup(values, spelled)
-            if key in RANGES and isinstance(value, (int, float)) and not isinstance(value, bool):
-                check_range(key, value, spelled)  # raises: the value is out of range
+            key_range_check(key, value, spelled)  # raises where the value is out of range
         text = text.replace(f'"{wrong[1]}"', f'"{key}"')
     unknown = re.match(r"Option '(?:([\w.]+)\.)?(\w+)' is not accepted", text)
     if unknown and unknown[1]:  # a key of a section: name the section's keys

@@ -1,6 +1,6 @@
 """The run config's sections as options of its parser (``experiments.training.run_parser``):
 odelm's typed sections (``add_section``: each ranged key a jsonargparse constrained number
-type, from ``RANGES``), the ``model:`` section (``ModelSection``), ``--config`` reading
+type, its field's), the ``model:`` section (``ModelSection``), ``--config`` reading
 files of either form (``ConfigFile``), recipes as files (``RecipeFile``), and the parsed
 Lightning-form config read into the engine's ``RunConfig`` (``run_config``)."""
 
@@ -11,15 +11,13 @@ import random
 import typing
 from argparse import Action, ArgumentError
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import docstring_parser
 import yaml
 from jsonargparse import ActionConfigFile, Namespace
-from jsonargparse.typing import registered_types, restricted_number_type
 
 from experiments.config_errors import ConfigError
-from experiments.training.config_checks import NULLABLE, RANGES, SEED_MAX
 from experiments.training.identity import is_saved_run, saved_run_values
 from experiments.training.lightning_form import (
     from_lightning,
@@ -29,6 +27,7 @@ from experiments.training.lightning_form import (
 )
 from experiments.training.run_schema import (
     RECIPE_DIR,
+    SEED_MAX,
     RunConfig,
     checked_config,
     recipe_path,
@@ -50,35 +49,17 @@ MODEL_HELP = (
 )
 
 
-def ranged_type(key: str, base: type) -> Any:
-    """The jsonargparse constrained number type of ``RANGES[key]`` (``Optional`` where the
-    setting may be unset)."""
-    interval = RANGES[key]
-    low = (">" if interval.low_open else ">=", base(interval.low))
-    limits = [low]
-    if interval.high is not None:
-        limits.append(("<" if interval.high_open else "<=", base(interval.high)))
-    registered = registered_types.get((tuple(sorted(limits)), base, "and"))
-    ranged = registered or restricted_number_type(None, base, limits)  # PositiveInt, ...
-    return Optional[ranged] if key in NULLABLE else ranged  # noqa: UP045 (a runtime type)
-
-
 def descriptions(schema: type) -> dict[str, str]:
     """Each key's help line: the dataclass's ``Attributes:`` docstring, one line each."""
     doc = docstring_parser.parse(schema.__doc__ or "")
     return {p.arg_name: " ".join((p.description or "").split()) for p in doc.params}
 
 
-def _base_type(hint: Any) -> type:
-    args = [a for a in typing.get_args(hint) if a is not type(None)]
-    return (args[0] if args else hint) if args or hint in (int, float) else float
-
-
 def add_section(
     parser: Any, section: str, schema: type, keys: tuple[str, ...] | None = None
 ) -> None:
     """One typed option per key of a run-config dataclass under ``section`` (``keys``: only
-    those), each ranged key (``RANGES``) a constrained number type."""
+    those), each ranged key a constrained number type (its field's)."""
     hints = typing.get_type_hints(schema)
     text = descriptions(schema)
     group = parser.add_argument_group(
@@ -87,17 +68,16 @@ def add_section(
     for field in dataclasses.fields(schema):
         if keys is not None and field.name not in keys:
             continue
-        run_key = f"{'trainer' if section == 'run' else section}.{field.name}"
         default = (
             field.default_factory()  # type: ignore[misc]
             if field.default is dataclasses.MISSING
             else field.default
         )
-        hint = hints[field.name]
-        if run_key in RANGES and run_key != "optim.betas":
-            hint = ranged_type(run_key, _base_type(hint))
         group.add_argument(
-            f"--{section}.{field.name}", type=hint, default=default, help=text.get(field.name)
+            f"--{section}.{field.name}",
+            type=hints[field.name],
+            default=default,
+            help=text.get(field.name),
         )
 
 
