@@ -277,6 +277,7 @@ def test_compare_names_a_failed_run_keeps_the_others_and_retrains_changed_config
 @pytest.mark.parametrize(
     ("section", "key", "value", "bound"),
     [
+        ("trainer", "max_steps", None, ""),  # null, and no max_epochs: no budget
         ("trainer", "max_steps", -1, ">= 1 or null"),  # null: the budget is max_epochs
         ("trainer", "max_steps", 0, ">= 1 or null"),
         ("trainer", "max_epochs", 0, ">= 1 or null"),
@@ -293,7 +294,7 @@ def test_budgets_out_of_range_name_the_key_and_the_range(
     tmp_path, tiny_config, capsys, section, key, value, bound
 ):
     values = tiny_config(tmp_path, **{section: {key: value}})
-    no_budget = key == "max_steps" and value == -1  # Lightning's -1: no step budget, none left
+    no_budget = value is None  # no step budget, and no epoch budget either
     no_budget_error = "set a budget: trainer.max_steps or trainer.max_epochs (or both)"
     message = no_budget_error if no_budget else rf"{section}\.{key} = {value} is out of range"
     with pytest.raises(ConfigError, match=re.escape(message) if no_budget else message):
@@ -427,12 +428,12 @@ def test_debug_shows_the_traceback_and_bugs_keep_theirs(tmp_path, capsys, monkey
     with pytest.raises(ConfigError, match="does not exist"):
         main(["--debug", "train", "--config", missing])
 
-    from experiments.cli import lightning_cli
+    from experiments.cli import commands
 
     def bug(*args, **kwargs):
         raise KeyError("a programming error")
 
-    monkeypatch.setattr(lightning_cli, "run_config", bug)
+    monkeypatch.setattr(commands, "parse_config", bug)
     with pytest.raises(KeyError, match="a programming error"):
         main(["train", "--model.family", "ode_transformer"])
 

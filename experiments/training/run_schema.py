@@ -1,18 +1,22 @@
-"""The run configuration's schema: typed sections (read by ``odelm train``'s parser,
-``experiments.training.run_parser``; ``experiments.training.config.parse_config``), the
-named recipes, a saved run's spelling, and the checks the parser's types cannot say.
+"""The run configuration's schema: typed sections, each field's range its type, the checks
+across fields (``RunConfig.__post_init__``), and the named recipes. Read by the one parser,
+``experiments.training.config``.
 
 A run config has five sections: ``data``, ``model`` (a typed union keyed by ``family`` and
 ``name``: each model's config dataclass, checked by ``experiments.models.schema`` when the
 config is parsed), ``optim``, ``trainer`` and ``eval``, plus ``name``, ``recipe``, ``seed``
 and ``out_dir``. ``model`` is kept as written and passed to ``experiments.models.build.build_model``.
-The dataclasses below are the schema: jsonargparse reads their types (``1e-3`` is a float)
-and their ``Attributes:`` docstrings (the help line of every ``--section.key`` option).
+The dataclasses below are the schema: jsonargparse reads their types (``1e-3`` is a float;
+``PositiveInt`` a range) and their ``Attributes:`` docstrings (the help line of every
+``--section.key`` option); their field metadata say how the run's identity treats a key
+(``experiments.training.identity``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import datetime
+import re
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,11 +31,10 @@ from jsonargparse.typing import (
 )
 
 from experiments.config_errors import ConfigError
-from experiments.models.schema import check_model
 from experiments.training.yamlfiles import Replace, load_yaml, merge  # noqa: F401 (re-exported)
 
 SEED_MAX = 2**32 - 1
-"""The largest seed numpy (and so Lightning's ``seed_everything``) accepts."""
+"""The largest seed numpy (and so Lightning's seeding of a run) accepts."""
 Seed = restricted_number_type("Seed", int, [(">=", 0), ("<=", SEED_MAX)])
 Fraction = restricted_number_type("Fraction", float, [(">=", 0), ("<", 1)])
 """A number in [0, 1): a beta, a label smoothing."""
@@ -93,20 +96,17 @@ def key_range_check(key: str, value: Any, label: str | None = None) -> None:
         check_range(typing.get_type_hints(schema).get(name), value, label or key)
 
 
-class Checked:
-    """A section whose ``__post_init__`` checks each field against its type's range."""
-
-    SECTION: typing.ClassVar[str] = ""
-
-    def __post_init__(self) -> None:
-        hints = typing.get_type_hints(type(self))
-        for f in dataclasses.fields(self):  # type: ignore[arg-type]
-            prefix = f"{self.SECTION}." if self.SECTION else ""
-            check_range(hints[f.name], getattr(self, f.name), prefix + f.name)
+def check_ranges(section: Any) -> None:
+    """Each field of a config dataclass checked against its type's range: the sections'
+    ``__post_init__`` (a plain function, so that jsonargparse reads them as dataclasses)."""
+    hints = typing.get_type_hints(type(section))
+    for f in dataclasses.fields(section):
+        prefix = f"{section.SECTION}." if section.SECTION else ""
+        check_range(hints[f.name], getattr(section, f.name), prefix + f.name)
 
 
 @dataclass
-class DataConfig(Checked):
+class DataConfig:
     """Data: which corpus, tokenized how, batched how.
 
     Attributes:
@@ -140,6 +140,7 @@ class DataConfig(Checked):
     """
 
     SECTION = "data"
+    __post_init__ = check_ranges
 
     corpus: str = "grammar"
     data_dir: str | None = field(default=None, metadata={"identity": False})
@@ -163,7 +164,7 @@ class DataConfig(Checked):
 
 
 @dataclass
-class OptimConfig(Checked):
+class OptimConfig:
     """Optimization: optimizer, learning-rate schedule, clipping.
 
     Attributes:
@@ -184,6 +185,7 @@ class OptimConfig(Checked):
     """
 
     SECTION = "optim"
+    __post_init__ = check_ranges
 
     optimizer: Literal["adam", "adamw", "sgd"] = "adam"
     lr: NonNegativeFloat = 1e-3
@@ -199,15 +201,15 @@ class OptimConfig(Checked):
 
 
 @dataclass
-class TrainerConfig(Checked):
+class TrainerConfig:
     """Training loop: budget, validation, checkpoints, Lightning's hardware settings.
 
     Attributes:
         max_steps: optimizer steps (null: max_epochs decides; with both, the first reached)
         max_epochs: passes over the train split (null: max_steps decides)
         max_time_s: wall-clock budget in seconds (null: none)
-        max_time: the wall-clock budget as Lightning spells it, HH:MM:SS or DD:HH:MM:SS
-            (e.g. 00:05:00; null: none); it sets max_time_s, where the resolved config keeps it
+        max_time: the wall-clock budget as HH:MM:SS or DD:HH:MM:SS (e.g. 00:05:00; null:
+            none); it sets max_time_s, where the resolved config keeps it
         val_every: validate every N steps, or epoch
         val_batches: validation windows per validation (null: the whole split)
         checkpoint_every: save a resumable checkpoint every N steps
@@ -256,9 +258,44 @@ class TrainerConfig(Checked):
     compile: bool = False
     matmul_precision: Literal["highest", "high", "medium"] = "highest"
 
+    def __post_init__(self) -> None:
+        """``max_time`` (HH:MM:SS) read into ``max_time_s``, where the config keeps it."""
+        if self.max_time is not None:
+            seconds = max_time_seconds(self.max_time)
+            if self.max_time_s is not None and float(self.max_time_s) != seconds:
+                raise ConfigError(
+                    f"trainer.max_time = {self.max_time!r} ({seconds:g} s) and "
+                    f"trainer.max_time_s = {self.max_time_s!r} disagree; give one of them"
+                )
+            self.max_time_s, self.max_time = seconds, None
+        check_ranges(self)
+
+
+_HMS = re.compile(r"(?:(\d+):)?(\d+):(\d+):(\d+)")
+
+
+def max_time_seconds(value: Any) -> float:
+    """A wall-clock budget (``[DD:]HH:MM:SS``, or seconds) in seconds; a ``ConfigError``
+    names anything else."""
+    text = str(value)
+    match = _HMS.fullmatch(text)
+    if match:
+        days, hours, minutes = (int(part or 0) for part in match.groups()[:3])
+        total = float(((days * 24 + hours) * 60 + minutes) * 60) + float(match[4])
+    elif isinstance(value, (int, float, datetime.timedelta)) and not isinstance(value, bool):
+        total = value.total_seconds() if isinstance(value, datetime.timedelta) else float(value)
+    else:
+        raise ConfigError(
+            f"trainer.max_time = {value!r} is not a time; it must be HH:MM:SS or "
+            "DD:HH:MM:SS (e.g. 00:05:00) or null"
+        )
+    if total <= 0:
+        raise ConfigError(f"trainer.max_time = {value!r} is out of range; it must be > 0 or null")
+    return total
+
 
 @dataclass(frozen=True)
-class EvalConfig(Checked):
+class EvalConfig:
     """Evaluation after training (also ``odelm eval``'s defaults).
 
     Attributes:
@@ -269,6 +306,7 @@ class EvalConfig(Checked):
     """
 
     SECTION = "eval"
+    __post_init__ = check_ranges
 
     bleu_sentences: NonNegativeInt = 200
     continuation_sentences: NonNegativeInt = 50
@@ -277,7 +315,7 @@ class EvalConfig(Checked):
 
 
 @dataclass
-class RunConfig(Checked):
+class RunConfig:
     """One training run.
 
     Attributes:
@@ -292,6 +330,8 @@ class RunConfig(Checked):
             that model's typed keys (odelm models lists them)
     """
 
+    SECTION = ""
+
     name: str = field(default="run", metadata={"identity": False})
     recipe: str | None = None
     seed: Seed = 0
@@ -304,7 +344,7 @@ class RunConfig(Checked):
 
     def __post_init__(self) -> None:
         """Each field's range, then the checks across fields."""
-        super().__post_init__()
+        check_ranges(self)
         optim, trainer = self.optim, self.trainer
         if len(optim.betas) != 2:
             raise ConfigError(f"optim.betas must hold two numbers, got {optim.betas}")
@@ -347,15 +387,3 @@ RECIPES: dict[str, dict[str, Any]] = {
     for path in sorted(RECIPE_DIR.glob("*.yaml"))
 }
 """Each recipe's settings (its file's, less its ``recipe:`` label)."""
-
-
-def checked_config(run: dict[str, Any]) -> RunConfig:
-    """The ``RunConfig`` of a whole run-form mapping that ``odelm train``'s parser has read
-    (``experiments.training.lightning_form.from_lightning`` of it), checked
-    (the sections' ``__post_init__``, the model section's keys)."""
-    sections = {key: schema(**run[key]) for key, schema in SECTIONS.items()}
-    config = RunConfig(**{k: v for k, v in run.items() if k not in SECTIONS}, **sections)
-    if not config.model:
-        raise ConfigError("the config has no model section; e.g. model: {family: ode_transformer}")
-    check_model(config.model)
-    return config
