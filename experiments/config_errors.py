@@ -72,6 +72,8 @@ def type_name(annotation: Any, short: bool = False) -> str:
         return (" | " if short else " or ").join(type_name(arg, short) for arg in args)
     if annotation is type(None):
         return "None" if short else "null"
+    if typing.get_origin(annotation) is list and len(args) == 1:
+        return f"list[{type_name(args[0], short)}]"
     if typing.get_origin(annotation) is not None:
         return str(annotation).replace("typing.", "")
     if hasattr(annotation, "_expression") and hasattr(annotation, "_type"):  # jsonargparse's
