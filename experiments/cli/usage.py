@@ -30,17 +30,14 @@ def _subparser(parser: ArgumentParser, path: list[str]) -> ArgumentParser:
     return parser
 
 
-def usage_error(
-    parser: ArgumentParser, argv: list[str], error: ArgumentError, command: str | None = None
-) -> UsageError:
-    """jsonargparse's error as one line naming the option and the subcommand's help
-    (``command``: the subcommand whose own parser ``parser`` is)."""
-    path: list[str] = [] if command is None else [command]  # subcommands named, outermost first
-    for arg in argv if command is None else ():
+def usage_error(parser: ArgumentParser, argv: list[str], error: ArgumentError) -> UsageError:
+    """jsonargparse's error as one line naming the option and the subcommand's help."""
+    path: list[str] = []  # subcommands named, outermost first
+    for arg in argv:
         commands = _subparser(parser, path)._subcommands_action
         if commands and arg in commands._name_parser_map:
             path.append(arg)
-    sub = _subparser(parser, path) if command is None else parser
+    sub = _subparser(parser, path)
     text, prog = str(error), sub.prog
     if text.startswith("unrecognized arguments: "):
         unknown = text.split()[2]
@@ -65,14 +62,13 @@ def usage_error(
         value = restricted[1] if restricted else given[1] if given else None
         flag = _flag(sub, key, argv) or f"--{key}"
         given_here = _given(argv, flag)  # None: the value came from a config file
-        label, shown = (key if given_here is None else flag), flag
-        out_of_range = _out_of_range(key, value or given_here, label)
+        out_of_range = _out_of_range(key, value or given_here, key if given_here is None else flag)
         if out_of_range:  # a run-config key: its range as the config's own check words it
             return out_of_range
         if restricted:  # jsonargparse.typing's PositiveInt and the like
-            return UsageError(f"{shown} must be {restricted[2]}, got {value}")
+            return UsageError(f"{flag} must be {restricted[2]}, got {value}")
         expected = type_name(getattr(action, "_typehint", None) or getattr(action, "type", None))
-        return UsageError(f"{shown} must be {expected}, got {value or given_here!r}")
+        return UsageError(f"{flag} must be {expected}, got {value or given_here!r}")
     typed = re.match(r"argument ([-\w]+): (\1 .*)", text)
     if typed:  # a range type's own line (experiments.cli.values) names the option
         return UsageError(typed[2])
