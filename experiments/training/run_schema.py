@@ -31,7 +31,7 @@ from jsonargparse.typing import (
 )
 
 from experiments.config_errors import ConfigError
-from experiments.training.yamlfiles import Replace, load_yaml, merge  # noqa: F401 (re-exported)
+from experiments.training.yamlfiles import load_yaml
 
 SEED_MAX = 2**32 - 1
 """The largest seed numpy (and so Lightning's seeding of a run) accepts."""
