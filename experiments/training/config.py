@@ -276,14 +276,10 @@ def plain(value: Any) -> Any:
     return value
 
 
-COMMAND_KEYS = ("config", "overwrite", "quiet", "verbose", "print_config", "__path__")
-"""Options of the command, not of the run."""
-
-
 def run_config(values: dict[str, Any], *, print_only: bool = False) -> RunConfig:
     """The checked ``RunConfig`` of a parsed mapping (``print_only``: the defaults may be
-    shown without a model); ``seed: random`` draws a seed, ``name: auto`` is resolved."""
-    values = {k: v for k, v in plain(values).items() if k not in COMMAND_KEYS}
+    shown without a model); ``seed: random`` draws a seed."""
+    values = {k: v for k, v in plain(values).items() if k not in ("config", "__path__")}
     if values.get("seed") == "random":
         values["seed"] = random.SystemRandom().randint(0, SEED_MAX)
     sections = {key: schema(**values.pop(key)) for key, schema in SECTIONS.items()}
