@@ -219,11 +219,11 @@ def ddp_command(ctx: Context, out_dir: str) -> list[str]:
         "trainer.devices": "1",
         "trainer.strategy": "ddp",
         "trainer.max_steps": "4" if ctx.short else "20",
-        "trainer.val_check_interval": "2" if ctx.short else "10",
-        "run.checkpoint_every": "2" if ctx.short else "10",
-        "trainer.limit_val_batches": "2",
+        "trainer.val_every": "2" if ctx.short else "10",
+        "trainer.checkpoint_every": "2" if ctx.short else "10",
+        "trainer.val_batches": "2",
         "trainer.logger": "[csv]",
-        "trainer.enable_progress_bar": "false",
+        "trainer.progress_bar": "false",
         "out_dir": out_dir,
         "name": "ddp",
         "eval.bleu_sentences": "5" if ctx.short else "20",
@@ -231,7 +231,7 @@ def ddp_command(ctx: Context, out_dir: str) -> list[str]:
     }
     if ctx.short:
         options |= {"model.d_model": "32", "model.d_ff": "64", "model.n_heads": "2"}
-        options |= {"run.num_threads": "1"}
+        options |= {"trainer.num_threads": "1"}
     for key, value in options.items():
         command += [f"--{key}", value]
     return [*command, "--quiet"]

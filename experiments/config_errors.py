@@ -72,9 +72,13 @@ def type_name(annotation: Any, short: bool = False) -> str:
         return (" | " if short else " or ").join(type_name(arg, short) for arg in args)
     if annotation is type(None):
         return "None" if short else "null"
+    if typing.get_origin(annotation) is list and len(args) == 1:
+        return f"list[{type_name(args[0], short)}]"
     if typing.get_origin(annotation) is not None:
         return str(annotation).replace("typing.", "")
     if hasattr(annotation, "_expression") and hasattr(annotation, "_type"):  # jsonargparse's
         limits = annotation._expression.replace("v", "").replace(" and ", ", ")
+        if annotation._type is int:  # PositiveInt: >0 is >=1
+            limits = re.sub(r">(-?\d+)", lambda m: f">={int(m[1]) + 1}", limits)
         return f"{annotation._type.__name__} {limits}"  # restricted_number_type: "int >=1"
     return getattr(annotation, "__name__", str(annotation))

@@ -127,9 +127,7 @@ def test_evaluate_in_python_equals_odelm_eval(run_dir, capsys):
     assert result["split"] == "valid"
     recorded = json.loads((run_dir / "result.json").read_text())
     assert run.perplexity(split="test") == pytest.approx(recorded["test_ppl_per_word"], rel=1e-9)
-    with pytest.raises(
-        experiments.training.config_checks.ConfigError, match="prompt_len = 0 is out"
-    ):
+    with pytest.raises(experiments.config_errors.ConfigError, match="prompt_len = 0 is out"):
         run.evaluate(prompt_len=0)
 
 

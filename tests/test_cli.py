@@ -155,13 +155,13 @@ def test_one_parser_holds_every_subcommand_data_one_level_down():
 
 
 def test_model_keys_nest_at_any_depth_and_merge(tmp_path):
-    from experiments.cli.lightning_cli import cli_parser
+    from experiments.cli.commands import train_parser
 
     config = tmp_path / "c.yaml"
     config.write_text("model: {family: ode_transformer, block: rk4}\n")
 
     def model(*argv: str) -> dict:
-        return cli_parser().parse_args(["--config", str(config), *argv]).model
+        return train_parser().parse_args(["--config", str(config), *argv]).model
 
     nested = model("--model.solver.rtol", "1e-6", "--model.solver.atol", "1e-7")
     assert nested == {"family": "ode_transformer", "block": "rk4"} | {

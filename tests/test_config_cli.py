@@ -1,8 +1,8 @@
 """Configuration on jsonargparse: dotted overrides, ``--print_config``, numbers, named errors.
 
-``odelm train`` (a LightningCLI, in the Lightning form) and ``odelm compare`` (in the run
-form) take every config key as ``--section.key VALUE``; the resolved config is what
-``--print_config`` prints and what a run trains with.
+``odelm train`` and ``odelm compare`` take every config key as ``--section.key VALUE``, one
+form (the run form); the resolved config is what ``--print_config`` prints and what a run
+trains with.
 """
 
 from __future__ import annotations
@@ -14,11 +14,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from experiments.cli.commands import add_run_options, options_parser
-from experiments.cli.lightning_cli import cli_parser, read_lightning
+from experiments.cli.commands import add_run_options, options_parser, train_parser
 from experiments.cli.main import main
 from experiments.models.build import build_model, model_keys, model_keys_markdown
-from experiments.training.config import ConfigError, RunConfig, load_config
+from experiments.training.config import ConfigError, RunConfig, load_config, parse_config
 
 EXAMPLE = Path(__file__).parents[1] / "experiments" / "configs" / "example.yaml"
 
@@ -36,12 +35,12 @@ def test_dotted_overrides_reach_the_resolved_config(capsys):
         capsys,
         *("train", "--config", str(EXAMPLE)),
         *("--optim.lr", "3e-4", "--trainer.max_steps", "20", "--model.d_model", "32"),
-        *("--data.stateful", "true", "--trainer.val_check_interval", "1.0"),
+        *("--data.stateful", "true", "--trainer.val_every", "epoch"),
         *("--optim.grad_clip", "null"),
     )
     assert resolved["optim"]["lr"] == 3e-4 and isinstance(resolved["optim"]["lr"], float)
     assert resolved["trainer"]["max_steps"] == 20
-    assert resolved["trainer"]["val_check_interval"] == 1.0  # Lightning's "each epoch"
+    assert resolved["trainer"]["val_every"] == "epoch"
     assert resolved["optim"]["grad_clip"] is None
     assert resolved["data"]["stateful"] is True
     # one model key replaced, the others kept from the file
@@ -50,18 +49,16 @@ def test_dotted_overrides_reach_the_resolved_config(capsys):
     assert resolved["optim"]["schedule"] == base.optim.schedule == "inverse_sqrt"
     assert resolved["data"]["batch_size"] == base.data.batch_size
     # what is printed is a complete config: it loads back to the run config trained
-    again = read_lightning(resolved)
+    again = parse_config(resolved)
     assert again.trainer.val_every == "epoch" and again.trainer.max_steps == 20
     assert again.optim.lr == 3e-4 and again.model["d_model"] == 32
 
 
 def test_print_config_prints_every_key(capsys):
     (resolved,) = printed(capsys, "train", "--config", str(EXAMPLE))
-    assert read_lightning(resolved) == load_config(EXAMPLE)
-    sections = {f.name for f in dataclasses.fields(RunConfig)} - {"seed"}
-    assert set(resolved) == {*sections, "seed_everything", "run"}
-    assert set(resolved["trainer"]) >= {"max_steps", "max_epochs", "max_time", "logger"}
-    assert set(resolved["run"]) >= {"num_threads", "checkpoint_every", "compile"}
+    assert parse_config(resolved) == load_config(EXAMPLE)
+    assert set(resolved) == {f.name for f in dataclasses.fields(RunConfig)}
+    assert set(resolved["trainer"]) >= {"max_steps", "max_time_s", "logger", "num_threads"}
 
 
 def test_unquoted_exponent_numbers_are_floats(tmp_path):
@@ -82,7 +79,7 @@ def test_aliases_mean_their_dotted_keys(capsys):
     argv = ("train", "--config", str(EXAMPLE))
     (short,) = printed(capsys, *argv, "--max-steps", "7", "--num-threads", "1", "--download")
     (dotted,) = printed(
-        capsys, *argv, "--trainer.max_steps", "7", "--run.num_threads", "1",
+        capsys, *argv, "--trainer.max_steps", "7", "--trainer.num_threads", "1",
         "--data.download", "true",
     )  # fmt: skip
     assert short == dotted
@@ -112,8 +109,11 @@ def test_the_command_line_lies_over_the_recipe_which_lies_under_the_file(tmp_pat
     [
         (["--optim.lr", "fast"], "odelm: error: --optim.lr must be float >=0, got 'fast'"),
         (["--optim.lrr", "3"], "odelm: error: unknown option --optim.lrr; odelm train --help"),
-        (["--trainer.max_steps", "0"], "odelm: error: trainer.max_steps = 0 is out of range"),
-        (["--trainer.max_steps", "2.5"], "odelm: error: --trainer.max_steps must be int, got"),
+        (["--trainer.max_steps", "0"], "odelm: error: --trainer.max_steps = 0 is out of range"),
+        (
+            ["--trainer.max_steps", "2.5"],
+            "odelm: error: --trainer.max_steps must be int >=1 or null, got",
+        ),
         (["--recipe", "nope"], "odelm: error: recipe = 'nope' is not one of adam, lstm-sgd"),
         (["--data.bptt", "0"], "odelm: error: --data.bptt = 0 is out of range; it must be >= 1"),
     ],
@@ -148,10 +148,9 @@ def test_train_needs_a_config_or_a_model_and_says_so(capsys):
 
 
 def test_every_option_of_train_and_compare_has_a_help_line_and_a_type():
-    """Help lines come from the config dataclasses' docstrings and Lightning's ``Trainer``
-    (jsonargparse[signatures])."""
-    train = [a for a in cli_parser()._actions if a.option_strings and a.dest != "help"]
-    assert {"optim.lr", "trainer.val_check_interval", "run.num_threads", "model"} <= {
+    """Help lines come from the config dataclasses' docstrings."""
+    train = [a for a in train_parser()._actions if a.option_strings and a.dest != "help"]
+    assert {"optim.lr", "trainer.val_every", "trainer.num_threads", "model"} <= {
         a.dest for a in train
     }
     for action in train:
@@ -180,7 +179,7 @@ def test_train_with_dotted_overrides_trains_what_it_printed(tmp_path, capsys, ti
     result = json.loads(lines[-2])
     assert result["steps"] == 20
     saved = load_config(tmp_path / "dotted" / "config.yaml")
-    assert saved.to_dict() == read_lightning(resolved).to_dict()
+    assert saved.to_dict() == parse_config(resolved).to_dict()
 
 
 def test_compare_overrides_every_run_and_prints_each_config(tmp_path, capsys, tiny_model):

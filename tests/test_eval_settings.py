@@ -8,19 +8,19 @@ import dataclasses
 import pytest
 
 import experiments
+from experiments.config_errors import ConfigError
 from experiments.training.config import DataConfig, EvalConfig, RunConfig, parse_config
-from experiments.training.config_checks import ConfigError
 from experiments.training.evaluate import EvalSettings, perplexity
 from experiments.training.train import train
 
 
 def test_settings_come_from_the_data_and_eval_sections():
-    data = DataConfig(batching="sentences", eval_window=40, eval_batch_size=3)
-    data = dataclasses.replace(data, padding_side="left", stateful=True)
+    data = DataConfig(batching="stream", eval_window=40, eval_batch_size=3)
+    data = dataclasses.replace(data, padding_side="left", stateful=True)  # a stateful run
     bleu = EvalConfig(bleu_sentences=7, continuation_sentences=5, prompt_len=2, decode="beam")
     config = RunConfig(data=data, eval=bleu)
     assert EvalSettings.from_config(config) == EvalSettings(
-        batching="sentences",
+        batching="stream",
         eval_window=40,
         eval_batch_size=3,
         padding_side="left",

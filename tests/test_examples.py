@@ -31,7 +31,7 @@ from pathlib import Path
 import pytest
 
 from experiments.cli.commands import compare_parser
-from experiments.cli.lightning_cli import cli_parser
+from experiments.cli.commands import train_parser as cli_parser
 from experiments.cli.main import build_parser
 from experiments.evaluation.trained import RunNotFoundError, load_run
 from experiments.training.runfolder import COMPARISON_MARKER

@@ -339,11 +339,23 @@ def test_the_harness_turns_bad_paths_and_tasks_into_one_line(tmp_path):
             {"trainer": {"checkpoint_every": "x"}},
             "trainer.checkpoint_every must be int >=1, got 'x'",
         ),
-        ({"trainer": {"val_batches": "x"}}, "trainer.val_batches must be int or float or null"),
+        ({"trainer": {"val_batches": "x"}}, "trainer.val_batches must be int >=1 or null, got 'x'"),
         ({"optim": {"lr": "x"}}, "optim.lr must be float >=0, got 'x'"),
-        ({"trainer": {"val_check_interval": -5}}, "trainer.val_check_interval = -5 is out of"),
+        (
+            {"trainer": {"val_check_interval": 5}},
+            (
+                ": trainer.val_check_interval is the Lightning form of odelm train, which is "
+                "gone; write trainer.val_every (the run form)"
+            ),
+        ),
+        ({"run": {"num_threads": 1}}, ": run is the Lightning form of odelm train, which is gone"),
+        ({"seed_everything": 1}, ": seed_everything is the Lightning form of odelm train"),
+        ({"model": {"class_path": "x"}}, ": model.class_path is the Lightning form of odelm train"),
     ],
-    ids=["val_every", "num_threads", "seed", "checkpoint_every", "val_batches", "lr", "lightning"],
+    ids=[
+        *("val_every", "num_threads", "seed", "checkpoint_every", "val_batches", "lr"),
+        *("lightning", "run", "seed_everything", "class_path"),
+    ],
 )
 def test_a_config_files_error_names_the_key_as_written(tmp_path, capsys, section, expected):
     import yaml

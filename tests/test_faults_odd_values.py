@@ -16,9 +16,9 @@ import yaml
 from conftest import TINY_MODEL, make_tiny_config
 
 from experiments.cli.main import main
+from experiments.config_errors import ConfigError
 from experiments.models.build import build_model
 from experiments.training.config import parse_config
-from experiments.training.config_checks import ConfigError
 from experiments.training.threads import check_threads
 from odelm import decoding
 from odelm.decoding import DecodingError, generate
@@ -103,11 +103,11 @@ def test_train_and_compare_threads_outside_the_machine_s_cpus(tmp_path, capsys):
     config = tmp_path / "config.yaml"
     config.write_text(yaml.safe_dump(make_tiny_config(tmp_path / "runs")))
     train = ["train", "--config", str(config), "--quiet"]
-    too_many = f"run.num_threads = {CPUS + 1} is out of range; {THREADS}"
+    too_many = f"trainer.num_threads = {CPUS + 1} is out of range; {THREADS}"
     _one_line(capsys, [*train, "--num-threads", str(CPUS + 1)], too_many)
-    _one_line(capsys, [*train, "--run.num_threads", str(CPUS + 1)], too_many)
-    renamed = "unknown option --trainer.num_threads; odelm train spells it --run.num_threads"
-    _one_line(capsys, [*train, "--trainer.num_threads", "1"], renamed)
+    _one_line(capsys, [*train, "--trainer.num_threads", str(CPUS + 1)], too_many)
+    renamed = "unknown option --run.num_threads: the Lightning form of odelm train is gone; "
+    _one_line(capsys, [*train, "--run.num_threads", "1"], renamed + "write --trainer.num_threads")
     out = tmp_path / "grid"
     compare = ["compare", "--preset", "quick", "--out", str(out), "--num-threads", "1000000"]
     _one_line(capsys, compare, "trainer.num_threads = 1000000 is out of range")

@@ -27,8 +27,8 @@ from safetensors.torch import load_file
 from experiments.cli.main import main
 from experiments.training.checkpoints import DiskFullError, atomic_save, read_checkpoint
 from experiments.training.config import ConfigError, load_config, parse_config
+from experiments.training.identity import identity
 from experiments.training.runfolder import RUN_MARKER
-from experiments.training.runs import IDENTITY_EXCLUDED
 from experiments.training.train import train
 
 REPO = Path(__file__).resolve().parents[1]
@@ -219,7 +219,9 @@ def test_changed_config_is_refused_naming_the_keys_unless_overwritten(
     # keys that do not change the result do not count: a finished run is reused
     moved = {**values, "trainer": {**values["trainer"], "num_threads": 2, "progress_bar": True}}
     assert train(parse_config(moved)) == first
-    assert {"trainer.num_threads", "out_dir", "data.data_dir"} <= IDENTITY_EXCLUDED
+    assert not {"trainer.num_threads", "out_dir", "data.data_dir"} & set(
+        identity(parse_config(moved))
+    )
 
     assert main(["train", "--config", str(config_file), "--quiet", "--overwrite"]) == 0
     again = json.loads(capsys.readouterr().out.splitlines()[-2])
@@ -275,6 +277,7 @@ def test_compare_names_a_failed_run_keeps_the_others_and_retrains_changed_config
 @pytest.mark.parametrize(
     ("section", "key", "value", "bound"),
     [
+        ("trainer", "max_steps", None, ""),  # null, and no max_epochs: no budget
         ("trainer", "max_steps", -1, ">= 1 or null"),  # null: the budget is max_epochs
         ("trainer", "max_steps", 0, ">= 1 or null"),
         ("trainer", "max_epochs", 0, ">= 1 or null"),
@@ -291,7 +294,7 @@ def test_budgets_out_of_range_name_the_key_and_the_range(
     tmp_path, tiny_config, capsys, section, key, value, bound
 ):
     values = tiny_config(tmp_path, **{section: {key: value}})
-    no_budget = key == "max_steps" and value == -1  # Lightning's -1: no step budget, none left
+    no_budget = value is None  # no step budget, and no epoch budget either
     no_budget_error = "set a budget: trainer.max_steps or trainer.max_epochs (or both)"
     message = no_budget_error if no_budget else rf"{section}\.{key} = {value} is out of range"
     with pytest.raises(ConfigError, match=re.escape(message) if no_budget else message):
@@ -425,12 +428,12 @@ def test_debug_shows_the_traceback_and_bugs_keep_theirs(tmp_path, capsys, monkey
     with pytest.raises(ConfigError, match="does not exist"):
         main(["--debug", "train", "--config", missing])
 
-    from experiments.cli import lightning_cli
+    from experiments.cli import commands
 
     def bug(*args, **kwargs):
         raise KeyError("a programming error")
 
-    monkeypatch.setattr(lightning_cli, "run_config", bug)
+    monkeypatch.setattr(commands, "parse_config", bug)
     with pytest.raises(KeyError, match="a programming error"):
         main(["train", "--model.family", "ode_transformer"])
 
@@ -473,18 +476,14 @@ def test_a_key_added_later_keeps_old_runs_hashes() -> None:
     """A run made before ``trainer.compile`` existed has no such key; at its default the
     key is left out of the identity, so that run's hash (and its resumption) is unchanged,
     while turning it on is a change."""
-    from experiments.training.runs import IDENTITY_ADDED, config_sha256, identity
+    from experiments.training.identity import HASHED_03, config_sha256, neutral
 
     values = {"model": {"family": "reference"}, "trainer": {"max_steps": 4}}
     plain = parse_config(values)
-    assert IDENTITY_ADDED == {
-        "trainer.compile": False,
-        "data.shuffle": True,
-        "trainer.max_time": None,
-        "data.order": 1,
-        "trainer.matmul_precision": "highest",
-        "data.grammar_depth": None,
-    }
+    later = {"trainer.compile", "data.shuffle", "trainer.max_time", "data.order"}
+    later |= {"trainer.matmul_precision", "data.grammar_depth"}
+    assert not later & HASHED_03
+    assert [neutral(key) for key in sorted(later)] == [None, 1, True, False, "highest", None]
     assert "trainer.compile" not in identity(plain)
     assert "data.grammar_depth" not in identity(plain)
     assert "trainer.matmul_precision" not in identity(plain)

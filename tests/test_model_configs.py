@@ -12,7 +12,7 @@ import pytest
 import torch
 import yaml
 
-from experiments.cli.lightning_cli import cli_parser
+from experiments.cli.commands import train_parser as cli_parser
 from experiments.cli.main import main
 from experiments.models.schema import model_keys_help, schemas
 from neuralode_lm import (

@@ -1,10 +1,8 @@
 """One option vocabulary (issue 19): the same short aliases on ``odelm train``, ``compare`` and
 ``eval`` (the ones a command lacks listed with the reason), ``--data.corpus`` naming every
 corpus of the registry, and ``--model '{...}'`` replacing the config file's model section
-while ``--model.KEY VALUE`` edits one key. ``odelm train`` is a LightningCLI: it spells the
-trainer's settings as Lightning does; ``compare``'s shared overrides take both those and
-the run form's names (``experiments.training.lightning_form.renamed_key`` maps one to the
-other)."""
+while ``--model.KEY VALUE`` edits one key. ``odelm train`` and ``compare`` spell every key
+one way (the run form); the removed Lightning spellings are refused naming the run form's."""
 
 from __future__ import annotations
 
@@ -14,20 +12,18 @@ import re
 import pytest
 import yaml
 
-from experiments.cli.commands import ALIASES, compare_parser, given_options
-from experiments.cli.lightning_cli import OdelmCLI, cli_parser
+from experiments.cli.commands import ALIASES, compare_parser, given_options, train_parser
 from experiments.cli.main import build_parser, main, parse
 from experiments.data.registry import CORPUS_NAMES
 from experiments.models.build import build_model
-from experiments.training.config import RunConfig
-from experiments.training.lightning_form import renamed_key
+from experiments.training.config import RunConfig, parse_config
 from neuralode_lm.models import LSTMLM
 
 SHORT = {*ALIASES, "--seed", "--download"}
 """The short options of the run settings a user changes most from the shell."""
 
 LACKING = {
-    "train": {"--max-time-s": "train spells the budget as Lightning does: --trainer.max_time"},
+    "train": {},
     "compare": {},
     "eval": {
         "--corpus": "a run is scored on its own corpus (its config's data.corpus)",
@@ -42,7 +38,7 @@ LACKING = {
 
 ONLY_TRAIN = {
     "--config": "train reads run configs; compare reads a grid (--grid, --preset)",
-    "-c": "LightningCLI's short --config",
+    "-c": "the short --config",
     "--overwrite": "compare resumes its grid and retrains runs whose config changed",
     "--quiet": "compare's runs train in their own processes, logging to files",
     "--verbose": "compare's runs train in their own processes, logging to files",
@@ -72,48 +68,39 @@ def subcommand(name: str) -> argparse.ArgumentParser:
 
 def test_train_compare_and_eval_share_the_short_options():
     options = {
-        "train": option_strings(cli_parser()),
+        "train": option_strings(train_parser()),
         "compare": option_strings(compare_parser()),
         "eval": option_strings(subcommand("eval")),
     }
     for command, lacking in LACKING.items():
         assert SHORT - options[command] == set(lacking), command
-    # compare takes train's Lightning spellings too; train, a LightningCLI, only those
-    section_files = {"--data", "--optim", "--eval"}  # compare's --optim FILE and the like
-    renamed = options["compare"] - options["train"] - set(ONLY_COMPARE) - section_files
-    assert "--trainer.val_every" in renamed and "--trainer.num_threads" in renamed
-    lightning = {f"--{renamed_key(flag[2:])}" for flag in renamed - {"--max-time-s"}}
-    assert lightning <= options["train"] and lightning <= options["compare"]
-    jsonargparse_own = {  # LightningCLI's parser: shell completion, Lightning's class types
-        "--print_shtab", "--trainer.accelerator.help", "--trainer.strategy.help",
-        "--trainer.devices+",
-    }  # fmt: skip
-    assert options["train"] - options["compare"] == {*ONLY_TRAIN, *jsonargparse_own}
+    assert options["train"] - options["compare"] == set(ONLY_TRAIN)
+    assert options["compare"] - options["train"] == set(ONLY_COMPARE)
 
 
-def test_compare_reads_train_s_lightning_spellings_as_its_own(capsys, tmp_path):
+@pytest.mark.parametrize(
+    ("lightning", "run_form"),
+    [
+        ("--trainer.val_check_interval", "--trainer.val_every"),
+        ("--trainer.limit_val_batches", "--trainer.val_batches"),
+        ("--run.checkpoint_every", "--trainer.checkpoint_every"),
+        ("--seed_everything", "--seed"),
+    ],
+)
+@pytest.mark.parametrize("command", ["train", "compare"])
+def test_a_lightning_spelling_is_one_line_naming_the_run_form(
+    capsys, tmp_path, command, lightning, run_form
+):
     grid = tmp_path / "grid.yaml"
     grid.write_text("runs:\n- {name: a, model: {family: reference}}\n")
-
-    def printed(*argv: str) -> str:
-        capsys.readouterr()
-        assert main(["compare", "--grid", str(grid), *argv, "--print_config"]) == 0
-        return capsys.readouterr().out
-
-    lightning = printed(
-        *("--trainer.val_check_interval", "1.0", "--trainer.limit_val_batches", "3"),
-        *("--run.checkpoint_every", "7", "--seed_everything", "3", "--trainer.max_steps", "-1"),
-        *("--trainer.max_epochs", "2"),
+    given = ["--grid", str(grid)] if command == "compare" else ["--model.family", "reference"]
+    assert main([command, *given, lightning, "3", "--print_config"]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        f"odelm: error: unknown option {lightning}: the Lightning form of odelm train is gone; "
+        f"write {run_form}\n"
     )
-    run_form = printed(
-        *("--trainer.val_every", "epoch", "--trainer.val_batches", "3"),
-        *("--trainer.checkpoint_every", "7", "--seed", "3", "--trainer.max_steps", "null"),
-        *("--trainer.max_epochs", "2"),
-    )
-    assert lightning == run_form
-    runs = list(yaml.safe_load_all(lightning))
-    assert {run["trainer"]["val_every"] for run in runs} == {"epoch"}
-    assert {run["trainer"]["checkpoint_every"] for run in runs} == {7}
+    assert main([command, *given, run_form, "3", "--print_config"]) == 0
 
 
 @pytest.mark.slow
@@ -135,7 +122,7 @@ def test_a_short_option_means_its_dotted_option():
 
 def test_data_corpus_help_lists_every_corpus_of_the_registry(capsys):
     assert set(CORPUS_NAMES) == {"grammar", "ptb", "wikitext2", "wikitext2-raw", "text"}
-    for parser in (cli_parser(), compare_parser()):
+    for parser in (train_parser(), compare_parser()):
         (action,) = [a for a in parser._actions if a.option_strings == ["--data.corpus"]]
         assert all(name in action.help for name in CORPUS_NAMES), action.help
         (short,) = [a for a in parser._actions if a.option_strings == ["--corpus"]]
@@ -150,7 +137,9 @@ def _config(tmp_path):
 
 
 def _resolved(path, *argv: str) -> RunConfig:
-    return OdelmCLI(args=["--config", str(path), *argv]).run_config
+    values = given_options(parse(["train", "--config", str(path), *argv])[1])
+    values.pop("config", None)
+    return parse_config(values)
 
 
 def test_model_option_replaces_the_files_model_section(tmp_path, capsys):
@@ -180,7 +169,7 @@ def test_model_key_option_edits_one_key(tmp_path):
 
 
 def test_the_model_help_documents_both_forms_and_its_example_builds(capsys):
-    (action,) = [a for a in cli_parser()._actions if a.option_strings == ["--model"]]
+    (action,) = [a for a in train_parser()._actions if a.option_strings == ["--model"]]
     assert "replaces the model section" in action.help
     assert "--model.KEY VALUE edits one key" in action.help
     (example,) = re.findall(r"--model '(\{.*?\})'", " ".join(action.help.split()))

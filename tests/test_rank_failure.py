@@ -37,8 +37,8 @@ def test_an_error_on_rank_1_ends_the_torchrun_job_promptly(tmp_path: Path) -> No
         sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
         "-m", "experiments", "train", "--config", "experiments/configs/example.yaml",
         "--trainer.strategy", "ddp", "--trainer.devices", "2", "--trainer.max_steps", "20",
-        "--trainer.val_check_interval", "10", "--trainer.limit_val_batches", "2",
-        "--run.num_threads", "1",
+        "--trainer.val_every", "10", "--trainer.val_batches", "2",
+        "--trainer.num_threads", "1",
         "--out_dir", str(tmp_path / "runs"), "--quiet",
     ]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}", "OMP_NUM_THREADS": "1"}

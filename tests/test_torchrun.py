@@ -33,8 +33,8 @@ def test_torchrun_three_processes_train_to_the_end(tmp_path: Path) -> None:
         sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "3",
         "-m", "experiments", "train", "--config", "experiments/configs/example.yaml",
         "--trainer.strategy", "ddp", "--trainer.devices", "3", "--trainer.max_steps", "20",
-        "--trainer.val_check_interval", "10", "--trainer.limit_val_batches", "3",
-        "--run.num_threads", "1",
+        "--trainer.val_every", "10", "--trainer.val_batches", "3",
+        "--trainer.num_threads", "1",
         "--eval.bleu_sentences", "10", "--eval.continuation_sentences", "4",
         "--out_dir", str(out), "--overwrite", "--quiet",
     ]  # fmt: skip

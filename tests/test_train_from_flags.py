@@ -1,6 +1,6 @@
 """``odelm train`` from options alone (issue 34): no ``--config`` needed, the schema's defaults
 (what ``odelm train --print_config`` shows) under the options given; and a wall-clock
-budget spelled as Lightning spells it, ``trainer.max_time`` (HH:MM:SS), beside
+budget spelled HH:MM:SS, ``trainer.max_time``, beside
 ``trainer.max_time_s``, wherever the step and epoch budgets are accepted."""
 
 from __future__ import annotations
@@ -11,10 +11,8 @@ import pytest
 import yaml
 from conftest import TINY_MODEL, make_tiny_config
 
-from experiments.cli.lightning_cli import read_lightning
 from experiments.cli.main import main
 from experiments.training.config import ConfigError, RunConfig, parse_config
-from experiments.training.lightning_form import from_lightning
 from experiments.training.runs import config_sha256
 
 TINY_FLAGS = [
@@ -30,13 +28,16 @@ def printed(capsys, *argv: str) -> list[dict]:
 
 
 def test_print_config_without_a_config_shows_the_schema_s_defaults(capsys):
-    (defaults,) = printed(capsys, "train")  # LightningCLI's, in the Lightning form
+    (defaults,) = printed(capsys, "train")
     assert defaults["model"] == {} and defaults["trainer"]["max_steps"] == 1000
     model = {"family": "ode_transformer"}
-    assert parse_config({**from_lightning(defaults), "model": model}) == RunConfig(model=model)
+    assert parse_config({**defaults, "model": model}) == RunConfig(model=model)
     (resolved,) = printed(capsys, "train", "--model.family", "ode_transformer", "--seed", "4")
-    assert resolved["seed_everything"] == 4 and resolved["model"] == model
-    assert read_lightning(resolved) == RunConfig(seed=4, model=model)
+    assert resolved["seed"] == 4 and resolved["model"] == model
+    assert parse_config(resolved) == RunConfig(seed=4, model=model)
+    # a random seed: drawn when the config is read, then printed and kept
+    drawn = {printed(capsys, "train", "--seed", "random")[0]["seed"] for _ in range(3)}
+    assert len(drawn) > 1 and all(0 <= seed < 2**32 for seed in drawn)
 
 
 def test_without_a_config_train_needs_a_model_and_says_how(capsys):
@@ -54,7 +55,7 @@ def test_train_from_options_alone_trains_and_writes_a_run(tmp_path, capsys):
             "00:05:00",
             "--max-steps",
             "4",
-            "--trainer.val_check_interval",
+            "--trainer.val_every",
             "4",
         ),
         *("--data.batch_size", "8", "--data.bptt", "16", "--eval.bleu_sentences", "0"),
@@ -69,15 +70,15 @@ def test_train_from_options_alone_trains_and_writes_a_run(tmp_path, capsys):
     saved = yaml.safe_load((tmp_path / "flags" / "config.yaml").read_text())
     assert saved["trainer"]["max_time_s"] == 300.0 and saved["trainer"]["max_time"] is None
     # it trained with the config --print_config showed (--quiet drops only the progress bar)
-    assert config_sha256(parse_config(saved)) == config_sha256(read_lightning(resolved))
-    assert result["config_sha256"] == config_sha256(read_lightning(resolved))
+    assert config_sha256(parse_config(saved)) == config_sha256(parse_config(resolved))
+    assert result["config_sha256"] == config_sha256(parse_config(resolved))
 
 
 @pytest.mark.parametrize(
     ("spelled", "seconds"),
     [("00:05:00", 300.0), ("1:30:00", 5400.0), (5400, 5400.0), ("01:00:00:10", 86410.0)],
 )
-def test_max_time_is_lightning_s_spelling_of_max_time_s(tmp_path, spelled, seconds):
+def test_max_time_is_the_hh_mm_ss_spelling_of_max_time_s(tmp_path, spelled, seconds):
     # 5400: YAML reads an unquoted 1:30:00 as a base-60 integer, seconds already
     config = parse_config(make_tiny_config(tmp_path, trainer={"max_time": spelled}))
     assert config.trainer.max_time_s == seconds and config.trainer.max_time is None

@@ -1,35 +1,46 @@
-"""``odelm compare``'s options and command (``odelm train`` is a LightningCLI:
-``experiments.cli.lightning_cli``)."""
+"""``odelm train`` and ``odelm compare``: their options (the run config's parser's,
+``experiments.training.config``) and commands."""
 
 from __future__ import annotations
 
-import typing
-from argparse import SUPPRESS
+import json
+import logging
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Optional
 
 import yaml
 from jsonargparse import Namespace
-from jsonargparse._actions import _ActionConfigLoad
 
 from experiments.cli.parser import Parser, epilog
 from experiments.comparison.launchers import LAUNCH_KEYS, add_launch_options, launch_settings
 from experiments.config_errors import ConfigError
-from experiments.training.config import SECTIONS, Replace, RunConfig, load_yaml, parse_config
-from experiments.training.lightning_form import plain, run_form_key, run_form_overrides
-from experiments.training.run_parser import SHORT_FLAGS, run_parser
-from experiments.training.run_sections import ModelSection, ranged_type
+from experiments.models.schema import model_keys_help, resolved_model_comment
+from experiments.training.config import (
+    NO_MODEL,
+    SHORT_FLAGS,
+    ModelSection,
+    RecipeFile,
+    Replace,
+    add_run_arguments,
+    load_yaml,
+    named,
+    parse_config,
+    plain,
+    run_parser,
+)
 from experiments.training.threads import check_threads, set_threads
 
-ALIASES = {**SHORT_FLAGS, "--max-time-s": "trainer.max_time_s"}
-"""The short flags: ``odelm train``'s (``SHORT_FLAGS``) and ``--max-time-s``, the run form's
-budget (train spells it ``--trainer.max_time``); tests/test_option_vocabulary.py keeps the
-sets of train, compare and eval equal but for the reasons it lists."""
+ALIASES = SHORT_FLAGS
+"""The short flags of ``odelm train`` and ``compare`` (``SHORT_FLAGS``);
+tests/test_option_vocabulary.py keeps the sets of train, compare and eval equal but for the
+reasons it lists."""
 TRAIN_ONLY = {"help", "config", "print_config", "print_shtab"}
+COMMAND_OPTIONS = ("overwrite", "quiet", "verbose", "print_config")
 
 
 def options_parser(prog: str, description: str) -> Parser:
-    """The parser of a subcommand that takes run-config options (``compare``)."""
+    """The parser of a subcommand that takes run-config options (``train``, ``compare``)."""
     description += (
         " Defaults shown are the schema's: the config file's values replace them, and options "
         "given here replace both."
@@ -37,62 +48,99 @@ def options_parser(prog: str, description: str) -> Parser:
     return Parser(prog=prog, description=description, epilog=epilog(prog.removeprefix("odelm ")))
 
 
+def train_parser() -> Parser:
+    """The options of ``odelm train``: the run config's parser's, and the command's."""
+    parser = options_parser(
+        "odelm train",
+        "Train one model from YAML run configs (--config, repeatable: each file over the ones "
+        "before) and/or options: any config key as --section.key VALUE (e.g. --optim.lr 1e-3 "
+        "--trainer.max_steps 20 --trainer.max_time 00:05:00).",
+    )
+    parser.epilog = f"{parser.epilog}\n\n{model_keys_help()}"
+    add_run_arguments(parser)
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="discard an existing run of this name (made with another config) and train afresh",
+    )
+    parser.add_argument("--quiet", action="store_true", help="no progress bar or Lightning chatter")
+    parser.add_argument(
+        "--verbose", action="store_true", help="show Lightning's hardware lines and tips"
+    )
+    parser.add_argument(
+        "--print_config", action="store_true", help="print the resolved config as YAML and exit"
+    )
+    return parser
+
+
+def quiet_lightning(level: int) -> None:
+    """Hide Lightning's hardware lines, tips and advertisements (shown with ``--verbose``)."""
+    for name in ("pytorch_lightning", "lightning", "lightning.pytorch", "lightning_fabric"):
+        logging.getLogger(name).setLevel(level)
+
+
+def cmd_train(args: Namespace) -> int:
+    """``odelm train``: the run config its options give, trained (or printed); its result
+    and where it went."""
+    from experiments.training.runs import RESULT_FILE
+    from experiments.training.train import train
+
+    values = given_options(args)
+    options = {key: values.pop(key, False) for key in COMMAND_OPTIONS}
+    paths = values.pop("config", None)
+    config = named(parse_config(values, where="odelm train", print_only=True), paths)
+    if options["print_config"]:
+        text = yaml.safe_dump(config.to_dict(), sort_keys=False)
+        model = resolved_model_comment(config.model) if config.model else f"# {NO_MODEL}\n"
+        print(text + model, end="")  # the run's identity is the section as written
+        return 0
+    if not config.model:
+        raise ConfigError(NO_MODEL)
+    check_threads(config.trainer.num_threads, "trainer.num_threads")
+    if not options["verbose"]:
+        quiet_lightning(logging.ERROR if options["quiet"] else logging.WARNING)
+    if options["quiet"]:
+        config.trainer.progress_bar = False
+    done = config.run_dir / RESULT_FILE
+    finished = done.is_file() and not options["overwrite"]
+    result = train(config, overwrite=bool(options["overwrite"]))
+    if result:
+        print(json.dumps(result))
+        if finished:
+            date = datetime.fromtimestamp(done.stat().st_mtime).strftime("%Y-%m-%d %H:%M")
+            print(f"{config.run_dir}: already finished, result from {date} (--overwrite retrains)")
+        else:
+            print(f"wrote {config.run_dir}")
+    return 0
+
+
 class ModelOption(ModelSection):
-    """``odelm train``'s ``--model``, where ``--model '{...}'`` replaces the config file's
-    model section (a ``Replace``: ``compare``'s options lie over each run's section)."""
+    """``compare``'s ``--model``, where ``--model '{...}'`` replaces each run's model section
+    (a ``Replace``: the options lie over each run's section)."""
 
     whole = Replace
 
 
 def add_run_options(parser: Parser, skip: set[str] | None = None) -> None:
     """``odelm train``'s run-config options (the run config's parser's: the same types,
-    ranges and help lines; ``skip``: top-level keys left out), the keys that ``odelm train``
-    renames also under their run-form names (``--trainer.val_every``, ``--seed``),
-    ``--trainer.max_time_s`` (``--max-time-s``) and ``--print_config``; the values are read
-    into the run form by ``run_form_overrides``."""
+    ranges and help lines; ``skip``: top-level keys left out) and ``--print_config``."""
     parser.add_argument(
         "--print_config", action="store_true", help="print the resolved config as YAML and exit"
     )
-    keys = _run_keys()
     for action in run_parser()._actions:
-        flags, dest = action.option_strings[:1], action.dest
-        if not flags or dest in TRAIN_ONLY | set(skip or ()) or dest.endswith(".help"):
+        flags, dest = [f for f in action.option_strings if not f.endswith("+")], action.dest
+        if not flags or dest in TRAIN_ONLY | set(skip or ()):
             continue
         kind: dict[str, Any] = {"type": getattr(action, "_typehint", None)}
-        if isinstance(action, _ActionConfigLoad):  # --trainer FILE: the section's keys
-            kind = {"action": _ActionConfigLoad(basetype=action.basetype)}
-        elif isinstance(action, ModelSection):
-            kind = {"action": ModelOption, "default": None}
+        if isinstance(action, ModelSection):
+            kind = {"action": ModelOption}
+        elif isinstance(action, RecipeFile):
+            kind = {"type": Optional[str]}  # noqa: UP045 (a runtime type)
         elif action.nargs == 0:  # --download
             kind = {"action": "store_true"}
-        elif dest == "recipe":
-            kind = {"type": Optional[str]}  # noqa: UP045 (a runtime type)
         elif action.choices:
             kind["choices"] = action.choices
-        elif dest.startswith("trainer.") and dest in keys:  # Lightning's type; the run form's
-            kind["type"] = keys[dest]
-        run_key = run_form_key(dest)
-        same = dest == "seed_everything" or dest.startswith("run.")  # the same values
-        for flag, key, help_text in ((flags[0], dest, action.help), (f"--{run_key}", run_key, "")):
-            if flag not in parser._option_string_actions:
-                kind = kind if key == dest or same else {"type": keys[run_key]}
-                default = {"default": action.default} if key == dest else {}
-                alias = f"same as {flags[0]}" if "." not in key else SUPPRESS  # --seed listed;
-                text = help_text or alias  # the run form's dotted names accepted, not listed
-                parser.add_argument(flag, dest=key, help=text, **{**default, **kind})
-    budget = "the wall-clock budget in seconds (null: none; as --trainer.max_time)"
-    max_time = ranged_type("trainer.max_time_s", float)
-    parser.add_argument("--trainer.max_time_s", type=max_time, help=SUPPRESS)
-    parser.add_argument("--max-time-s", dest="trainer.max_time_s", type=max_time, help=budget)
-
-
-def _run_keys() -> dict[str, Any]:
-    """Every dotted run-form key (``trainer.val_every``) and its type."""
-    hints = typing.get_type_hints(RunConfig)
-    keys = {key: hint for key, hint in hints.items() if key not in SECTIONS}
-    for section, schema in SECTIONS.items():
-        keys |= {f"{section}.{k}": v for k, v in typing.get_type_hints(schema).items()}
-    return keys
+        parser.add_argument(*flags, dest=dest, help=action.help, default=action.default, **kind)
 
 
 def given_options(args: Namespace) -> dict[str, Any]:
@@ -102,6 +150,7 @@ def given_options(args: Namespace) -> dict[str, Any]:
     for section in given.values():  # a section read from a file (--trainer FILE)
         if isinstance(section, dict):
             section.pop("__path__", None)
+    given.pop("__path__", None)
     if "model" in given:
         given["model"] = args["model"]  # as_dict() copies it into a plain dict
     return given
@@ -113,9 +162,8 @@ def compare_parser() -> Parser:
         "odelm compare",
         "Train a grid of models on identical data, seeds and budget, then write tables and "
         "plots. Any shared config key may be overridden for every run as --section.key VALUE "
-        "(e.g. --trainer.max_steps 200 --optim.lr 3e-4), spelled as odelm train spells it "
-        "(the grid files' names, such as --trainer.val_every or --trainer.num_threads, are "
-        "read too); model keys given here (--model.KEY, --model '{...}') lie under each "
+        "(e.g. --trainer.max_steps 200 --optim.lr 3e-4), spelled as odelm train and the grid "
+        "files spell it; model keys given here (--model.KEY, --model '{...}') lie under each "
         "run's own model section, whose keys win.",
     )
     parser.add_argument("--grid", help="grid YAML file (give this or --preset)")
@@ -143,7 +191,7 @@ def cmd_compare(args: Namespace) -> int:
         run_grid,
     )
 
-    shared = run_form_overrides(given_options(args))
+    shared = given_options(args)
     grid, preset, out = (shared.pop(key, None) for key in ("grid", "preset", "out"))
     num_seeds, print_config = shared.pop("seeds", None), shared.pop("print_config", False)
     launch_options = {key: shared.pop(key) for key in LAUNCH_KEYS if key in shared}

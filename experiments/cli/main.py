@@ -1,9 +1,9 @@
 """``odelm``: the one command line of the library (also ``python -m experiments``).
 
 One jsonargparse parser holds every subcommand (``data info`` and ``data download`` one
-level down) but ``train``, a LightningCLI (``experiments.cli.lightning_cli``) that reads its
-own command line. ``compare`` keeps only the options given on the command line, since its
-grid's values lie under them; every other subcommand gets its defaults.
+level down). ``train`` and ``compare`` keep only the options given on the command line (and
+``train``'s config files), since the config's values lie under them; every other
+subcommand gets its defaults.
 A user error, on the command line or later, is one line ``odelm: error: ...``, exit 2.
 """
 
@@ -27,7 +27,7 @@ Handler = Callable[[Namespace], int]
 
 def subcommands() -> dict[str, tuple[Callable[[], Parser], Handler, str]]:
     """Every subcommand (``"data info"`` one level down): its parser, handler and help."""
-    from experiments.cli import bench, commands, lightning_cli, tools, trained
+    from experiments.cli import bench, commands, tools, trained
     from experiments.evaluation import discretize
 
     return {
@@ -52,8 +52,8 @@ def subcommands() -> dict[str, tuple[Callable[[], Parser], Handler, str]]:
             "every model: key of each family, with defaults",
         ),
         "train": (
-            Parser,  # odelm train's own parser is its LightningCLI's (parse hands it over)
-            lightning_cli.main,
+            commands.train_parser,
+            commands.cmd_train,
             "train one model from a YAML config (--config) and/or --section.key options",
         ),
         "eval": (
@@ -116,13 +116,7 @@ def _add(commands: Any, name: str, parser: Parser, text: str) -> Parser:
 
 def parse(argv: list[str]) -> tuple[str, Namespace, bool]:
     """The subcommand (``"data info"``), its options and ``--debug``; a wrong command line
-    raises ``UsageError``. ``train`` gets its command line as it is: its LightningCLI reads
-    it."""
-    head = 0
-    while argv[head : head + 1] == ["--debug"]:
-        head += 1
-    if argv[head : head + 1] == ["train"]:  # a LightningCLI (experiments.cli.lightning_cli)
-        return "train", argv[head + 1 :], head > 0  # type: ignore[return-value]
+    raises ``UsageError``."""
     parser = build_parser()
     try:
         given = parser.parse_args(argv, defaults=False)

@@ -11,6 +11,7 @@ import dataclasses
 import json
 import sys
 import time
+import typing
 from typing import Any
 
 import torch
@@ -18,7 +19,7 @@ from jsonargparse import Namespace
 
 from experiments.cli import values
 from experiments.cli.parser import Parser
-from experiments.training.config import EvalConfig
+from experiments.training.config import EvalConfig, descriptions
 from experiments.training.threads import set_threads
 from odelm.errors import OdelmError
 
@@ -193,26 +194,15 @@ def eval_parser() -> Parser:
     parser = Parser()
     parser.add_argument("run", help="a run directory written by odelm train")
     parser.add_argument("--split", default="test", help="the split to score")
-    parser.add_argument(
-        "--bleu-sentences",
-        type=int,
-        help="sentences scored for BLEU (default: the run's eval setting)",
-    )
-    parser.add_argument(
-        "--continuation-sentences",
-        type=int,
-        help="sentences continued for continuation BLEU (default: the run's eval setting)",
-    )
-    parser.add_argument(
-        "--prompt-len",
-        type=int,
-        help="prompt tokens of continuation BLEU (default: the run's eval setting)",
-    )
-    parser.add_argument(
-        "--decode",
-        choices=["greedy", "beam"],
-        help="decoding of continuation BLEU (default: the run's eval setting)",
-    )
+    hints, text = typing.get_type_hints(EvalConfig), descriptions(EvalConfig)
+    for field in dataclasses.fields(EvalConfig):  # eval's settings: the eval: section's keys
+        choices = typing.get_args(hints[field.name])  # decode's; a count's range: cmd_eval
+        kind = {"choices": choices} if typing.get_origin(hints[field.name]) else {"type": int}
+        parser.add_argument(
+            "--" + field.name.replace("_", "-"),
+            help=f"{text[field.name]} (default: the run's eval setting)",
+            **kind,
+        )
     parser.add_argument(
         "--allow-noncausal",
         action="store_true",

@@ -10,14 +10,13 @@ from collections.abc import Sequence
 from jsonargparse import ArgumentParser
 
 from experiments.config_errors import ConfigError, type_name
-from experiments.training.config_checks import RANGES, check_range
-from experiments.training.lightning_form import renamed_key
+from experiments.training.config import lightning_key
+from experiments.training.run_schema import key_range_check
 from experiments.training.yamlfiles import parse_yaml
 from odelm.errors import OdelmError
 
 RUN_COMMANDS = ("train", "compare")
-"""The subcommands whose options are run-config keys (``compare``: given options only, no
-defaults; ``train``: its LightningCLI's)."""
+"""The subcommands whose options are run-config keys (given options only, no defaults)."""
 
 
 class UsageError(OdelmError, ValueError):
@@ -31,24 +30,23 @@ def _subparser(parser: ArgumentParser, path: list[str]) -> ArgumentParser:
     return parser
 
 
-def usage_error(
-    parser: ArgumentParser, argv: list[str], error: ArgumentError, command: str | None = None
-) -> UsageError:
-    """jsonargparse's error as one line naming the option and the subcommand's help
-    (``command``: the subcommand whose own parser ``parser`` is, e.g. ``train``'s
-    LightningCLI)."""
-    path: list[str] = [] if command is None else [command]  # subcommands named, outermost first
-    for arg in argv if command is None else ():
+def usage_error(parser: ArgumentParser, argv: list[str], error: ArgumentError) -> UsageError:
+    """jsonargparse's error as one line naming the option and the subcommand's help."""
+    path: list[str] = []  # subcommands named, outermost first
+    for arg in argv:
         commands = _subparser(parser, path)._subcommands_action
         if commands and arg in commands._name_parser_map:
             path.append(arg)
-    sub = _subparser(parser, path) if command is None else parser
+    sub = _subparser(parser, path)
     text, prog = str(error), sub.prog
     if text.startswith("unrecognized arguments: "):
         unknown = text.split()[2]
-        renamed = renamed_key(unknown.removeprefix("--"))
-        if command == "train" and renamed != unknown.removeprefix("--"):
-            return UsageError(f"unknown option {unknown}; odelm train spells it --{renamed}")
+        renamed = lightning_key(unknown.removeprefix("--").partition("=")[0])
+        if renamed is not None:  # one release: the Lightning form's spelling
+            return UsageError(
+                f"unknown option {unknown}: the Lightning form of odelm train is gone; write "
+                f"--{renamed}"
+            )
         keys = " (config keys as --section.key)" if " ".join(path) in RUN_COMMANDS else ""
         return UsageError(f"unknown option {unknown}; {prog} --help lists the options{keys}")
     if text.startswith("the following arguments are required: "):
@@ -64,17 +62,13 @@ def usage_error(
         value = restricted[1] if restricted else given[1] if given else None
         flag = _flag(sub, key, argv) or f"--{key}"
         given_here = _given(argv, flag)  # None: the value came from a config file
-        label, shown = (key if given_here is None else flag), flag
-        if given_here is None and command == "train":  # as its --config file spells it
-            label, value = _written(key, value)
-            shown = label
-        out_of_range = _out_of_range(key, value or given_here, label)
+        out_of_range = _out_of_range(key, value or given_here, key if given_here is None else flag)
         if out_of_range:  # a run-config key: its range as the config's own check words it
             return out_of_range
         if restricted:  # jsonargparse.typing's PositiveInt and the like
-            return UsageError(f"{shown} must be {restricted[2]}, got {value}")
+            return UsageError(f"{flag} must be {restricted[2]}, got {value}")
         expected = type_name(getattr(action, "_typehint", None) or getattr(action, "type", None))
-        return UsageError(f"{shown} must be {expected}, got {value or given_here!r}")
+        return UsageError(f"{flag} must be {expected}, got {value or given_here!r}")
     typed = re.match(r"argument ([-\w]+): (\1 .*)", text)
     if typed:  # a range type's own line (experiments.cli.values) names the option
         return UsageError(typed[2])
@@ -84,15 +78,11 @@ def usage_error(
     return UsageError(" ".join(text.split()))
 
 
-RANGED = {renamed_key(key): key for key in RANGES}
-"""``odelm train``'s ranged keys (the Lightning form's spelling) -> ``RANGES``' keys."""
-
-
 def _out_of_range(key: str, text: str | None, label: str) -> UsageError | None:
     """``LABEL = VALUE is out of range; it must be ...`` where ``key`` is a ranged run-config
     setting and ``text`` a number outside its range (None otherwise: another kind of error);
     ``label`` is the option given on the command line, else the key of the config file."""
-    if key not in RANGED or text is None:
+    if text is None:
         return None
     try:
         value = parse_yaml(text)
@@ -101,21 +91,10 @@ def _out_of_range(key: str, text: str | None, label: str) -> UsageError | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
     try:
-        check_range(RANGED[key], value, label)
+        key_range_check(key, value, label)
     except ConfigError as error:
         return UsageError(str(error))
     return None
-
-
-def _written(key: str, value: str | None) -> tuple[str, str | None]:
-    """A key whose value came from a ``--config`` file, as the file spells it, and the
-    value written there (jsonargparse's message may only say ``None``)."""
-    from experiments.training.run_sections import written_key
-
-    spelled = written_key(key)
-    if spelled is None:
-        return key, value
-    return spelled[0], str(spelled[1]) if not isinstance(spelled[1], str) else spelled[1]
 
 
 def _given(argv: list[str], flag: str) -> str | None:

@@ -3,7 +3,7 @@ is parsed, before anything loads, with one line naming the option, its valid ran
 value given (``odelm: error: --temperature = 1e-320 is out of range; it must be ...``).
 
 The ranges are the library's own ([`odelm.decoding`][odelm.decoding]'s floors and seed range, the
-thread check of ``experiments.training.config_checks``), so a Python call and its
+seed range of ``experiments.training.run_schema``), so a Python call and its
 command refuse the same values. Each type raises ``ArgumentTypeError``, whose message
 argparse keeps; ``experiments.cli.main.usage_error`` drops its ``argument X:`` prefix.
 """
@@ -16,8 +16,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from experiments.training.config_checks import SEED_MAX as DATA_SEED_MAX
-from experiments.training.config_checks import ConfigError
+from experiments.config_errors import ConfigError
+from experiments.training.run_schema import SEED_MAX as DATA_SEED_MAX
 from experiments.training.threads import check_threads
 from odelm import decoding
 from odelm.errors import OdelmError

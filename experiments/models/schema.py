@@ -83,7 +83,7 @@ def check_model(spec: dict[str, Any], where: str = "model") -> None:
     from neuralode_lm.errors import ModelConfigError
 
     if not isinstance(spec, dict) or not spec:
-        return  # check_values names an empty section
+        return  # the run config names an empty section
     label = model_label(spec)
     valid = schemas()
     if label not in valid:
@@ -153,32 +153,6 @@ def resolved_model_comment(spec: dict[str, Any]) -> str:
     lines = [f"#   {line}" for line in text.splitlines()]
     label = model_label(spec)
     return "\n".join([f"# model: every key of {label}, defaults filled in:", *lines]) + "\n"
-
-
-HASHED_SPELLINGS = {
-    "neuralode_lm lstm": {"n_layers": "num_layers", "tie_embeddings": "tie_weights"},
-    "neuralode_lm ode-lstm": {"n_layers": "num_layers", "tie_embeddings": "tie_weights"},
-    "neuralode_lm node-transformer": {"n_layers": "n_blocks"},
-}
-"""Keys renamed since odelm 0.3, hashed under their old spelling so that a run's identity
-(``config_sha256``) stays what it was: the same science, the same run."""
-
-
-def hashed_spelling(model: dict[str, Any]) -> dict[str, Any]:
-    """A ``model:`` section as its run identity spells it (``HASHED_SPELLINGS``)."""
-    renames = HASHED_SPELLINGS.get(_label(model), {})
-    return {renames.get(key, key): value for key, value in model.items()}
-
-
-def current_spelling(model: dict[str, Any]) -> dict[str, Any]:
-    """A ``model:`` section saved by odelm 0.3 or before, its renamed keys under their names
-    now (a saved run's ``config.yaml`` loads; a config file given by hand is refused)."""
-    renames = {old: new for new, old in HASHED_SPELLINGS.get(_label(model), {}).items()}
-    return {renames.get(key, key): value for key, value in model.items()}
-
-
-def _label(model: dict[str, Any]) -> str:
-    return f"{model.get('family')} {model.get('name')}"
 
 
 KEYS_TITLE = (

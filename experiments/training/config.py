@@ -1,41 +1,336 @@
-"""Run configuration: a run-form mapping read into a ``RunConfig`` (``parse_config``) by
-``odelm train``'s parser, with unknown keys, wrong types and values out of range named in
-one line; YAML run configs and run folders' ``config.yaml`` read the same way. The schema
-(the typed sections, recipes, checks) is ``experiments.training.run_schema``, re-exported
-here.
+"""The run config's one parser: ``odelm train``'s options, ``parse_config`` of a mapping,
+``load_config`` of a file, and ``odelm compare``'s shared options, all one form (the run
+form of ``experiments.training.run_schema``'s dataclasses).
+
+The parser is built from ``RunConfig``: one ``--section.key`` option per field, its type
+(with the range) the field's, its help the ``Attributes:`` line of the section's docstring;
+``--model`` (``ModelSection``), ``--config FILE`` (repeatable, each file over the ones
+before), ``--recipe NAME`` (the recipe's file layered where it is given; a file's
+``recipe: NAME`` lies under that file) and the short flags. An error is one line naming the
+key as written. For one release a key of the removed Lightning form (``LIGHTNING_KEYS``) is
+refused in one line naming its run-form key.
 """
 
 from __future__ import annotations
 
+import copy
+import dataclasses
+import functools
+import random
+import re
+import typing
+from argparse import Action, ArgumentError
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, Union
 
-from experiments.config_errors import ConfigError  # noqa: F401 (re-exported)
-from experiments.training.run_parser import read_run_form
+import docstring_parser
+import yaml
+from jsonargparse import ActionConfigFile, ArgumentParser
+
+from experiments.config_errors import ConfigError, config_error
+from experiments.data.corpora import CORPUS_NAMES
+from experiments.models.schema import check_model
+from experiments.training.identity import config_sha256, is_saved_run, saved_run_values
 from experiments.training.run_schema import (  # noqa: F401 (re-exported: the schema)
     RECIPE_DIR,
     RECIPES,
     SECTIONS,
+    SEED_MAX,
     DataConfig,
     EvalConfig,
     OptimConfig,
     RunConfig,
+    Seed,
     TrainerConfig,
-    saved_run_values,
+    key_range_check,
+    recipe_path,
 )
-from experiments.training.yamlfiles import Replace, load_yaml, merge  # noqa: F401
+from experiments.training.yamlfiles import Replace, load_yaml, merge, parse_yaml  # noqa: F401
+
+LIGHTNING_KEYS = {
+    "seed_everything": "seed",
+    "trainer.val_check_interval": "trainer.val_every",
+    "trainer.limit_val_batches": "trainer.val_batches",
+    "trainer.log_every_n_steps": "trainer.log_every",
+    "trainer.enable_progress_bar": "trainer.progress_bar",
+    "run.KEY": "trainer.KEY",
+    "class_path": "model: {family, name, ...keys} (LMTask with LightningCLI: examples/)",
+}
+"""One release only: the keys of ``odelm train``'s removed Lightning form, and the run
+form's key each one is now."""
+SHORT_FLAGS = {
+    "--corpus": "data.corpus",
+    "--max-steps": "trainer.max_steps",
+    "--num-threads": "trainer.num_threads",
+    "--data-dir": "data.data_dir",
+    "--protocol": "data.protocol",
+    "--max-time-s": "trainer.max_time_s",
+}
+"""Short flags kept beside the dotted options they stand for (``odelm compare`` has them
+too)."""
+NO_MODEL = (
+    "odelm train needs --config FILE, or a model on the command line: --model.family "
+    "ode_transformer (or neuralode_lm, reference; odelm models lists their keys)"
+)
+MODEL_HELP = (
+    "the model: family (ode_transformer, neuralode_lm, reference), name, and that model's "
+    "typed keys (listed below the options; odelm models); --model '{family: neuralode_lm, "
+    "name: lstm, embed_dim: 128}' replaces the model section, --model.KEY VALUE edits one "
+    "key of it (--model.dropout 0.2, --model.solver.rtol 1e-6)"
+)
+MAPPING_SECTIONS = ("data", "model", "optim", "trainer", "eval")
 
 
-def parse_config(values: dict[str, Any], *, where: str = "config") -> RunConfig:
-    """Build a RunConfig from a plain dict (the run form; Lightning-form keys are read too),
-    naming any unknown key, wrong type or value out of range in one line.
+def lightning_key(key: str) -> str | None:
+    """The run-form key of a dotted key of the removed Lightning form (None: not one)."""
+    section, _, name = key.partition(".")
+    if section == "run":
+        return f"trainer.{name}" if name else "trainer"
+    if key.rpartition(".")[2] in ("class_path", "init_args"):
+        return LIGHTNING_KEYS["class_path"]
+    return LIGHTNING_KEYS.get(key)
 
-    It is read as ``odelm train --config`` reads a file: translated to the Lightning form
-    and parsed by ``odelm train``'s parser (``experiments.training.run_parser``),
-    so each range is checked once, by that parser's constrained types. A ``recipe`` lies
-    underneath: the config's own settings win over the recipe's.
-    """
-    return read_run_form(values, where)
+
+def check_form(values: dict[str, Any], where: str) -> None:
+    """Refuse a section that is not a mapping (``data: 5``), or a key of the removed
+    Lightning form, in one line naming it as written in ``where`` (a file, a grid entry)."""
+    for key in MAPPING_SECTIONS:
+        if key in values and not isinstance(values[key], dict):
+            raise ConfigError(
+                f"{where}.{key} must be a mapping, got {type(values[key]).__name__}; write "
+                f"{key}: {{KEY: VALUE, ...}} ({key}.KEY options on the command line)"
+            )
+    keys = [(k, v) for k, v in values.items()]
+    while keys:
+        key, value = keys.pop()
+        new = lightning_key(key)
+        if new is not None:
+            raise ConfigError(
+                f"{where}: {key} is the Lightning form of odelm train, which is gone; write "
+                f"{new} (the run form)"
+            )
+        if isinstance(value, dict) and "." not in key:
+            keys.extend((f"{key}.{k}", v) for k, v in value.items())
+
+
+def descriptions(schema: type) -> dict[str, str]:
+    """Each key's help line: the dataclass's ``Attributes:`` docstring, one line each."""
+    doc = docstring_parser.parse(schema.__doc__ or "")
+    return {p.arg_name: " ".join((p.description or "").split()) for p in doc.params}
+
+
+def add_section(parser: Any, section: str, schema: type) -> None:
+    """One typed option per field of a run-config dataclass under ``section``."""
+    hints = typing.get_type_hints(schema)
+    text = descriptions(schema)
+    group = parser.add_argument_group((schema.__doc__ or "").splitlines()[0])
+    for field in dataclasses.fields(schema):
+        factory = field.default_factory
+        default = factory() if factory is not dataclasses.MISSING else field.default
+        group.add_argument(
+            f"--{section}.{field.name}",
+            type=hints[field.name],
+            default=default,
+            help=text.get(field.name),
+        )
+
+
+class ModelSection(Action):
+    """``--model '{...}'`` replaces the model section; ``--model.KEY VALUE`` sets one key
+    of it, a dotted key one level down per dot (``--model.solver.rtol 1e-6``). Values are
+    read as YAML (``1e-6`` is a float); the keys are checked against the model's typed
+    config when the run config is read. jsonargparse hands this action every ``--model.*``
+    option because it declares a mapping type (``_typehint``)."""
+
+    _typehint = dict[str, Any]
+    whole: type[dict[str, Any]] = dict
+    """The mapping ``--model '{...}'`` sets (``odelm train``'s and ``compare``'s: a
+    ``Replace``, over a file's section)."""
+
+    def __call__(self, parser: Any, namespace: Any, value: Any, option: Any = None) -> None:
+        key = str(option or "").removeprefix(self.option_strings[0]).removeprefix(".")
+        flag = self.option_strings[0] + (f".{key}" if key else "")
+        value = parse_yaml(value, flag) if isinstance(value, str) else value
+        current = namespace.get(self.dest)
+        if not key:
+            if not isinstance(value, dict):
+                raise ArgumentError(self, f"must be a mapping {{key: value, ...}}, got {value!r}")
+            namespace[self.dest] = self.whole(value)
+            return
+        for part in reversed(key.split(".")):
+            value = {part: value}
+        merged = merge(dict(current or {}), value)
+        namespace[self.dest] = type(current)(merged) if isinstance(current, dict) else merged
+
+
+def run_values(values: dict[str, Any], where: str, *, recipe: bool = False) -> dict[str, Any]:
+    """A config mapping as the parser reads it: checked (``check_form``), a run folder's
+    ``config.yaml`` as its run read it, a named recipe underneath (unless ``recipe``: the
+    mapping is the recipe's own file)."""
+    check_form(values, where)
+    if is_saved_run(values):
+        values = saved_run_values(values)
+    name = values.get("recipe")
+    if name is not None and not recipe:
+        values = merge(read_config_file(recipe_path(name)), values)
+    return values
+
+
+def read_config_file(path: str | Path) -> dict[str, Any]:
+    """A config file's values as the parser reads them (``run_values``)."""
+    recipe = Path(path).resolve().parent == RECIPE_DIR.resolve()
+    return run_values(load_yaml(path), str(path), recipe=recipe)
+
+
+class ConfigFile(ActionConfigFile):
+    """``--config FILE``: read by odelm's bounded reader (``base:``, ``recipe:``), its values
+    checked first so that an error names the file and the key as written there."""
+
+    def __call__(self, parser: Any, cfg: Any, values: Any, option_string: Any = None) -> None:
+        if not Path(str(values)).is_file():
+            raise ConfigError(f"config file {values} does not exist")
+        read = read_config_file(values)
+        try:
+            run_parser().parse_object(copy.deepcopy(read))
+        except ArgumentError as error:
+            raise parse_error(str(error), read, str(values)) from None
+        text = yaml.safe_dump(read, sort_keys=False)
+        self.apply_config(parser, cfg, self.dest, text)
+        cfg[self.dest][-1] = values  # the file's name (--name auto names the run after it)
+
+
+class RecipeFile(Action):
+    """``--recipe NAME``: the recipe's file layered here, as ``--config`` would."""
+
+    def __call__(self, parser: Any, namespace: Any, value: Any, option: Any = None) -> None:
+        text = yaml.safe_dump(read_config_file(recipe_path(value)), sort_keys=False)
+        ConfigFile.apply_config(parser, namespace, "config", text)
+        namespace["config"].pop()  # not a file of the run's (--name auto)
+        namespace["recipe"] = value
+
+
+def add_run_arguments(parser: Any) -> None:
+    """The run config's options on ``parser``: every key of ``RunConfig`` and the flags."""
+    parser.add_argument(
+        "-c",
+        "--config",
+        action=ConfigFile,
+        help="a YAML run config; repeat it to layer files, each over the ones before "
+        "(default: none: the options alone)",
+    )
+    text = descriptions(RunConfig)
+    seed = Union[Seed, Literal["random"]]  # noqa: UP007 (a runtime type)
+    parser.add_argument("--seed", type=seed, default=0, help=text["seed"])
+    parser.add_argument("--model", action=ModelSection, default={}, help=MODEL_HELP)
+    for section, schema in SECTIONS.items():
+        add_section(parser, section, schema)
+    (corpus,) = [a for a in parser._actions if a.option_strings == ["--data.corpus"]]
+    corpus.help = (  # the corpora from the registry, not the docstring's list
+        f"the corpus, one of {', '.join(CORPUS_NAMES)} (grammar is generated; text reads "
+        "a folder of train*, valid*, test* files)"
+    )
+    parser.add_argument("--name", type=str, default="run", help=text["name"])
+    parser.add_argument("--out_dir", type=str, default="runs", help=text["out_dir"])
+    parser.add_argument(
+        "--recipe",
+        action=RecipeFile,
+        default=None,
+        help=f"a recipe, one of {', '.join(RECIPES)}: experiments/configs/recipes/NAME.yaml "
+        "layered where it is given (a file's recipe: lies under that file)",
+    )
+    for flag, key in SHORT_FLAGS.items():
+        (same,) = [a for a in parser._actions if a.option_strings == [f"--{key}"]]
+        kind = {"choices": CORPUS_NAMES} if key == "data.corpus" else {}
+        parser.add_argument(
+            flag,
+            dest=key,
+            default=same.default,
+            type=same._typehint,
+            help=f"same as --{key}",
+            **kind,
+        )
+    parser.add_argument(
+        "--download", dest="data.download", action="store_true", help="same as --data.download true"
+    )
+
+
+@functools.cache
+def run_parser() -> ArgumentParser:
+    """The run config's parser, built once: ``parse_config`` reads a mapping with it."""
+    parser = ArgumentParser(exit_on_error=False)
+    add_run_arguments(parser)
+    return parser
+
+
+def plain(value: Any) -> Any:
+    """``value`` with jsonargparse's constrained numbers (``PositiveInt(8)``) as the plain
+    ``int`` and ``float`` they are, in nested mappings and lists too (YAML writes those)."""
+    if isinstance(value, dict):
+        return {key: plain(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [plain(item) for item in value]
+    if isinstance(value, int) and type(value) not in (int, bool):
+        return int(value)
+    if isinstance(value, float) and type(value) is not float:
+        return float(value)
+    return value
+
+
+def run_config(values: dict[str, Any], *, print_only: bool = False) -> RunConfig:
+    """The checked ``RunConfig`` of a parsed mapping (``print_only``: the defaults may be
+    shown without a model); ``seed: random`` draws a seed."""
+    values = {k: v for k, v in plain(values).items() if k not in ("config", "__path__")}
+    if values.get("seed") == "random":
+        values["seed"] = random.SystemRandom().randint(0, SEED_MAX)
+    sections = {key: schema(**values.pop(key)) for key, schema in SECTIONS.items()}
+    model = values.pop("model") or {}
+    if not model and not print_only:
+        raise ConfigError(NO_MODEL)
+    config = RunConfig(**values, **sections, model=model)
+    check_model(config.model)
+    return config
+
+
+def named(config: RunConfig, paths: list[Any] | None) -> RunConfig:
+    """``config`` with ``name: auto`` resolved: the last config file's name and the config's
+    hash, a run folder per config (trying an override needs no ``--overwrite``)."""
+    if config.name == "auto":
+        files = [p for p in (paths or []) if p is not None]
+        stem = Path(str(files[-1])).stem if files else "train"
+        config.name = f"{stem}-{config_sha256(config)[:10]}"
+    return config
+
+
+def parse_config(
+    values: dict[str, Any], *, where: str = "config", print_only: bool = False
+) -> RunConfig:
+    """Build a RunConfig from a plain dict, naming any unknown key, wrong type or value out
+    of range in one line (``where``: the file or grid entry it came from; ``print_only``:
+    no model needed). A ``recipe`` lies underneath: the config's own settings win."""
+    values = run_values(copy.deepcopy(values), where)
+    try:
+        cfg = run_parser().parse_object(values)
+    except ArgumentError as error:
+        raise parse_error(str(error), values, where) from None
+    return run_config(cfg.as_dict(), print_only=print_only)
+
+
+def parse_error(text: str, values: dict[str, Any], where: str) -> ConfigError:
+    """The parser's error on a mapping as one line naming the key: its range and value, or
+    its type."""
+    wrong = re.match(r'Parser key "([^"]+)"', text)
+    if wrong:
+        key = wrong[1]
+        value = values
+        for part in key.split("."):
+            value = value.get(part) if isinstance(value, dict) else None  # type: ignore[assignment]
+        key_range_check(key, value, key)  # raises where the value is out of range
+    unknown = re.match(r"Option '(?:([\w.]+)\.)?(\w+)' is not accepted", text)
+    if unknown and unknown[1]:  # a key of a section: name the section's keys
+        text = f"Group '{unknown[1]}' does not accept option '{unknown[2]}'"
+    return config_error(
+        Exception(text), lambda key: f"{where}.{key}".rstrip("."), values, RunConfig
+    )
 
 
 def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> RunConfig:
@@ -45,7 +340,5 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Ru
 
 
 def load_run_config(path: str | Path) -> RunConfig:
-    """A run folder's ``config.yaml``; one written by odelm 0.3 or before, whose model keys
-    have since been renamed (``num_layers``, ``n_blocks``), loads under the new names, and
-    one written before ``data.order`` existed reads the window order it trained with (1)."""
+    """A run folder's ``config.yaml``, read as its run read it (``saved_run_values``)."""
     return parse_config(saved_run_values(load_yaml(path)), where=str(path))

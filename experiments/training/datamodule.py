@@ -37,7 +37,7 @@ from experiments.data.tokenization import (
     encode_corpus,
 )
 from experiments.training.config import DataConfig, EvalConfig, RunConfig
-from experiments.training.config_checks import RANGES, check_range
+from experiments.training.run_schema import key_range_check
 from odelm.errors import OdelmError
 from odelm.lightning import pl
 
@@ -349,9 +349,7 @@ class EvalSettings(EvalConfig):
             choices = typing.get_args(types[key])
             if choices and value not in choices:
                 raise ConfigError(f"{label} must be one of {', '.join(choices)}, got {value!r}")
-            ranged = f"data.{key}" if key in DATA_KEYS else f"eval.{key}"
-            if ranged in RANGES:
-                check_range(ranged, value, label)
+            key_range_check(f"data.{key}" if key in DATA_KEYS else f"eval.{key}", value, label)
         return dataclasses.replace(self, **given)
 
 

@@ -1,28 +1,108 @@
-"""The run configuration's schema: typed sections (read by ``odelm train``'s parser,
-``experiments.training.run_parser``; ``experiments.training.config.parse_config``), the
-named recipes, a saved run's spelling, and the checks the parser's types cannot say.
+"""The run configuration's schema: typed sections, each field's range its type, the checks
+across fields (``RunConfig.__post_init__``), and the named recipes. Read by the one parser,
+``experiments.training.config``.
 
 A run config has five sections: ``data``, ``model`` (a typed union keyed by ``family`` and
 ``name``: each model's config dataclass, checked by ``experiments.models.schema`` when the
 config is parsed), ``optim``, ``trainer`` and ``eval``, plus ``name``, ``recipe``, ``seed``
 and ``out_dir``. ``model`` is kept as written and passed to ``experiments.models.build.build_model``.
-The dataclasses below are the schema: jsonargparse reads their types (``1e-3`` is a float)
-and their ``Attributes:`` docstrings (the help line of every ``--section.key`` option).
+The dataclasses below are the schema: jsonargparse reads their types (``1e-3`` is a float;
+``PositiveInt`` a range) and their ``Attributes:`` docstrings (the help line of every
+``--section.key`` option); their field metadata say how the run's identity treats a key
+(``experiments.training.identity``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import datetime
+import re
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from jsonargparse.typing import (
+    NonNegativeFloat,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    restricted_number_type,
+)
+
 from experiments.config_errors import ConfigError
-from experiments.models.schema import check_model, current_spelling
-from experiments.training.config_checks import RANGES, check_range
-from experiments.training.lightning_form import renamed_key
-from experiments.training.yamlfiles import Replace, load_yaml, merge  # noqa: F401 (re-exported)
+from experiments.training.yamlfiles import load_yaml
+
+SEED_MAX = 2**32 - 1
+"""The largest seed numpy (and so Lightning's seeding of a run) accepts."""
+Seed = restricted_number_type("Seed", int, [(">=", 0), ("<=", SEED_MAX)])
+Fraction = restricted_number_type("Fraction", float, [(">=", 0), ("<", 1)])
+"""A number in [0, 1): a beta, a label smoothing."""
+AtLeast2 = restricted_number_type("AtLeast2", int, (">=", 2))
+"""An evaluation window: one token of context, one predicted."""
+BpeVocab = restricted_number_type("BpeVocab", int, (">=", 258))
+"""A trained byte-level BPE needs its 256 byte symbols plus ``<eos>`` and ``<unk>``."""
+AboveOne = restricted_number_type("AboveOne", float, (">", 1))
+
+
+def range_text(hint: Any) -> str | None:
+    """The range a field's type allows, as an error line says it (``>= 1``, ``in [0, 1)``,
+    ``> 0 or null``); None for a type without one."""
+    args = typing.get_args(hint)
+    ranged = [a for a in (args or (hint,)) if hasattr(a, "_restrictions")]
+    if not ranged:
+        return None
+    limits = {op: value for op, value in ranged[0]._restrictions}
+    names = {f.__name__: v for f, v in limits.items()}  # operator.ge -> "ge"
+    if len(names) == 1:
+        ((name, value),) = names.items()
+        if ranged[0]._type is int and name == "gt":  # PositiveInt: > 0 is >= 1
+            name, value = "ge", value + 1
+        text = f"{ {'ge': '>=', 'gt': '>'}[name] } {value}"
+    else:
+        low, high = ("[" if "ge" in names else "("), ("]" if "le" in names else ")")
+        text = (
+            f"in {low}{names.get('ge', names.get('gt'))}, {names.get('le', names.get('lt'))}{high}"
+        )
+    return text + (" or null" if type(None) in args else "")
+
+
+def check_range(hint: Any, value: Any, label: str) -> None:
+    """Raise ``ConfigError`` naming ``label`` unless ``value`` (a number, or a list of them)
+    lies in the range of the field type ``hint`` (None and other values pass)."""
+    if isinstance(value, list):
+        (item,) = typing.get_args(hint) or (None,)
+        for index, each in enumerate(value):
+            check_range(item, each, f"{label}[{index}]")
+        return
+    text = range_text(hint)
+    if text is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+        return
+    ranged = next(a for a in (typing.get_args(hint) or (hint,)) if hasattr(a, "_restrictions"))
+    if ranged._type is int and not isinstance(value, int):
+        return  # a type error, not a range's
+    try:
+        ranged(value)
+    except ValueError:
+        raise ConfigError(f"{label} = {value!r} is out of range; it must be {text}") from None
+
+
+def key_range_check(key: str, value: Any, label: str | None = None) -> None:
+    """``check_range`` of a dotted run-config key (``optim.lr``) by its field's type (a key
+    that is not one passes)."""
+    section, _, name = key.rpartition(".")
+    schema = SECTIONS.get(section) if section else RunConfig
+    if schema is not None:
+        check_range(typing.get_type_hints(schema).get(name), value, label or key)
+
+
+def check_ranges(section: Any) -> None:
+    """Each field of a config dataclass checked against its type's range: the sections'
+    ``__post_init__`` (a plain function, so that jsonargparse reads them as dataclasses)."""
+    hints = typing.get_type_hints(type(section))
+    for f in dataclasses.fields(section):
+        prefix = f"{section.SECTION}." if section.SECTION else ""
+        check_range(hints[f.name], getattr(section, f.name), prefix + f.name)
 
 
 @dataclass
@@ -59,24 +139,27 @@ class DataConfig:
             least 100k tokens; null: the embedded grammar of fixed splits
     """
 
+    SECTION = "data"
+    __post_init__ = check_ranges
+
     corpus: str = "grammar"
-    data_dir: str | None = None
+    data_dir: str | None = field(default=None, metadata={"identity": False})
     protocol: str = "full"
-    download: bool = False
+    download: bool = field(default=False, metadata={"identity": False})
     verify_checksums: bool = True
     tokenizer: Literal["word", "bpe"] = "word"
-    bpe_vocab_size: int = 4000
-    tokenizer_dir: str | None = None
+    bpe_vocab_size: BpeVocab = 4000
+    tokenizer_dir: str | None = field(default=None, metadata={"identity": False})
     batching: Literal["stream", "sentences"] = "stream"
-    batch_size: int = 16
-    bptt: int = 35
+    batch_size: PositiveInt = 16
+    bptt: PositiveInt = 35
     padding_side: Literal["left", "right"] = "right"
-    eval_window: int = 128
-    eval_batch_size: int = 16
+    eval_window: AtLeast2 = 128
+    eval_batch_size: PositiveInt = 16
     stateful: bool = False
     shuffle: bool = True
-    order: Literal[1, 2] = 2
-    seed: int = 0
+    order: Literal[1, 2] = field(default=2, metadata={"neutral": 1})
+    seed: Seed = 0
     grammar_depth: Literal[1, 2, 3, 4] | None = None
 
 
@@ -101,17 +184,20 @@ class OptimConfig:
         label_smoothing: label smoothing of the training loss
     """
 
+    SECTION = "optim"
+    __post_init__ = check_ranges
+
     optimizer: Literal["adam", "adamw", "sgd"] = "adam"
-    lr: float = 1e-3
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
-    momentum: float = 0.0
-    weight_decay: float = 0.0
+    lr: NonNegativeFloat = 1e-3
+    betas: list[Fraction] = field(default_factory=lambda: [0.9, 0.999])
+    momentum: NonNegativeFloat = 0.0
+    weight_decay: NonNegativeFloat = 0.0
     schedule: Literal["constant", "inverse_sqrt", "cosine", "plateau"] = "constant"
-    warmup_steps: int = 0
-    anneal_factor: float = 4.0
-    anneal_patience: int = 1
-    grad_clip: float | None = 1.0
-    label_smoothing: float = 0.0
+    warmup_steps: NonNegativeInt = 0
+    anneal_factor: AboveOne = 4.0
+    anneal_patience: PositiveInt = 1
+    grad_clip: PositiveFloat | None = 1.0
+    label_smoothing: Fraction = 0.0
 
 
 @dataclass
@@ -122,8 +208,8 @@ class TrainerConfig:
         max_steps: optimizer steps (null: max_epochs decides; with both, the first reached)
         max_epochs: passes over the train split (null: max_steps decides)
         max_time_s: wall-clock budget in seconds (null: none)
-        max_time: the wall-clock budget as Lightning spells it, HH:MM:SS or DD:HH:MM:SS
-            (e.g. 00:05:00; null: none); it sets max_time_s, where the resolved config keeps it
+        max_time: the wall-clock budget as HH:MM:SS or DD:HH:MM:SS (e.g. 00:05:00; null:
+            none); it sets max_time_s, where the resolved config keeps it
         val_every: validate every N steps, or epoch
         val_batches: validation windows per validation (null: the whole split)
         checkpoint_every: save a resumable checkpoint every N steps
@@ -146,27 +232,66 @@ class TrainerConfig:
             medium (TF32 on CUDA; torch.set_float32_matmul_precision)
     """
 
-    max_steps: int | None = 1000
-    max_epochs: int | None = None
-    max_time_s: float | None = None
+    SECTION = "trainer"
+
+    max_steps: PositiveInt | None = 1000
+    max_epochs: PositiveInt | None = None
+    max_time_s: PositiveFloat | None = None
     max_time: str | int | None = None
-    val_every: int | str = 100
-    val_batches: int | None = None
-    checkpoint_every: int = 100
-    early_stopping_patience: int | None = None
-    average_last: int = 0
-    log_every: int = 10
-    accelerator: str = "auto"
+    val_every: PositiveInt | Literal["epoch"] = 100
+    val_batches: PositiveInt | None = None
+    checkpoint_every: PositiveInt = 100
+    early_stopping_patience: PositiveInt | None = None
+    average_last: NonNegativeInt = 0
+    log_every: PositiveInt = 10
+    accelerator: str = field(default="auto", metadata={"hashed_as": {"auto": "cpu"}})
     devices: int | str = 1
-    num_nodes: int = 1
+    num_nodes: PositiveInt = 1
     strategy: str = "auto"
     precision: str = "32-true"
     deterministic: bool = True
-    progress_bar: bool = True
-    logger: list[str] = field(default_factory=lambda: ["csv", "tensorboard"])
-    num_threads: int | None = None
+    progress_bar: bool = field(default=True, metadata={"identity": False})
+    logger: list[str] = field(
+        default_factory=lambda: ["csv", "tensorboard"], metadata={"identity": False}
+    )
+    num_threads: PositiveInt | None = field(default=None, metadata={"identity": False})
     compile: bool = False
     matmul_precision: Literal["highest", "high", "medium"] = "highest"
+
+    def __post_init__(self) -> None:
+        """``max_time`` (HH:MM:SS) read into ``max_time_s``, where the config keeps it."""
+        if self.max_time is not None:
+            seconds = max_time_seconds(self.max_time)
+            if self.max_time_s is not None and float(self.max_time_s) != seconds:
+                raise ConfigError(
+                    f"trainer.max_time = {self.max_time!r} ({seconds:g} s) and "
+                    f"trainer.max_time_s = {self.max_time_s!r} disagree; give one of them"
+                )
+            self.max_time_s, self.max_time = seconds, None
+        check_ranges(self)
+
+
+_HMS = re.compile(r"(?:(\d+):)?(\d+):(\d+):(\d+)")
+
+
+def max_time_seconds(value: Any) -> float:
+    """A wall-clock budget (``[DD:]HH:MM:SS``, or seconds) in seconds; a ``ConfigError``
+    names anything else."""
+    text = str(value)
+    match = _HMS.fullmatch(text)
+    if match:
+        days, hours, minutes = (int(part or 0) for part in match.groups()[:3])
+        total = float(((days * 24 + hours) * 60 + minutes) * 60) + float(match[4])
+    elif isinstance(value, (int, float, datetime.timedelta)) and not isinstance(value, bool):
+        total = value.total_seconds() if isinstance(value, datetime.timedelta) else float(value)
+    else:
+        raise ConfigError(
+            f"trainer.max_time = {value!r} is not a time; it must be HH:MM:SS or "
+            "DD:HH:MM:SS (e.g. 00:05:00) or null"
+        )
+    if total <= 0:
+        raise ConfigError(f"trainer.max_time = {value!r} is out of range; it must be > 0 or null")
+    return total
 
 
 @dataclass(frozen=True)
@@ -180,9 +305,12 @@ class EvalConfig:
         decode: decoding of continuation BLEU: greedy or beam
     """
 
-    bleu_sentences: int = 200
-    continuation_sentences: int = 50
-    prompt_len: int = 3
+    SECTION = "eval"
+    __post_init__ = check_ranges
+
+    bleu_sentences: NonNegativeInt = 200
+    continuation_sentences: NonNegativeInt = 50
+    prompt_len: PositiveInt = 3
     decode: Literal["greedy", "beam"] = "greedy"
 
 
@@ -202,15 +330,28 @@ class RunConfig:
             that model's typed keys (odelm models lists them)
     """
 
-    name: str = "run"
+    SECTION = ""
+
+    name: str = field(default="run", metadata={"identity": False})
     recipe: str | None = None
-    seed: int = 0
-    out_dir: str = "runs"
+    seed: Seed = 0
+    out_dir: str = field(default="runs", metadata={"identity": False})
     data: DataConfig = field(default_factory=DataConfig)
     model: dict[str, Any] = field(default_factory=dict)
     optim: OptimConfig = field(default_factory=OptimConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+
+    def __post_init__(self) -> None:
+        """Each field's range, then the checks across fields."""
+        check_ranges(self)
+        optim, trainer = self.optim, self.trainer
+        if len(optim.betas) != 2:
+            raise ConfigError(f"optim.betas must hold two numbers, got {optim.betas}")
+        if trainer.max_steps is None and trainer.max_epochs is None:
+            raise ConfigError("set a budget: trainer.max_steps or trainer.max_epochs (or both)")
+        if self.data.stateful and self.data.batching != "stream":
+            raise ConfigError("data.stateful needs data.batching: stream (contiguous streams)")
 
     @property
     def run_dir(self) -> Path:
@@ -246,69 +387,3 @@ RECIPES: dict[str, dict[str, Any]] = {
     for path in sorted(RECIPE_DIR.glob("*.yaml"))
 }
 """Each recipe's settings (its file's, less its ``recipe:`` label)."""
-
-
-def checked_config(run: dict[str, Any]) -> RunConfig:
-    """The ``RunConfig`` of a whole run-form mapping that ``odelm train``'s parser has read
-    (``experiments.training.lightning_form.from_lightning`` of it), checked
-    (``check_values``, the model section's keys)."""
-    sections = {key: schema(**run[key]) for key, schema in SECTIONS.items()}
-    config = RunConfig(**{k: v for k, v in run.items() if k not in SECTIONS}, **sections)
-    check_values(config)
-    check_model(config.model)
-    return config
-
-
-_FULL_DATA_DUMP = {"batching", "stateful", "eval_batch_size", "eval_window"}
-"""Keys every ``config.yaml`` odelm has written carries in its data section (a full dump),
-unlike a hand-written partial config."""
-
-
-def is_saved_run(values: dict[str, Any]) -> bool:
-    """Whether a run-form mapping is a ``config.yaml`` odelm wrote (a full dump)."""
-    data = values.get("data")
-    return isinstance(data, dict) and _FULL_DATA_DUMP <= data.keys()
-
-
-def saved_run_values(values: dict[str, Any]) -> dict[str, Any]:
-    """A run folder's ``config.yaml`` values as they read now: model keys renamed since
-    odelm 0.3 under their new names, and ``data.order: 1`` where it was written before
-    ``data.order`` existed."""
-    values = dict(values)
-    if isinstance(values.get("model"), dict):
-        values["model"] = current_spelling(values["model"])
-    data = values.get("data")
-    if is_saved_run(values) and "order" not in data:  # type: ignore[operator]
-        values["data"] = {**data, "order": 1}  # type: ignore[dict-item]
-    return values
-
-
-LIGHTNING_RANGED = tuple(key for key in RANGES if renamed_key(key).startswith("trainer."))
-"""The ranged keys that ``odelm train`` spells as Lightning ``Trainer`` arguments: Lightning's
-types carry no range (``max_steps: -1`` is its "no budget"), so ``check_values`` checks
-them; every other range is a constrained type of ``odelm train``'s parser."""
-
-
-def check_values(config: RunConfig) -> None:
-    """The checks the parser's types cannot say: the ranges of Lightning's ``Trainer``
-    arguments, the betas, the budget and combinations."""
-    for key in LIGHTNING_RANGED:
-        value = getattr(config.trainer, key.partition(".")[2])
-        check_range(key, None if isinstance(value, str) else value)  # val_every: epoch
-    for index, beta in enumerate(config.optim.betas):
-        check_range("optim.betas", beta, f"optim.betas[{index}]")
-    if len(config.optim.betas) != 2:
-        raise ConfigError(f"optim.betas must hold two numbers, got {config.optim.betas}")
-    if config.optim.anneal_factor <= 1 or config.optim.anneal_patience < 1:
-        raise ConfigError(
-            "optim.anneal_factor must be > 1 (the lr is divided by it) and "
-            f"optim.anneal_patience >= 1, got {config.optim.anneal_factor} and "
-            f"{config.optim.anneal_patience}"
-        )
-    trainer = config.trainer
-    if trainer.max_steps is None and trainer.max_epochs is None:
-        raise ConfigError("set a budget: trainer.max_steps or trainer.max_epochs (or both)")
-    if config.data.stateful and config.data.batching != "stream":
-        raise ConfigError("data.stateful needs data.batching: stream (contiguous streams)")
-    if not config.model:
-        raise ConfigError("the config has no model section; e.g. model: {family: ode_transformer}")

@@ -7,9 +7,7 @@ config is the same; a different one is refused with the keys that differ
 got to a checkpoint or a result (e.g. a first attempt that failed) holds nothing to keep:
 its config may change freely.
 
-Keys in ``IDENTITY_EXCLUDED`` do not change what a run computes (where files live, how
-many CPU threads run it, whether a progress bar shows), so they are left out of the
-comparison and the hash: a run may be moved, or resumed with another thread count.
+The identity compared and hashed is ``experiments.training.identity``'s (re-exported here).
 
 ``HistoryCSVLogger`` keeps ``logs/metrics.csv`` across resumptions: rows logged before the
 checkpoint a run resumes from stay, rows of the lost steps after it are dropped (the
@@ -28,8 +26,8 @@ import torch
 from torch import nn
 
 from experiments.data.tokenization import LMData, Tokenizer
-from experiments.models.schema import hashed_spelling
 from experiments.training.config import ConfigError, RunConfig, load_run_config
+from experiments.training.identity import config_sha256, identity  # noqa: F401 (re-exported)
 from odelm import files
 from odelm.errors import OdelmError
 from odelm.hub import set_special_tokens
@@ -38,76 +36,10 @@ from odelm.lightning import pl
 CONFIG_FILE = "config.yaml"
 MODEL_DIR = "model"
 RESULT_FILE = "result.json"
-IDENTITY_EXCLUDED = frozenset(
-    {
-        "name",
-        "out_dir",
-        "data.data_dir",
-        "data.download",
-        "data.tokenizer_dir",
-        "trainer.num_threads",
-        "trainer.progress_bar",
-        "trainer.logger",
-    }
-)
-
-
-IDENTITY_ADDED = {
-    "trainer.compile": False,
-    "data.shuffle": True,
-    "trainer.max_time": None,
-    "data.order": 1,
-    "trainer.matmul_precision": "highest",
-    "data.grammar_depth": None,
-}
-"""Keys added after runs were made, left out of the identity at these values (the old
-behaviour), so a run made before them keeps its hash and resumes. A run folder's
-``config.yaml`` written before ``data.order`` existed reads as ``order: 1``
-(``experiments.training.config.load_run_config``)."""
-
-
-IDENTITY_RENAMED = {"trainer.accelerator": ("auto", "cpu")}
-"""Keys whose default changed: ``{key: (new default, old default)}``. The new default is
-hashed as the old one, so a run made under the old default keeps its hash, and one made
-under either resumes under the other (``auto`` trains on a GPU where there is one, where a
-CPU run may resume: the device is where a run computes, like its thread count)."""
 
 
 class RunConfigChangedError(OdelmError, ValueError):
     """A run directory exists for another config."""
-
-
-def _flatten(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    flat: dict[str, Any] = {}
-    for key, value in values.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, dict) and value:
-            flat.update(_flatten(value, name + "."))
-        else:
-            flat[name] = value
-    return flat
-
-
-def identity(config: RunConfig) -> dict[str, Any]:
-    """The flattened settings that determine what a run computes (dotted keys; renamed
-    model keys under the spelling runs were first hashed with)."""
-    values = config.to_dict()
-    flat = _flatten({**values, "model": hashed_spelling(values["model"])})
-    for key, (default, old_default) in IDENTITY_RENAMED.items():
-        if flat.get(key) == default:
-            flat[key] = old_default
-    return {
-        key: value
-        for key, value in sorted(flat.items())
-        if key not in IDENTITY_EXCLUDED
-        and not (key in IDENTITY_ADDED and IDENTITY_ADDED[key] == value)
-    }
-
-
-def config_sha256(config: RunConfig) -> str:
-    """SHA-256 of the run's identity (stable across key order and excluded keys)."""
-    text = json.dumps(identity(config), sort_keys=True, default=str)
-    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def config_changes(run_dir: Path, config: RunConfig) -> list[str]:

@@ -48,7 +48,7 @@ def lightning_accelerator(name: str) -> str:
     ``auto`` would also take Apple's MPS or a TPU, where the harness is not tested (the pooled
     perplexity is summed in float64, which MPS lacks). Other names go to Lightning unchanged.
     The accelerator is where a run computes, not what it computes: ``auto`` is hashed as
-    ``cpu``, the default before ``auto`` (``experiments.training.runs.IDENTITY_RENAMED``), so
+    ``cpu``, the default before ``auto`` (the field's ``hashed_as``, ``experiments.training.identity``), so
     a run made on the CPU keeps its hash and its folder, and resumes on a GPU.
     """
     if str(name).strip().lower() == "auto":
