@@ -12,11 +12,10 @@ import importlib.util
 from pathlib import Path
 
 from experiments.training.config import ConfigError
+from experiments.training.run_schema import LOGGERS
 from experiments.training.runfolder import is_worker_process
 from odelm import files
 from odelm.lightning import pl
-
-LOGGERS = ("csv", "tensorboard", "wandb")
 
 
 def build_loggers(

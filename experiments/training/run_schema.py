@@ -268,8 +268,14 @@ class TrainerConfig:
                     f"trainer.max_time_s = {self.max_time_s!r} disagree; give one of them"
                 )
             self.max_time_s, self.max_time = seconds, None
+        for name in self.logger:
+            if name not in LOGGERS:
+                raise ConfigError(f"trainer.logger {name!r} is not one of {', '.join(LOGGERS)}")
         check_ranges(self)
 
+
+LOGGERS = ("csv", "tensorboard", "wandb")
+"""The loggers ``trainer.logger`` may name (built by ``experiments.training.loggers``)."""
 
 _HMS = re.compile(r"(?:(\d+):)?(\d+):(\d+):(\d+)")
 
