@@ -14,7 +14,10 @@ import torch
 from benchmarks import harness
 from benchmarks import neighbour as neighbour_module
 from experiments.cli.bench import bench_parser, run
-from experiments.training.speed import batches
+from experiments.training.speed import SPEED_MODELS, batches
+
+TINY_LSTM = {**SPEED_MODELS["lstm"], "embed_dim": 8, "hidden_dim": 8}
+"""The benchmark's LSTM at width 8: its loops, cheaply."""
 
 
 def _fake_ratio(name, data, folder, rounds):
@@ -63,8 +66,8 @@ def test_the_neighbour_mode_measures_both_models_idle_then_beside_it(monkeypatch
     assert bench_parser().parse_args(["harness-throughput", "--neighbour"]).neighbour is True
 
 
-def test_both_sides_report_wall_and_cpu_seconds_per_step() -> None:
-    torch.manual_seed(0)
+def test_both_sides_report_wall_and_cpu_seconds_per_step(monkeypatch) -> None:
+    monkeypatch.setitem(SPEED_MODELS, "lstm", TINY_LSTM)
     steps = harness.plain_steps("lstm", batches(3))()
     assert len(steps) == 2  # the first step (warming up) left out
     for wall, cpu in steps:
@@ -87,11 +90,13 @@ class _Threads(harness.StepClock):
         _Threads.seen.append((torch.get_num_threads(), frozenset(os.listdir("/proc/self/task"))))
 
 
+@pytest.mark.slow  # two Lightning fits, about a second each
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="needs Linux's /proc")
 @pytest.mark.parametrize("threads", [1, 2])
 def test_the_library_step_runs_on_the_plain_loops_threads_and_starts_none(
     monkeypatch, tmp_path, threads
 ) -> None:
+    monkeypatch.setitem(SPEED_MODELS, "lstm", TINY_LSTM)
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
