@@ -187,6 +187,10 @@ def _ratio(name: str, data: list[torch.Tensor], folder: Path, rounds: int) -> di
         "library_ms_per_step": wall["library"] * 1e3,
         "plain_ms_per_step": wall["plain"] * 1e3,
         "cpu_ratio": cpu["plain"] / cpu["library"],
+        "round_ratios": [  # each round's sides ran back to back, under the same load
+            round(plain[0] / library[0], 3)
+            for plain, library in zip(means["plain"], means["library"], strict=True)
+        ],
         "library_cpu_ms_per_step": cpu["library"] * 1e3,
         "plain_cpu_ms_per_step": cpu["plain"] * 1e3,
         "tokens_per_step": BATCH * BPTT,
