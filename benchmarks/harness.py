@@ -24,6 +24,7 @@ import copy
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -130,7 +131,10 @@ def plain_steps(name: str, data: list[torch.Tensor]) -> Any:
     return run
 
 
-CONDITIONS = {"": contextlib.nullcontext, " beside a neighbour": neighbour_process}
+CONDITIONS: dict[str, Callable[[], contextlib.AbstractContextManager[Any]]] = {
+    "": contextlib.nullcontext,
+    " beside a neighbour": neighbour_process,
+}
 """Each condition's suffix of the metric, and the context it is measured in."""
 
 

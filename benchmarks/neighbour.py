@@ -66,7 +66,7 @@ def train(limit_s: float, parent: int) -> None:
     from experiments.training.speed import SGD, VOCAB, batches, build_task
 
     torch.set_num_threads(1)
-    model = build_task("transformer", seed=1).model
+    model: nn.Module = build_task("transformer", seed=1).model
     optimizer = torch.optim.SGD(model.parameters(), lr=SGD.lr)
     data = batches(4, seed=1)
     ends = time.monotonic() + limit_s
