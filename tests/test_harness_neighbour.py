@@ -119,3 +119,17 @@ def test_the_neighbour_trains_on_one_thread_and_is_killed_even_on_an_error() -> 
         assert len(os.listdir(f"/proc/{process.pid}/task")) == 1
         raise RuntimeError("inside")
     assert process.poll() is not None
+
+
+def test_the_record_pairs_each_round_and_holds_the_cpu_ratio(monkeypatch, tmp_path) -> None:
+    walls = iter([0.3, 0.2, 0.1, 0.4, 0.2, 0.2, 0.1, 0.2])  # L P, P L, L P, P L
+
+    def side(cpu):
+        return lambda *args: lambda: [(next(walls), cpu)] * 2
+
+    monkeypatch.setattr(harness, "library_steps", side(0.125))
+    monkeypatch.setattr(harness, "plain_steps", side(0.1))
+    record = harness._ratio("lstm", batches(1), tmp_path, rounds=3)
+    assert record["round_ratios"] == [0.25, 1.0, 0.5]  # round 0 (0.3, 0.2) not counted
+    assert record["value"] == pytest.approx(0.1 / 0.2)  # medians: plain 0.1, library 0.2
+    assert record["cpu_ratio"] == pytest.approx(0.8)
