@@ -5,7 +5,8 @@ A benchmark is a function ``() -> list[dict]`` (the library's own live in the to
 ``value``, ``target``, ``unit`` and ``better`` ("lower" or "higher"; how ``value`` compares
 with ``target``). The registry maps names to ``"module:function"`` strings, imported only
 when run, so ``benchmarks`` (which imports the harness) stays above it. A benchmark
-function with an ``out`` or ``short`` parameter gets ``--out`` and ``--short``.
+function with an ``out``, ``short`` or ``neighbour`` parameter gets ``--out``, ``--short``
+or ``--neighbour``.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ NOT_IN_ALL = frozenset({"gpu", "gpu-packing"})
 """Benchmarks ``odelm bench all`` leaves out: the GPU check writes a folder of records and
 runs for minutes (``odelm bench gpu --out DIR``); the packing benchmark starts up to 16
 training processes on one GPU."""
-OPTIONS = ("out", "short")
+OPTIONS = ("out", "short", "neighbour")
 """``odelm bench`` options handed to the benchmarks whose functions take them."""
 
 
@@ -111,6 +112,11 @@ def bench_parser() -> Parser:
         "--out", type=values.folder, help="folder of the records (gpu; default gpu-check)"
     )
     parser.add_argument("--short", action="store_true", help="gpu: every phase on the CPU, tiny")
+    parser.add_argument(
+        "--neighbour",
+        action="store_true",
+        help="harness-throughput: also measure beside one single-thread training process",
+    )
     parser.add_argument(
         "--num-threads",
         type=values.threads,
