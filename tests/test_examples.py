@@ -172,9 +172,23 @@ def test_every_subcommand_help_has_examples():
 
 def test_the_readme_examples_are_found():
     assert len(readme_blocks("python")) == 1  # the Lightning scripts are examples/ (tested)
-    scripts = readme_shell()
-    assert "odelm compare --preset quick --out runs/quick" in scripts  # the main job
-    assert any("for grid in" in script for script in scripts)  # the results' seed grids
+    first_run = [QUICK in script.splitlines() for script in readme_shell()]
+    assert first_run.count(True) == 1  # the main job, in the README's first run
+    assert readme_shell()[first_run.index(True)].splitlines() == [
+        "odelm train --config experiments/configs/example.yaml",
+        QUICK,
+        "odelm eval runs/quick/runs/rk4",
+    ]
+
+
+def test_the_field_strength_loop_names_grids_that_exist():
+    """docs/results/README.md's loop over the field-strength grids names only presets."""
+    page = (ROOT / "docs" / "results" / "README.md").read_text()
+    (loop,) = re.findall(r"for grid in (.*?); do", page, re.DOTALL)
+    names = loop.replace("\\\n", " ").split()
+    assert len(names) == 10
+    missing = [n for n in names if not (ROOT / "experiments/configs/grids" / f"{n}.yaml").is_file()]
+    assert not missing
 
 
 def test_load_run_on_a_comparison_folder_names_its_runs(tmp_path):
