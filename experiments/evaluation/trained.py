@@ -49,8 +49,8 @@ from experiments.data.tokenization import (
 )
 from experiments.evaluation.devices import resolve_device
 from experiments.training.config import RunConfig, load_run_config
-from experiments.training.runfolder import COMPARISON_MARKER, verify_run_files
-from experiments.training.runs import CONFIG_FILE, MODEL_DIR, split_checksums
+from experiments.training.runfolder import COMPARISON_MARKER, split_checksums, verify_run_files
+from experiments.training.runs import CONFIG_FILE, MODEL_DIR
 from odelm.contract import model_device
 from odelm.errors import OdelmError
 from odelm.pretrained import load_pretrained, read_config
