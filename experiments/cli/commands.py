@@ -12,7 +12,8 @@ from typing import Any, Optional
 import yaml
 from jsonargparse import Namespace
 
-from experiments.cli.parser import Parser, epilog
+from experiments.cli.examples import epilog
+from experiments.cli.parser import Parser
 from experiments.comparison.launchers import LAUNCH_KEYS, add_launch_options, launch_settings
 from experiments.config_errors import ConfigError
 from experiments.models.schema import model_keys_help, resolved_model_comment

@@ -16,7 +16,8 @@ from typing import Any
 
 from jsonargparse import Namespace
 
-from experiments.cli.parser import Parser, epilog
+from experiments.cli.examples import epilog
+from experiments.cli.parser import Parser
 from experiments.cli.usage import RUN_COMMANDS, UsageError, _subparser, usage_error
 from odelm.errors import OdelmError
 

@@ -325,9 +325,6 @@ def parse_error(text: str, values: dict[str, Any], where: str) -> ConfigError:
         for part in key.split("."):
             value = value.get(part) if isinstance(value, dict) else None  # type: ignore[assignment]
         key_range_check(key, value, key)  # raises where the value is out of range
-    unknown = re.match(r"Option '(?:([\w.]+)\.)?(\w+)' is not accepted", text)
-    if unknown and unknown[1]:  # a key of a section: name the section's keys
-        text = f"Group '{unknown[1]}' does not accept option '{unknown[2]}'"
     return config_error(
         Exception(text), lambda key: f"{where}.{key}".rstrip("."), values, RunConfig
     )
