@@ -240,15 +240,8 @@ def add_run_arguments(parser: Any) -> None:
     )
     for flag, key in SHORT_FLAGS.items():
         (same,) = [a for a in parser._actions if a.option_strings == [f"--{key}"]]
-        kind = {"choices": CORPUS_NAMES} if key == "data.corpus" else {}
-        parser.add_argument(
-            flag,
-            dest=key,
-            default=same.default,
-            type=same._typehint,
-            help=f"same as --{key}",
-            **kind,
-        )
+        kind = {"choices": CORPUS_NAMES} if key == "data.corpus" else {"type": same._typehint}
+        parser.add_argument(flag, dest=key, default=same.default, help=f"same as --{key}", **kind)
     parser.add_argument(
         "--download", dest="data.download", action="store_true", help="same as --data.download true"
     )
