@@ -16,7 +16,7 @@ from experiments.training import runfolder
 from experiments.training.cards import save_run_model, write_card
 from experiments.training.checkpoints import CheckpointAverager, RunCheckpoint, select_weights
 from experiments.training.config import RunConfig
-from experiments.training.evaluate import EvalSettings, evaluate
+from experiments.training.metrics import EvalSettings, evaluate
 from experiments.training.runs import (
     CONFIG_FILE,
     RESULT_FILE,
