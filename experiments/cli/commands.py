@@ -19,7 +19,6 @@ from experiments.config_errors import ConfigError
 from experiments.models.schema import model_keys_help, resolved_model_comment
 from experiments.training.config import (
     NO_MODEL,
-    SHORT_FLAGS,
     ModelSection,
     RecipeFile,
     Replace,
@@ -32,10 +31,6 @@ from experiments.training.config import (
 )
 from experiments.training.threads import check_threads, set_threads
 
-ALIASES = SHORT_FLAGS
-"""The short flags of ``odelm train`` and ``compare`` (``SHORT_FLAGS``);
-tests/test_option_vocabulary.py keeps the sets of train, compare and eval equal but for the
-reasons it lists."""
 TRAIN_ONLY = {"help", "config", "print_config", "print_shtab"}
 COMMAND_OPTIONS = ("overwrite", "quiet", "verbose", "print_config")
 
