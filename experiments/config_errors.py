@@ -21,9 +21,9 @@ def config_error(
     and what it got (looked up in ``values``, the given mapping, when there is one)."""
     text = str(error)
     unknown = re.search(r"Group '([\w.]+)' does not accept option '([^']+)'", text)
-    unknown = unknown or re.search(r"()Option '([^']+)' is not accepted", text)
+    unknown = unknown or re.search(r"Option '(?:([\w.]+)\.)?([^'.]+)' is not accepted", text)
     if unknown:
-        section, key = unknown.groups()
+        section, key = unknown[1] or "", unknown[2]
         section_schema = key_type(schema, section) if section else schema
         valid = ", ".join(f.name for f in dataclasses.fields(section_schema))
         where = f"{section}.{key}" if section else key

@@ -8,10 +8,10 @@ import pytest
 import torch
 
 import experiments
-from experiments.cli.trained import eval_parser, generate_parser
+from experiments.cli.eval_generate import eval_parser, generate_parser
 from experiments.data.tokenization import EncodedSplit, LMData, WordTokenizer
 from experiments.training.config import parse_config
-from experiments.training.evaluate import EvalSettings, perplexity
+from experiments.training.metrics import EvalSettings, perplexity
 from experiments.training.train import train
 from neuralode_lm.models import ODELSTM
 from odelm.decoding import generate

@@ -14,7 +14,7 @@ from experiments.data.batching import (
 from experiments.data.corpora import load_corpus
 from experiments.data.tokenization import WordTokenizer, encode_corpus
 from experiments.reference import BigramLM
-from experiments.training.evaluate import (
+from experiments.training.metrics import (
     EvalSettings,
     NonCausalModelError,
     evaluate,

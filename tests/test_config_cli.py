@@ -14,10 +14,16 @@ from pathlib import Path
 import pytest
 import yaml
 
-from experiments.cli.commands import add_run_options, options_parser, train_parser
+from experiments.cli.commands import options_parser, train_parser
 from experiments.cli.main import main
 from experiments.models.build import build_model, model_keys, model_keys_markdown
-from experiments.training.config import ConfigError, RunConfig, load_config, parse_config
+from experiments.training.config import (
+    ConfigError,
+    RunConfig,
+    add_run_arguments,
+    load_config,
+    parse_config,
+)
 
 EXAMPLE = Path(__file__).parents[1] / "experiments" / "configs" / "example.yaml"
 
@@ -155,9 +161,9 @@ def test_every_option_of_train_and_compare_has_a_help_line_and_a_type():
     }
     for action in train:
         assert action.help, action.dest
-    for skip in (None, {"name", "out_dir"}):
+    for grid in (False, True):
         parser = options_parser("odelm", "test")
-        add_run_options(parser, skip)
+        add_run_arguments(parser, grid=grid)
         options = [a for a in parser._actions if a.option_strings and a.dest != "help"]
         keys = {a.dest for a in options}
         assert {"optim.lr", "trainer.max_steps", "data.corpus", "model", "eval.decode"} <= keys

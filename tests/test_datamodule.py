@@ -10,7 +10,7 @@ import torch
 from experiments.models.build import build_model
 from experiments.training.config import ConfigError, DataConfig, OptimConfig, RunConfig
 from experiments.training.datamodule import LMDataModule, SeededResumableSampler
-from experiments.training.evaluate import EvalSettings, perplexity
+from experiments.training.metrics import EvalSettings, perplexity
 from experiments.training.task import LMTask
 from experiments.training.train import prepare_data
 from odelm.lightning import pl

@@ -10,7 +10,7 @@ import pytest
 import experiments
 from experiments.config_errors import ConfigError
 from experiments.training.config import DataConfig, EvalConfig, RunConfig, parse_config
-from experiments.training.evaluate import EvalSettings, perplexity
+from experiments.training.metrics import EvalSettings, perplexity
 from experiments.training.train import train
 
 

@@ -279,13 +279,13 @@ def test_an_output_location_is_checked_before_any_work(tmp_path, capsys, argv, e
 
 
 def test_generation_over_its_budget_is_refused_before_it_runs(text_run, capsys, monkeypatch):
-    from experiments.cli import trained
+    from experiments.cli import eval_generate
 
     argv = ["generate", str(text_run), "--prompt", "the", "--strategy", "beam"]
     argv += ["--num-beams", "64", "--max-new-tokens", "10000"]
     err = _one_line(capsys, argv, "token positions, over odelm generate's budget of 20,000,000")
     assert "64 beam(s) reads 159,678,464 token positions" in err  # the window slides past 256
-    monkeypatch.setitem(trained.GENERATE_FLOP_BUDGET, "cpu", 1e6)  # as if the model were big
+    monkeypatch.setitem(eval_generate.GENERATE_FLOP_BUDGET, "cpu", 1e6)  # as if the model were big
     argv = ["generate", str(text_run), "--prompt", "the", "--max-new-tokens", "100"]
     _one_line(capsys, argv, "forward FLOPs (101 token positions x 2 x")
 

@@ -11,7 +11,7 @@ from experiments.comparison.config_flops import grid_flops
 from experiments.models.build import build_model
 from experiments.models.flops import counting_flops, forward_flops_per_token, is_adaptive
 from experiments.training.config import parse_config
-from experiments.training.evaluate import EvalSettings, evaluation_batches, perplexity
+from experiments.training.metrics import EvalSettings, evaluation_batches, perplexity
 from experiments.training.train import prepare_data
 
 

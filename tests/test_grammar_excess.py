@@ -16,7 +16,7 @@ from experiments.data.grammar_family import GRAMMAR_DEPTHS, family_automaton, fa
 from experiments.models.grammar_lm import GrammarLM
 from experiments.training.config import DataConfig
 from experiments.training.datamodule import EvalSettings, load_data
-from experiments.training.evaluate import CUT_SENTENCES_NOTE, evaluate
+from experiments.training.metrics import CUT_SENTENCES_NOTE, evaluate
 
 NO_BLEU: dict[str, Any] = {"bleu_sentences": 0}
 

@@ -24,7 +24,7 @@ from experiments.data.hf_tokenizer import HF_TOKENIZER_FILES, hf_tokenizer, to_h
 from experiments.data.tokenization import SubwordTokenizer, load_tokenizer
 from experiments.evaluation.hub import export_run
 from experiments.evaluation.trained import load_run
-from experiments.training.runs import save_run_model
+from experiments.training.cards import save_run_model
 from experiments.training.task import LMTask
 from ode_transformer import ODETransformerLM
 

@@ -17,8 +17,8 @@ from experiments.data.tokenization import build_tokenizer, encode_corpus
 from experiments.models.build import build_model
 from experiments.training.config import ConfigError, DataConfig, OptimConfig, parse_config
 from experiments.training.datamodule import LMDataModule
-from experiments.training.evaluate import EvalSettings, perplexity
 from experiments.training.loggers import build_loggers
+from experiments.training.metrics import EvalSettings, perplexity
 from experiments.training.task import LMTask
 from experiments.training.train import train
 from odelm.lightning import pl

@@ -12,14 +12,14 @@ import re
 import pytest
 import yaml
 
-from experiments.cli.commands import ALIASES, compare_parser, given_options, train_parser
+from experiments.cli.commands import compare_parser, given_options, train_parser
 from experiments.cli.main import build_parser, main, parse
 from experiments.data.registry import CORPUS_NAMES
 from experiments.models.build import build_model
-from experiments.training.config import RunConfig, parse_config
+from experiments.training.config import SHORT_FLAGS, RunConfig, parse_config
 from neuralode_lm.models import LSTMLM
 
-SHORT = {*ALIASES, "--seed", "--download"}
+SHORT = {*SHORT_FLAGS, "--seed", "--download"}
 """The short options of the run settings a user changes most from the shell."""
 
 LACKING = {
@@ -112,7 +112,7 @@ def test_a_short_option_means_its_dotted_option():
         return found
 
     for command in ("compare",):
-        for flag, key in ALIASES.items():
+        for flag, key in SHORT_FLAGS.items():
             value = "text" if flag == "--corpus" else "mini" if flag == "--protocol" else "3"
             section, name = key.split(".")
             dotted = given(command, f"--{key}", value)

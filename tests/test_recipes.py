@@ -19,7 +19,7 @@ from experiments.training.config import (
     parse_config,
 )
 from experiments.training.datamodule import LMDataModule
-from experiments.training.evaluate import EvalSettings, perplexity
+from experiments.training.metrics import EvalSettings, perplexity
 from experiments.training.recipes import (
     PlateauAnnealer,
     build_optimizer,

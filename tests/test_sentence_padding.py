@@ -9,7 +9,7 @@ import torch
 
 from experiments.data.corpora import load_corpus
 from experiments.data.tokenization import WordTokenizer, encode_corpus
-from experiments.training.evaluate import EvalSettings, perplexity
+from experiments.training.metrics import EvalSettings, perplexity
 from neuralode_lm import CausalODEHead, build_model
 from odelm.contract import PaddingSideError
 

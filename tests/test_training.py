@@ -119,7 +119,7 @@ def test_checkpoint_averaging_averages_the_last_validations(tmp_path, tiny_confi
 def test_unknown_key_and_wrong_type_are_named(tmp_path, tiny_config):
     with pytest.raises(ConfigError, match=r"unknown key config.trainer.max_step\b"):
         parse_config(tiny_config(tmp_path, trainer={"max_step": 3}))
-    with pytest.raises(ConfigError, match=r"config.optim.lr must be float, got 'fast'"):
+    with pytest.raises(ConfigError, match=r"config.optim.lr must be float >=0, got 'fast'"):
         parse_config(tiny_config(tmp_path, optim={"lr": "fast"}))
     with pytest.raises(ConfigError, match="model.family"):
         train(parse_config(tiny_config(tmp_path, model={"family": "rnn"})))

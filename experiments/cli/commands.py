@@ -7,35 +7,26 @@ import json
 import logging
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import yaml
 from jsonargparse import Namespace
 
-from experiments.cli.parser import Parser, epilog
+from experiments.cli.examples import epilog
+from experiments.cli.parser import Parser
 from experiments.comparison.launchers import LAUNCH_KEYS, add_launch_options, launch_settings
 from experiments.config_errors import ConfigError
 from experiments.models.schema import model_keys_help, resolved_model_comment
 from experiments.training.config import (
     NO_MODEL,
-    SHORT_FLAGS,
-    ModelSection,
-    RecipeFile,
-    Replace,
     add_run_arguments,
     load_yaml,
     named,
     parse_config,
     plain,
-    run_parser,
 )
 from experiments.training.threads import check_threads, set_threads
 
-ALIASES = SHORT_FLAGS
-"""The short flags of ``odelm train`` and ``compare`` (``SHORT_FLAGS``);
-tests/test_option_vocabulary.py keeps the sets of train, compare and eval equal but for the
-reasons it lists."""
-TRAIN_ONLY = {"help", "config", "print_config", "print_shtab"}
 COMMAND_OPTIONS = ("overwrite", "quiet", "verbose", "print_config")
 
 
@@ -114,35 +105,6 @@ def cmd_train(args: Namespace) -> int:
     return 0
 
 
-class ModelOption(ModelSection):
-    """``compare``'s ``--model``, where ``--model '{...}'`` replaces each run's model section
-    (a ``Replace``: the options lie over each run's section)."""
-
-    whole = Replace
-
-
-def add_run_options(parser: Parser, skip: set[str] | None = None) -> None:
-    """``odelm train``'s run-config options (the run config's parser's: the same types,
-    ranges and help lines; ``skip``: top-level keys left out) and ``--print_config``."""
-    parser.add_argument(
-        "--print_config", action="store_true", help="print the resolved config as YAML and exit"
-    )
-    for action in run_parser()._actions:
-        flags, dest = [f for f in action.option_strings if not f.endswith("+")], action.dest
-        if not flags or dest in TRAIN_ONLY | set(skip or ()):
-            continue
-        kind: dict[str, Any] = {"type": getattr(action, "_typehint", None)}
-        if isinstance(action, ModelSection):
-            kind = {"action": ModelOption}
-        elif isinstance(action, RecipeFile):
-            kind = {"type": Optional[str]}  # noqa: UP045 (a runtime type)
-        elif action.nargs == 0:  # --download
-            kind = {"action": "store_true"}
-        elif action.choices:
-            kind["choices"] = action.choices
-        parser.add_argument(*flags, dest=dest, help=action.help, default=action.default, **kind)
-
-
 def given_options(args: Namespace) -> dict[str, Any]:
     """The options of ``train`` or ``compare`` as a nested mapping (only those given: the
     config file's values lie under them); ``--model '{...}'`` stays a ``Replace``."""
@@ -178,7 +140,10 @@ def compare_parser() -> Parser:
         "first seed (null: the grid's seeds; results.md: mean ± sd, paired 95% intervals)",
     )
     add_launch_options(parser)
-    add_run_options(parser, skip={"name", "out_dir"})
+    parser.add_argument(
+        "--print_config", action="store_true", help="print the resolved config as YAML and exit"
+    )
+    add_run_arguments(parser, grid=True)
     return parser
 
 

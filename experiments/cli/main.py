@@ -16,7 +16,8 @@ from typing import Any
 
 from jsonargparse import Namespace
 
-from experiments.cli.parser import Parser, epilog
+from experiments.cli.examples import epilog
+from experiments.cli.parser import Parser
 from experiments.cli.usage import RUN_COMMANDS, UsageError, _subparser, usage_error
 from odelm.errors import OdelmError
 
@@ -27,7 +28,7 @@ Handler = Callable[[Namespace], int]
 
 def subcommands() -> dict[str, tuple[Callable[[], Parser], Handler, str]]:
     """Every subcommand (``"data info"`` one level down): its parser, handler and help."""
-    from experiments.cli import bench, commands, tools, trained
+    from experiments.cli import bench, commands, eval_generate, tools
     from experiments.evaluation import discretize
 
     return {
@@ -57,13 +58,13 @@ def subcommands() -> dict[str, tuple[Callable[[], Parser], Handler, str]]:
             "train one model from a YAML config (--config) and/or --section.key options",
         ),
         "eval": (
-            trained.eval_parser,
-            trained.cmd_eval,
+            eval_generate.eval_parser,
+            eval_generate.cmd_eval,
             "perplexity, per-word perplexity, BLEU, NFE of a run",
         ),
         "generate": (
-            trained.generate_parser,
-            trained.cmd_generate,
+            eval_generate.generate_parser,
+            eval_generate.cmd_generate,
             "continue a prompt with a trained run",
         ),
         "compare": (

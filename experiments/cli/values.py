@@ -10,14 +10,17 @@ argparse keeps; ``experiments.cli.main.usage_error`` drops its ``argument X:`` p
 
 from __future__ import annotations
 
+import functools
 import os
 from argparse import ArgumentTypeError
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from jsonargparse.typing import PositiveInt
+
 from experiments.config_errors import ConfigError
-from experiments.training.run_schema import SEED_MAX as DATA_SEED_MAX
+from experiments.training.run_schema import Seed, check_range
 from experiments.training.threads import check_threads
 from odelm import decoding
 from odelm.errors import OdelmError
@@ -51,16 +54,6 @@ def _integer(text: Any) -> int:
     return int(text)
 
 
-def _check_data_seed(value: int, flag: str) -> None:
-    if not 0 <= value <= DATA_SEED_MAX:
-        raise ConfigError(f"{flag} = {value} is out of range; it must be in [0, {DATA_SEED_MAX}]")
-
-
-def _check_positive(value: int, flag: str) -> None:
-    if value < 1:
-        raise ConfigError(f"{flag} = {value} is out of range; it must be >= 1")
-
-
 def _check_folder(value: str, flag: str) -> None:
     """An output folder, checked before any work: an existing file, a path under a file or
     a folder this process cannot write is refused (nothing is written to check)."""
@@ -85,9 +78,9 @@ top_p = _typed("top_p", "--top-p", float, decoding.check_top_p)
 """``--top-p``: in ``[MIN_TOP_P, 1]``."""
 sampling_seed = _typed("seed", "--seed", _integer, decoding.check_seed)
 """``generate --seed``: a ``torch.Generator`` seed, 0..2**64-1."""
-data_seed = _typed("seed", "--seed", _integer, _check_data_seed)
+data_seed = _typed("seed", "--seed", _integer, functools.partial(check_range, Seed))
 """``data info --seed``: the grammar corpus's seed, the config's ``data.seed`` range."""
-beams = _typed("beams", "--num-beams", _integer, _check_positive)
+beams = _typed("beams", "--num-beams", _integer, functools.partial(check_range, PositiveInt))
 """``--num-beams``: at least 1 (its memory bound needs the model: checked once it loads)."""
 folder = _typed("folder", "--out", str, _check_folder)
 """``--out``: a folder, made when missing; an existing file is refused."""

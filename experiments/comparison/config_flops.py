@@ -24,7 +24,7 @@ from experiments.data.tokenization import LMData
 from experiments.models.build import build_model
 from experiments.models.flops import is_adaptive
 from experiments.training.config import RunConfig, load_yaml, parse_config
-from experiments.training.evaluate import EvalSettings, perplexity
+from experiments.training.metrics import EvalSettings, perplexity
 from experiments.training.train import prepare_data
 
 

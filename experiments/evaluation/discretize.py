@@ -38,7 +38,7 @@ from experiments.evaluation.depth_curve import (
     training_steps,
 )
 from experiments.models.flops import forward_flops_per_token
-from experiments.training.evaluate import EvalSettings, evaluation_batches, window_length
+from experiments.training.metrics import EvalSettings, evaluation_batches, window_length
 from neuralode_lm.depth_field import FixedGrid
 from neuralode_lm.solvers import DEFAULT_MAX_NUM_STEPS, solve
 from neuralode_lm.transformer import NODETransformerLM

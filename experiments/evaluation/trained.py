@@ -49,8 +49,8 @@ from experiments.data.tokenization import (
 )
 from experiments.evaluation.devices import resolve_device
 from experiments.training.config import RunConfig, load_run_config
-from experiments.training.runfolder import COMPARISON_MARKER, verify_run_files
-from experiments.training.runs import CONFIG_FILE, MODEL_DIR, split_checksums
+from experiments.training.runfolder import COMPARISON_MARKER, split_checksums, verify_run_files
+from experiments.training.runs import CONFIG_FILE, MODEL_DIR
 from odelm.contract import model_device
 from odelm.errors import OdelmError
 from odelm.pretrained import load_pretrained, read_config
@@ -154,7 +154,7 @@ class TrainedRun:
     ) -> float:
         """Perplexity of new lines of text (see
         [`perplexity`][experiments.evaluation.trained.TrainedRun.perplexity])."""
-        from experiments.training.evaluate import EvalSettings, NonCausalModelError, perplexity
+        from experiments.training.metrics import EvalSettings, NonCausalModelError, perplexity
 
         if isinstance(texts, str) or not texts:
             raise ValueError("texts must be a non-empty list of strings (or give split=)")
@@ -196,7 +196,7 @@ class TrainedRun:
         solve steps each sequence on its own, so its score does not depend on its batch
         ([`odelm.invariance`][odelm.invariance]); the run's recorded test perplexity was
         scored with one shared solve per batch (``batch_invariant=False`` reproduces it)."""
-        from experiments.training.evaluate import EvalSettings, evaluate
+        from experiments.training.metrics import EvalSettings, evaluate
 
         settings = EvalSettings.from_config(self.config).with_overrides(
             bleu_sentences=bleu_sentences,

@@ -64,17 +64,14 @@ def schema_keys(schema: type) -> list[str]:
     return ["preset", *keys] if schema.__name__ == "ODETransformerConfig" else keys
 
 
-def _parser(schema: type) -> ArgumentParser:
-    parser = ArgumentParser(exit_on_error=False)
-    skip = {f.name for f in dataclasses.fields(schema) if f.name in SKIPPED}
-    parser.add_class_arguments(schema, nested_key=None, skip=skip)
-    return parser
-
-
 @functools.cache
 def schema_parser(label: str) -> ArgumentParser:
     """A jsonargparse parser of one model's keys (cached per model)."""
-    return _parser(schemas()[label])
+    parser = ArgumentParser(exit_on_error=False)
+    schema = schemas()[label]
+    skip = {f.name for f in dataclasses.fields(schema) if f.name in SKIPPED}
+    parser.add_class_arguments(schema, nested_key=None, skip=skip)
+    return parser
 
 
 def check_model(spec: dict[str, Any], where: str = "model") -> None:
@@ -94,8 +91,9 @@ def check_model(spec: dict[str, Any], where: str = "model") -> None:
         )
     options = {k: v for k, v in spec.items() if k not in ("family", "name")}
     if label == "ode_transformer" and not isinstance(options.get("block", ""), (str, type(None))):
+        blocks = typing.get_args(typing.get_type_hints(valid[label])["block"])
         raise ConfigError(
-            f"{where}.block must be a block name ({', '.join(schema_keys_choices('block'))}), "
+            f"{where}.block must be a block name ({', '.join(blocks)}), "
             f"got {options['block']!r}; give your own Butcher tableau as tableau: [A, b] instead"
         )
     try:
@@ -125,13 +123,6 @@ def check_model(spec: dict[str, Any], where: str = "model") -> None:
         raise config_error(
             error, lambda key: f"{where}.{key}".rstrip("."), options, valid[label]
         ) from None
-
-
-def schema_keys_choices(key: str) -> tuple[str, ...]:
-    """The ``Literal`` choices of an ``ode_transformer`` key (``block``: the block names)."""
-    from ode_transformer.config import ODETransformerConfig
-
-    return typing.get_args(typing.get_type_hints(ODETransformerConfig)[key])
 
 
 def resolved_model(spec: dict[str, Any]) -> dict[str, Any]:

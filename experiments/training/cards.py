@@ -1,4 +1,5 @@
-"""``RUN/README.md``: a finished run's model card, in the Hugging Face layout.
+"""A finished run's Hugging Face files: ``RUN/model`` and the tokenizer files
+(``save_run_model``), and ``RUN/README.md``, its model card in the Hugging Face layout.
 
 A run folder shared with someone else should say what it is without its reader parsing
 ``config.yaml`` and ``result.json``: ``write_card`` writes, through ``huggingface_hub``'s
@@ -23,9 +24,13 @@ from pathlib import Path
 from typing import Any
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
+from torch import nn
 
+from experiments.data.tokenization import Tokenizer
 from experiments.training.config import RunConfig
+from experiments.training.runs import MODEL_DIR
 from odelm import __version__, files
+from odelm.hub import set_special_tokens
 
 CARD_FILE = "README.md"
 TEMPLATE = Path(__file__).with_name("templates") / "model_card.md"
@@ -159,3 +164,23 @@ def write_card(config: RunConfig, result: dict[str, Any]) -> Path:
     path = config.run_dir / CARD_FILE
     files.write_text(path, card_text(config, result, git_commit()))
     return path
+
+
+def save_run_model(model: nn.Module, run_dir: Path, tokenizer: Tokenizer) -> list[str]:
+    """Write the run's final model to ``RUN/model``, tagged with its tokenizer's fingerprint,
+    and the tokenizer's Hugging Face files (``tokenizer.json``, ``tokenizer_config.json``) in
+    ``RUN`` and ``RUN/model``: ``AutoTokenizer.from_pretrained(RUN)``, and
+    ``pipeline("text-generation", model=RUN/model)`` finds its tokenizer. Returns the names
+    written in ``RUN``."""
+    from experiments.data.hf_tokenizer import HF_TOKENIZER_FILES, save_hf_tokenizer
+
+    files.make_dir(run_dir / MODEL_DIR, root=run_dir)
+    eos = tokenizer.eos_id  # BOS of every prompt, end of every line, padding
+    set_special_tokens(model, bos_token_id=eos, eos_token_id=eos, pad_token_id=eos)
+    model.save_pretrained(  # type: ignore[operator]
+        run_dir / MODEL_DIR, metadata={"tokenizer": tokenizer.fingerprint()}
+    )
+    limit = getattr(model, "max_positions", None)
+    for folder in (run_dir, run_dir / MODEL_DIR):  # RUN/model alone is a Hugging Face folder too
+        save_hf_tokenizer(tokenizer, folder, limit if isinstance(limit, int) else None, run_dir)
+    return [MODEL_DIR, *HF_TOKENIZER_FILES]

@@ -21,7 +21,7 @@ import re
 import typing
 from argparse import Action, ArgumentError
 from pathlib import Path
-from typing import Any, Literal, Union
+from typing import Any, Literal, Optional, Union
 
 import docstring_parser
 import yaml
@@ -45,7 +45,7 @@ from experiments.training.run_schema import (  # noqa: F401 (re-exported: the sc
     key_range_check,
     recipe_path,
 )
-from experiments.training.yamlfiles import Replace, load_yaml, merge, parse_yaml  # noqa: F401
+from experiments.training.yamlfiles import Replace, load_yaml, merge, parse_yaml
 
 LIGHTNING_KEYS = {
     "seed_everything": "seed",
@@ -209,19 +209,30 @@ class RecipeFile(Action):
         namespace["recipe"] = value
 
 
-def add_run_arguments(parser: Any) -> None:
-    """The run config's options on ``parser``: every key of ``RunConfig`` and the flags."""
-    parser.add_argument(
-        "-c",
-        "--config",
-        action=ConfigFile,
-        help="a YAML run config; repeat it to layer files, each over the ones before "
-        "(default: none: the options alone)",
-    )
+class GridModelSection(ModelSection):
+    """``odelm compare``'s ``--model``: ``--model '{...}'`` replaces each run's model
+    section (a ``Replace``: the options lie over each run's section)."""
+
+    whole = Replace
+
+
+def add_run_arguments(parser: Any, *, grid: bool = False) -> None:
+    """The run config's options on ``parser``: every key of ``RunConfig`` and the flags;
+    ``grid`` (``odelm compare``'s): no ``--config``, ``--name`` or ``--out_dir``, and
+    ``--model`` and ``--recipe`` lying under each run's own settings."""
+    if not grid:
+        parser.add_argument(
+            "-c",
+            "--config",
+            action=ConfigFile,
+            help="a YAML run config; repeat it to layer files, each over the ones before "
+            "(default: none: the options alone)",
+        )
     text = descriptions(RunConfig)
     seed = Union[Seed, Literal["random"]]  # noqa: UP007 (a runtime type)
     parser.add_argument("--seed", type=seed, default=0, help=text["seed"])
-    parser.add_argument("--model", action=ModelSection, default={}, help=MODEL_HELP)
+    model = GridModelSection if grid else ModelSection
+    parser.add_argument("--model", action=model, default={}, help=MODEL_HELP)
     for section, schema in SECTIONS.items():
         add_section(parser, section, schema)
     (corpus,) = [a for a in parser._actions if a.option_strings == ["--data.corpus"]]
@@ -229,26 +240,21 @@ def add_run_arguments(parser: Any) -> None:
         f"the corpus, one of {', '.join(CORPUS_NAMES)} (grammar is generated; text reads "
         "a folder of train*, valid*, test* files)"
     )
-    parser.add_argument("--name", type=str, default="run", help=text["name"])
-    parser.add_argument("--out_dir", type=str, default="runs", help=text["out_dir"])
+    if not grid:
+        parser.add_argument("--name", type=str, default="run", help=text["name"])
+        parser.add_argument("--out_dir", type=str, default="runs", help=text["out_dir"])
+    recipe = {"type": Optional[str]} if grid else {"action": RecipeFile}  # noqa: UP045
     parser.add_argument(
         "--recipe",
-        action=RecipeFile,
         default=None,
+        **recipe,
         help=f"a recipe, one of {', '.join(RECIPES)}: experiments/configs/recipes/NAME.yaml "
         "layered where it is given (a file's recipe: lies under that file)",
     )
     for flag, key in SHORT_FLAGS.items():
         (same,) = [a for a in parser._actions if a.option_strings == [f"--{key}"]]
-        kind = {"choices": CORPUS_NAMES} if key == "data.corpus" else {}
-        parser.add_argument(
-            flag,
-            dest=key,
-            default=same.default,
-            type=same._typehint,
-            help=f"same as --{key}",
-            **kind,
-        )
+        kind = {"choices": CORPUS_NAMES} if key == "data.corpus" else {"type": same._typehint}
+        parser.add_argument(flag, dest=key, default=same.default, help=f"same as --{key}", **kind)
     parser.add_argument(
         "--download", dest="data.download", action="store_true", help="same as --data.download true"
     )
@@ -325,9 +331,6 @@ def parse_error(text: str, values: dict[str, Any], where: str) -> ConfigError:
         for part in key.split("."):
             value = value.get(part) if isinstance(value, dict) else None  # type: ignore[assignment]
         key_range_check(key, value, key)  # raises where the value is out of range
-    unknown = re.match(r"Option '(?:([\w.]+)\.)?(\w+)' is not accepted", text)
-    if unknown and unknown[1]:  # a key of a section: name the section's keys
-        text = f"Group '{unknown[1]}' does not accept option '{unknown[2]}'"
     return config_error(
         Exception(text), lambda key: f"{where}.{key}".rstrip("."), values, RunConfig
     )

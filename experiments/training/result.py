@@ -13,16 +13,14 @@ import yaml
 from experiments.data.tokenization import LMData
 from experiments.models.build import count_parameters, depth_kind
 from experiments.training import runfolder
-from experiments.training.cards import write_card
+from experiments.training.cards import save_run_model, write_card
 from experiments.training.checkpoints import CheckpointAverager, RunCheckpoint, select_weights
 from experiments.training.config import RunConfig
-from experiments.training.evaluate import EvalSettings, evaluate
+from experiments.training.metrics import EvalSettings, evaluate
 from experiments.training.runs import (
     CONFIG_FILE,
     RESULT_FILE,
     config_sha256,
-    save_run_model,
-    split_checksums,
     write_json,
 )
 from experiments.training.task import LMTask
@@ -108,7 +106,7 @@ def finish_run(
         "seed": config.seed,
         "matmul_precision": config.trainer.matmul_precision,
         "config_sha256": config_sha256(config),
-        "data_sha256": split_checksums(data),
+        "data_sha256": runfolder.split_checksums(data),
     }
     check_finite(result, trainer.global_step)
     written = save_run_model(model, run_dir, data.tokenizer)

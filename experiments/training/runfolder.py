@@ -17,6 +17,7 @@ through a link that leaves the run folder.
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import os
 import re
@@ -25,11 +26,14 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from experiments.data.checksums import (  # noqa: F401 (RunFilesChangedError re-exported)
     RUN_MARKER,
     RunFilesChangedError,
     verify_recorded_files,
 )
+from experiments.data.tokenization import LMData
 from experiments.training.rankorder import rank_zero_first
 from odelm import __version__, files
 from odelm.errors import OdelmError
@@ -238,3 +242,11 @@ def record_run_files(
 def verify_run_files(run_dir: Path) -> None:
     """Refuse a run whose recorded files changed (a run with no record is not checked)."""
     verify_recorded_files(run_dir)
+
+
+def split_checksums(data: LMData) -> dict[str, str]:
+    """SHA-256 of each split's token ids (int64) under the run's tokenizer."""
+    return {
+        name: hashlib.sha256(split.ids.to(torch.int64).numpy().tobytes()).hexdigest()
+        for name, split in sorted(data.splits.items())
+    }

@@ -1,4 +1,5 @@
-"""Lightning training for any contract model: the task (the research code).
+"""Lightning training for any contract model: the task (the research code), the
+``LightningModule`` that ``experiments.training.trainer`` fits.
 
 ``LMTask`` holds the model, the loss, the optimizer and schedule, and what is logged each
 step (loss, perplexity, NFE, gradient norm per block, tokens per second). Its data comes

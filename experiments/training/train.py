@@ -1,5 +1,8 @@
 """``train(config)``: one run from config to a tested model, resumable, with results on disk.
 
+The entry point of a run: ``experiments.training.trainer`` builds Lightning's ``Trainer``
+and fits, ``experiments.training.task`` is the ``LightningModule`` it fits.
+
 A run directory holds ``config.yaml``, the tokenizer, the checkpoints of one crash-consistent
 validate/checkpoint cycle (``experiments.training.checkpoints``), logs (``trainer.logger``: CSV,
 kept across resumptions, and TensorBoard by default), the final model (``model/``:
@@ -16,7 +19,7 @@ claims the folder and checks its identity;
 trainer of the run and fits, resuming through Lightning's ``ckpt_path``; the trainer's
 ``experiments.training.result.RunFiles`` callback writes the config and tokenizer at setup
 and, when fit ends, tests the best, averaged or last weights
-(``experiments.training.evaluate.evaluate``) and writes the model, card and result.
+(``experiments.training.metrics.evaluate``) and writes the model, card and result.
 """
 
 from __future__ import annotations

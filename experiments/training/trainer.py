@@ -1,5 +1,6 @@
-"""The Lightning side of a run: its trainer and callbacks (``build_trainer``), and the model
-and task fitted under them (``fit_run``, resuming from ``last.ckpt``)."""
+"""The Lightning side of a run: its ``Trainer`` and callbacks (``build_trainer``), and the
+model and task fitted under them (``fit_run``, resuming from ``last.ckpt``). Called by
+``experiments.training.train``; the ``LightningModule`` is ``experiments.training.task``."""
 
 from __future__ import annotations
 

@@ -1,4 +1,6 @@
-"""``evaluate(model, data, split, settings=...)``: perplexity, BLEU, NFE, FLOPs, timing.
+"""``evaluate(model, data, split, settings=...)``: perplexity, BLEU, NFE, FLOPs, timing: a
+model's metrics on one split (a run's test, ``odelm eval``; loading a finished run is
+``experiments.evaluation``'s).
 
 Everything goes through the model contract. A model whose ``is_causal`` is False sees the
 tokens it predicts, so its perplexity is not a language-model perplexity: ``evaluate``
@@ -138,7 +140,7 @@ def evaluate(
     predicted token, measured on the same forward passes as ``ppl`` and ``nfe``: every batch
     of the split), ``is_causal`` and ``protocol``. BLEU uses the first ``bleu_sentences``
     lines of the split (0 skips BLEU). ``batch_invariant``: as
-    [`perplexity`][experiments.training.evaluate.perplexity]'s, for BLEU's decoding too.
+    [`perplexity`][experiments.training.metrics.perplexity]'s, for BLEU's decoding too.
     """
     from experiments.models.bleu import continuation_bleu, teacher_forced_bleu
 

@@ -52,7 +52,7 @@ def rounded(key: str, value: Any) -> Any:
 
 def cmd_eval(args: Namespace) -> int:
     from experiments.evaluation.trained import load_run
-    from experiments.training.evaluate import EvalSettings
+    from experiments.training.metrics import EvalSettings
 
     given = {field.name: getattr(args, field.name) for field in dataclasses.fields(EvalConfig)}
     EvalSettings().with_overrides(flags=True, **given)  # checked before the run loads
