@@ -31,7 +31,7 @@ from experiments.models.build import build_model
 from experiments.training import task as task_module
 from experiments.training.compiled import CompiledModel, compiled_loss_applies
 from experiments.training.config import OptimConfig
-from experiments.training.recipes import build_optimizer
+from experiments.training.optimizers import build_optimizer
 from experiments.training.task import LMTask
 from ode_transformer.layers import MultiHeadSelfAttention
 from tests.fake_cuda import fake_cuda

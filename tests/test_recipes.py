@@ -20,7 +20,7 @@ from experiments.training.config import (
 )
 from experiments.training.datamodule import LMDataModule
 from experiments.training.metrics import EvalSettings, perplexity
-from experiments.training.recipes import (
+from experiments.training.optimizers import (
     PlateauAnnealer,
     build_optimizer,
     training_budget,

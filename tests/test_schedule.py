@@ -12,7 +12,7 @@ import pytest
 from conftest import make_tiny_config
 
 from experiments.training.config import parse_config
-from experiments.training.recipes import warmup_cosine_lambda
+from experiments.training.optimizers import warmup_cosine_lambda
 from experiments.training.train import train
 
 

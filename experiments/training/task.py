@@ -25,13 +25,13 @@ from experiments.training.compiled import CompiledModel, compiled_loss_applies
 from experiments.training.config import OptimConfig
 from experiments.training.datamodule import StreamWindow
 from experiments.training.losses import fused_loss_dtype, fused_training_nll, training_nll
-from experiments.training.progress import step_description
-from experiments.training.recipes import (
+from experiments.training.optimizers import (
     PlateauAnnealer,
     build_optimizer,
     inverse_sqrt_lambda,
     warmup_cosine_lambda,
 )
+from experiments.training.progress import step_description
 from neuralode_lm.solvers.monitor import loss_scaling
 from odelm.contract import call_model, check_stateful, detach_state
 from odelm.errors import OdelmError

@@ -22,8 +22,8 @@ from experiments.training.checkpoints import (
 from experiments.training.config import RunConfig
 from experiments.training.datamodule import LMDataModule
 from experiments.training.loggers import build_loggers
+from experiments.training.optimizers import with_budget
 from experiments.training.progress import PROGRESS_FILE, ProgressFile
-from experiments.training.recipes import with_budget
 from experiments.training.task import LMTask
 from experiments.training.throughput import ThroughputMeter
 from neuralode_lm.solvers import SolverError

@@ -1,5 +1,5 @@
-"""Training recipes: the optimizers, the rate schedules and epoch budgets (the named presets,
-``RECIPES``, are configuration data and live in ``experiments.training.config``).
+"""The optimizers, rate schedules and epoch budgets that training recipes name (the named
+presets, ``RECIPES``, are configuration data and live in ``experiments.training.config``).
 
 A run config, a grid's ``shared`` section or one grid run says ``recipe: NAME``; the
 recipe's settings lie underneath the config, so whatever the config sets explicitly wins.
