@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from odelm.hf import HuggingFaceError
-from tests.odelm.test_hf_models import FAMILIES
+from tests.support.families import FAMILIES
 
 pytestmark = pytest.mark.slow  # many small models: the full suite runs them, the fast tier not
 

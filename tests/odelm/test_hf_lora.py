@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.odelm.test_hf_models import FAMILIES
+from tests.support.families import FAMILIES
 from tests.support.paths import ROOT
 
 pytestmark = pytest.mark.slow  # many small models: the full suite runs them, the fast tier not

@@ -15,108 +15,13 @@ from transformers import (
     PreTrainedModel,
 )
 
-from experiments.reference import BigramLM, WordLMTransformer
 from experiments.training.task import LMTask
-from neuralode_lm.models import GPT2LM, LSTMLM, ODEGPT2, ODELSTM, AugmentedODEGPT2
-from neuralode_lm.transformer import NODETransformerLM
-from ode_transformer import ODETransformerConfig, ODETransformerLM
+from ode_transformer import ODETransformerLM
 from odelm.hf import MODEL_TYPES, CausalLMOutput, HuggingFaceLM, LMOutput, OdelmCache
 from odelm.pretrained import ARCHITECTURES
+from tests.support.families import FAMILIES, V
 
 pytestmark = pytest.mark.slow  # many small models: the full suite runs them, the fast tier not
-
-V = 23
-GPT2_TINY = {"n_embd": 16, "n_layer": 1, "n_head": 2, "n_positions": 32}
-
-
-def _ode_transformer(**options):
-    config = ODETransformerConfig(
-        vocab_size=V,
-        d_model=16,
-        n_heads=2,
-        d_ff=32,
-        n_layers=2,
-        max_positions=32,
-        dropout=0.0,
-        attention_dropout=0.0,
-        relu_dropout=0.0,
-        **options,
-    )
-    return ODETransformerLM(config)
-
-
-FAMILIES = {
-    "ode_transformer-rk4": lambda: _ode_transformer(block="rk4"),
-    "ode_transformer-rk2-untied": lambda: _ode_transformer(block="rk2", tie_embeddings=False),
-    "ode_transformer-macaron": lambda: _ode_transformer(stack="macaron"),
-    "node-transformer-grid": lambda: NODETransformerLM(
-        V,
-        d_model=16,
-        n_heads=2,
-        d_ff=32,
-        n_layers=1,
-        max_positions=32,
-        dropout=0.0,
-        solver={"method": "rk4"},
-        steps=2,
-    ),
-    "node-transformer-adaptive": lambda: NODETransformerLM(
-        V,
-        d_model=16,
-        n_heads=2,
-        d_ff=32,
-        n_layers=1,
-        max_positions=32,
-        dropout=0.0,
-        solver={"method": "dopri5", "rtol": 1e-3, "atol": 1e-4},
-    ),
-    "lstm": lambda: LSTMLM(V, embed_dim=12, hidden_dim=12, dropout=0.0),
-    "ode-lstm": lambda: ODELSTM(
-        V,
-        embed_dim=12,
-        hidden_dim=12,
-        field_hidden=8,
-        dropout=0.0,
-        solver={"method": "rk4", "step_size": 0.5},
-    ),
-    "ode-lstm-dopri5": lambda: ODELSTM(
-        V,
-        embed_dim=12,
-        hidden_dim=12,
-        field_hidden=8,
-        dropout=0.0,
-        solver={"method": "dopri5", "rtol": 1e-3, "atol": 1e-4},
-    ),
-    "gpt2": lambda: GPT2LM(V, config=GPT2_TINY),
-    "ode-gpt2": lambda: ODEGPT2(
-        V, config=GPT2_TINY, layer=1, field_hidden=8, solver={"method": "rk4", "step_size": 0.5}
-    ),
-    "aug-ode-gpt2": lambda: AugmentedODEGPT2(
-        V,
-        config=GPT2_TINY,
-        layer=1,
-        field_hidden=8,
-        augment_dim=4,
-        solver={"method": "rk4", "step_size": 0.5},
-    ),
-    "reference-transformer": lambda: WordLMTransformer(
-        V,
-        d_model=16,
-        n_heads=2,
-        d_ff=16,
-        n_layers=1,
-        dropout=0.0,
-        layer_dropout=0.0,
-        max_positions=32,
-    ),
-    "bigram": lambda: _bigram(),
-}
-
-
-def _bigram() -> BigramLM:
-    model = BigramLM(V)  # a random table: no tied log-probabilities for beam search to order
-    torch.nn.init.normal_(model.table.weight)
-    return model
 
 
 def _model(name: str) -> PreTrainedModel:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.odelm.test_hf_models import FAMILIES, V
+from tests.support.families import FAMILIES, V
 
 pytestmark = pytest.mark.slow  # many small models: the full suite runs them, the fast tier not
 
