@@ -1,29 +1,26 @@
 """Shared fixtures: the real data dir (``$ODELM_DATA_DIR``, or a ``shared/data`` folder beside
 the repository), tiny corpora, and the tiny run config the training tests share; and the
-fast tier's CPU-time record (``--record-fast-tier``, tests/fast_tier.py)."""
+fast tier's CPU-time record (``--record-fast-tier``, tests/support/fast_tier.py)."""
 
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
-import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import fast_tier
 import pytest
 import torch
 import yaml
 
-REPO = Path(__file__).resolve().parents[1]
+from tests.support import fast_tier
+from tests.support.paths import ROOT
+from tests.support.runs import TINY_MODEL, make_tiny_config
 
 
 def shared_data_dir() -> Path | None:
     """``$ODELM_DATA_DIR`` or ``../shared/data`` beside the repository, when it exists."""
-    for candidate in (os.environ.get("ODELM_DATA_DIR"), REPO.parent / "shared" / "data"):
+    for candidate in (os.environ.get("ODELM_DATA_DIR"), ROOT.parent / "shared" / "data"):
         if candidate and Path(candidate, "ptb").is_dir():
             return Path(candidate)
     return None
@@ -35,42 +32,6 @@ def data_dir() -> Path:
     if found is None:
         pytest.skip("real PTB / WikiText-2 files not found (set ODELM_DATA_DIR)")
     return found
-
-
-TINY_MODEL = {
-    "family": "ode_transformer",
-    "preset": "small",
-    "n_layers": 1,
-    "d_model": 32,
-    "d_ff": 64,
-    "n_heads": 2,
-    "block": "rk2",
-}
-"""A one-layer ODE Transformer small enough to train for a few steps in a test."""
-
-
-def make_tiny_config(out_dir: Path, name: str = "run", **sections: Any) -> dict[str, Any]:
-    """A run config (plain dict) of :data:`TINY_MODEL` on the grammar corpus; each keyword
-    updates a section (or sets a top-level value)."""
-    values: dict[str, Any] = {
-        "name": name,
-        "out_dir": str(out_dir),
-        "seed": 3,
-        "model": dict(TINY_MODEL),
-        "data": {"corpus": "grammar", "batch_size": 8, "bptt": 16, "eval_window": 64},
-        "trainer": {
-            "max_steps": 24,
-            "val_every": 8,
-            "checkpoint_every": 4,
-            "val_batches": 2,
-            "progress_bar": False,
-            "num_threads": 1,  # bitwise reproducibility needs one thread count everywhere
-        },
-        "eval": {"bleu_sentences": 5},
-    }
-    for key, value in sections.items():
-        values[key] = {**values.get(key, {}), **value} if isinstance(value, dict) else value
-    return values
 
 
 @pytest.fixture(scope="session")
@@ -116,7 +77,6 @@ def text_corpus_dir(tmp_path: Path) -> Path:
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory) -> Path:
     """A finished tiny run (grammar corpus, 4 steps), one per test module."""
-    import yaml
 
     from experiments.cli.main import main
 
@@ -150,7 +110,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Before ``-m`` and ``-k`` deselect any: when the whole tests folder was collected,
-    the node ids of the fast tier (for tests/test_fast_tier.py and the record)."""
+    the node ids of the fast tier (for tests/project/test_fast_tier.py and the record)."""
     tests = Path(__file__).resolve().parent
     from_testpaths = config.args_source == pytest.Config.ArgsSource.TESTPATHS
     base = config.rootpath if from_testpaths else config.invocation_params.dir
@@ -186,7 +146,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
     """After a whole fast-tier run, name the tests that took over twice their recorded CPU
-    time (and 2 s more); a note, not a failure (tests/test_fast_tier.py fails on the record
+    time (and 2 s more); a note, not a failure (tests/project/test_fast_tier.py fails on the record
     itself)."""
     if config.getoption("--record-fast-tier"):
         terminalreporter.write_line(f"fast tier: record written to {fast_tier.RECORD}")
@@ -206,30 +166,3 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
         terminalreporter.write_line(
             'mark them slow, or re-record: python -m pytest -m "not slow" --record-fast-tier'
         )
-
-
-def kill_at_first_checkpoint(values: dict[str, Any], run_dir: Path, max_steps: int) -> None:
-    """Train ``values`` (a run config) in a child ``odelm train``, SIGKILL it as soon as its
-    first checkpoint is written, and check that it died mid-run (no result, a step between 0
-    and ``max_steps``): the first half of every kill-and-resume test."""
-    config_file = run_dir.parent / f"{run_dir.name}.yaml"
-    config_file.write_text(yaml.safe_dump(values))
-    command = [
-        sys.executable,
-        "-m",
-        "experiments",
-        "train",
-        "--config",
-        str(config_file),
-        "--quiet",
-    ]
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    checkpoints = run_dir / "checkpoints"
-    deadline = time.time() + 240
-    while time.time() < deadline and not (checkpoints / "last.ckpt").exists():
-        time.sleep(0.02)
-    os.kill(process.pid, signal.SIGKILL)
-    process.wait()
-    assert not (run_dir / "result.json").exists(), "the run finished before the kill"
-    state = torch.load(checkpoints / "last.ckpt", weights_only=True)
-    assert 0 < state["global_step"] < max_steps

@@ -1,6 +1,6 @@
 """The examples at the end of every subcommand's ``--help``: commands that run as written
 from the repository root once the README's main job has made ``runs/quick``
-(tests/test_examples.py runs every one, training ones with a tiny budget)."""
+(tests/project/test_examples.py runs every one, training ones with a tiny budget)."""
 
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ holds its tables between markers, drawn from the grid's ``results.csv`` and ``tu
     <!-- /odelm:tuning -->
 
 ``odelm verdicts --write README.md`` refreshes every page's blocks with the verdict tables,
-after every input is read; ``tests/test_verdicts.py`` fails when a page differs.
+after every input is read; ``tests/experiments/comparison/test_verdicts.py`` fails when a page differs.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ step, with these solves.
 of every earlier run: ``rk4_38`` is torchdiffeq's ``rk4`` (the 3/8 rule by
 ``rk4_alt_step_func``, whose rounding differs from the stage loop's). ``euler`` and
 ``midpoint`` by ``TableauSolver`` do torchdiffeq's ``euler`` and ``midpoint`` arithmetic
-bit for bit (``tests/test_tableau_methods.py``). ``rk4`` is the classic RK4 everywhere.
+bit for bit (``tests/ode_transformer/test_tableau_methods.py``). ``rk4`` is the classic RK4 everywhere.
 """
 
 from __future__ import annotations
