@@ -12,6 +12,17 @@ from ode_transformer import ODETransformerConfig, ODETransformerLM
 
 V = 23
 GPT2_TINY = {"n_embd": 16, "n_layer": 1, "n_head": 2, "n_positions": 32}
+NODE_TINY = {
+    "d_model": 16,
+    "n_heads": 2,
+    "d_ff": 32,
+    "n_layers": 1,
+    "max_positions": 32,
+    "dropout": 0.0,
+}
+ODE_LSTM_TINY = {"embed_dim": 12, "hidden_dim": 12, "field_hidden": 8, "dropout": 0.0}
+RK4_HALF = {"method": "rk4", "step_size": 0.5}
+DOPRI5 = {"method": "dopri5", "rtol": 1e-3, "atol": 1e-4}
 
 
 def _ode_transformer(**options):
@@ -35,54 +46,21 @@ FAMILIES = {
     "ode_transformer-rk2-untied": lambda: _ode_transformer(block="rk2", tie_embeddings=False),
     "ode_transformer-macaron": lambda: _ode_transformer(stack="macaron"),
     "node-transformer-grid": lambda: NODETransformerLM(
-        V,
-        d_model=16,
-        n_heads=2,
-        d_ff=32,
-        n_layers=1,
-        max_positions=32,
-        dropout=0.0,
-        solver={"method": "rk4"},
-        steps=2,
+        V, **NODE_TINY, solver={"method": "rk4"}, steps=2
     ),
-    "node-transformer-adaptive": lambda: NODETransformerLM(
-        V,
-        d_model=16,
-        n_heads=2,
-        d_ff=32,
-        n_layers=1,
-        max_positions=32,
-        dropout=0.0,
-        solver={"method": "dopri5", "rtol": 1e-3, "atol": 1e-4},
-    ),
+    "node-transformer-adaptive": lambda: NODETransformerLM(V, **NODE_TINY, solver=DOPRI5),
     "lstm": lambda: LSTMLM(V, embed_dim=12, hidden_dim=12, dropout=0.0),
-    "ode-lstm": lambda: ODELSTM(
-        V,
-        embed_dim=12,
-        hidden_dim=12,
-        field_hidden=8,
-        dropout=0.0,
-        solver={"method": "rk4", "step_size": 0.5},
-    ),
-    "ode-lstm-dopri5": lambda: ODELSTM(
-        V,
-        embed_dim=12,
-        hidden_dim=12,
-        field_hidden=8,
-        dropout=0.0,
-        solver={"method": "dopri5", "rtol": 1e-3, "atol": 1e-4},
-    ),
+    "ode-lstm": lambda: ODELSTM(V, **ODE_LSTM_TINY, solver=RK4_HALF),
+    "ode-lstm-dopri5": lambda: ODELSTM(V, **ODE_LSTM_TINY, solver=DOPRI5),
     "gpt2": lambda: GPT2LM(V, config=GPT2_TINY),
-    "ode-gpt2": lambda: ODEGPT2(
-        V, config=GPT2_TINY, layer=1, field_hidden=8, solver={"method": "rk4", "step_size": 0.5}
-    ),
+    "ode-gpt2": lambda: ODEGPT2(V, config=GPT2_TINY, layer=1, field_hidden=8, solver=RK4_HALF),
     "aug-ode-gpt2": lambda: AugmentedODEGPT2(
         V,
         config=GPT2_TINY,
         layer=1,
         field_hidden=8,
         augment_dim=4,
-        solver={"method": "rk4", "step_size": 0.5},
+        solver=RK4_HALF,
     ),
     "reference-transformer": lambda: WordLMTransformer(
         V,
