@@ -305,15 +305,11 @@ def peak_memory_mb(device: torch.device) -> float | None:
 
 
 def step_flops(step: Callable[[], Any]) -> int:
-    """FLOPs of one call of ``step`` (forward and backward), counted by
-    ``FlopCounterMode`` with the library's attention formulas."""
-    from torch.utils.flop_counter import FlopCounterMode
+    """FLOPs of one call of ``step`` (forward and backward), counted by the library's
+    counter (``experiments.models.flops.flop_counter``)."""
+    from experiments.models.flops import flop_counter
 
-    try:
-        from experiments.models.flops import ATTENTION_FORMULAS
-    except ImportError:
-        ATTENTION_FORMULAS = {}
-    with FlopCounterMode(display=False, custom_mapping=ATTENTION_FORMULAS) as counter:
+    with flop_counter() as counter:
         step()
     return counter.get_total_flops()
 

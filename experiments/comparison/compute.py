@@ -2,8 +2,8 @@
 time for every model on one figure (``ppl_vs_compute.png``), and the training FLOPs each
 model needs to reach the baseline's best validation perplexity (``compute.md``).
 
-Training FLOPs of a step are 3 x forward FLOPs per token (forward and backward) x tokens
-per step (``tokens_per_step``, from the run's ``config.yaml``: ``data.batch_size`` x
+Training FLOPs of a step are 3 x forward FLOPs per token (forward and backward,
+``experiments.models.flops.training_flops``) x tokens per step (``tokens_per_step``, from the run's ``config.yaml``: ``data.batch_size`` x
 ``data.bptt`` for stream windows); forward FLOPs per token are the run's measured
 ``test_flops_per_token``, so for an adaptive ODE solver whose NFE changes over training
 the figure uses its test-time cost. Sentence batches have no fixed token count per step,
@@ -30,6 +30,7 @@ from matplotlib.lines import Line2D
 
 from experiments.comparison.plots import _draw, read_metrics, style
 from experiments.comparison.tables import group_by_model
+from experiments.models.flops import training_flops
 from experiments.plotting import plain_log_ticks, plt, save_figure
 from experiments.training.yamlfiles import parse_yaml, read_yaml_text
 from odelm import files
@@ -64,8 +65,9 @@ def tokens_per_step(data: dict[str, Any]) -> float | None:
     return data.get("batch_size", 0) * (family_grammar(depth).expected_words + 1.0) or None
 
 
-def step_flops(run_dir: Path, result: dict[str, Any]) -> float | None:
-    """Training FLOPs of one optimizer step of the run (None where not defined)."""
+def training_flops_per_step(run_dir: Path, result: dict[str, Any]) -> float | None:
+    """Training FLOPs of one optimizer step of the run (None where not defined): the
+    run's measured forward FLOPs per token through ``experiments.models.flops.training_flops``."""
     forward = result.get("test_flops_per_token")
     if (
         not isinstance(forward, (int, float))
@@ -74,7 +76,7 @@ def step_flops(run_dir: Path, result: dict[str, Any]) -> float | None:
     ):
         return None
     tokens = tokens_per_step(run_data(run_dir))
-    return 3.0 * forward * tokens if tokens else None
+    return training_flops(forward, tokens) if tokens else None
 
 
 def validation_reference(data: dict[str, Any]) -> float:
@@ -101,7 +103,7 @@ def compute_curves(out_dir: Path, results: list[dict[str, Any]], excess: bool = 
     for name, runs in group_by_model(results).items():
         for run in runs:
             run_dir = out_dir / "runs" / run["run"]
-            flops = step_flops(run_dir, run)
+            flops = training_flops_per_step(run_dir, run)
             curve = read_metrics(run_dir).get("val/ppl", [])
             if excess and curve:
                 reference = validation_reference(run_data(run_dir))

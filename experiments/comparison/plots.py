@@ -23,6 +23,7 @@ from matplotlib.ticker import FuncFormatter
 
 from experiments.comparison.tables import group_by_model
 from experiments.plotting import plain_log_ticks, plt, save_figure
+from experiments.training.runs import result_depth
 from odelm import files
 
 LINE_STYLES = ("-", "--", "-.", ":")
@@ -193,8 +194,7 @@ def plot_comparison(out_dir: Path, results: list[dict[str, Any]]) -> list[Path]:
         else:
             files.remove(out_dir / file_name)
 
-    continuous = [n for n, runs in groups.items() if runs[0].get("family") == "continuous depth"]
-    nfe = {n: [logs[r["run"]].get("train/nfe", []) for r in groups[n]] for n in continuous}
+    nfe = {n: [logs[r["run"]].get("train/nfe", []) for r in groups[n]] for n in continuous(groups)}
     nfe = {n: curves for n, curves in nfe.items() if any(curves)}
     if nfe:
         save(_nfe_figure(nfe, list(groups)), "nfe_vs_step.png")
@@ -321,6 +321,12 @@ def _spread(counts: list[float], log: bool) -> list[float]:
         offset = (same.index(index) - (len(same) - 1) / 2) * 0.03 * span
         positions.append(count * math.exp(offset) if log else count + offset)
     return positions
+
+
+def continuous(groups: dict[str, list[dict[str, Any]]]) -> list[str]:
+    """The continuous-depth models of ``groups`` (model -> its results), whose training NFE
+    is drawn (``nfe_vs_step.png``)."""
+    return [name for name, runs in groups.items() if result_depth(runs[0]) == "continuous depth"]
 
 
 def _nfe_figure(nfe: dict[str, list[Series]], order: list[str]) -> plt.Figure:

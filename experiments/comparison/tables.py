@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from experiments.comparison.stats import PairedDifference, holm, paired_difference, summarize
+from experiments.training.runs import result_depth
 from odelm import files
 
 # results.csv: one row per run, every column (``run`` is the run directory's name).
@@ -17,7 +18,7 @@ CSV_COLUMNS = [
     "name",
     "seed",
     "run",
-    "family",
+    "depth",
     "parameters",
     "test_ppl",
     "test_ppl_per_word",
@@ -47,7 +48,7 @@ CSV_COLUMNS = [
     "p_holm",
 ]
 # results.md: the headline columns averaged over seeds (after model, parameters, test
-# perplexity and Δ); per-word perplexity, BLEU, memory, steps, time, family, recipe and
+# perplexity and Δ); per-word perplexity, BLEU, memory, steps, time, depth, recipe and
 # configuration are per run in results.csv.
 MEAN_COLUMNS = [
     ("test_excess_nll_per_token", "excess loss (nats/token)"),
@@ -69,7 +70,7 @@ NOTE = (
     "(docs/DESIGN.md): for Transformers F is one pre-norm attention+FFN layer (a residual "
     "layer costs 1, an RK block of s stages s, Macaron 1); for ODE heads F is the head's "
     "small vector field, so NFE is not a cost across families. Forward FLOPs/token "
-    "(experiments/evaluation/flops.py): matrix products, attention's score and value products included "
+    "(experiments/models/flops.py): matrix products, attention's score and value products included "
     "(the full T x T scores, under a causal mask too) and fused kernels in closed form; "
     "elementwise work is not counted; per predicted token over every test batch, the forward "
     "passes the perplexity and NFE come from. "
@@ -144,6 +145,7 @@ def write_tables(results: list[dict[str, Any]], out_dir: Path, baseline: str) ->
         for result in results:
             difference = paired.get(result["name"])
             extra = {
+                "depth": result_depth(result),  # a result written before the rename: family
                 "cap_bound": cap_bound(result),
                 "p_value": difference.p_value if difference is not None else None,
                 "p_holm": adjusted.get(result["name"]),

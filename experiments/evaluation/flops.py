@@ -1,6 +1,6 @@
-"""Forward FLOPs per predicted token: the counter lives in ``experiments.models.flops``
-(below ``training``, whose throughput meter counts with it too); this path, which the
-published tables cite, names the same objects."""
+"""The path published tables (``docs/results``) cite for the FLOPs counter, which lives in
+``experiments.models.flops`` (below ``training``, whose metrics and throughput meter count
+with it): these names are its objects, nothing more. New tables cite the owner."""
 
 from experiments.models.flops import (
     ATTENTION_FORMULAS,

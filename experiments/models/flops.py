@@ -22,9 +22,14 @@ counter alone would miss are covered:
   matrix products are added in closed form by a forward hook:
   ``2 x gates x hidden x (input + hidden)`` per token, layer and direction.
 
-``evaluate`` counts during its own perplexity pass, so FLOPs, perplexity and NFE come from
-the same forward passes over the whole split. ``grid_flops`` recomputes a grid's
-fixed-compute FLOPs from the configs alone (they do not depend on the weights).
+This module owns the counting and its conventions; the others use it: ``evaluate``
+(``experiments.training.metrics``) counts during its own perplexity pass, so FLOPs,
+perplexity and NFE come from the same forward passes over the whole split; the throughput
+meter's MFU and ``odelm compare``'s compute figure (``experiments.comparison.compute``) take
+training FLOPs as ``training_flops`` of the forward count; ``grid_flops``
+(``experiments.comparison.config_flops``) recomputes a grid's fixed-compute FLOPs from the
+configs alone (they do not depend on the weights); the GPU benchmarks count a whole
+training step under ``flop_counter``.
 """
 
 from __future__ import annotations
@@ -50,6 +55,21 @@ def _sdpa_flops(query_shape, key_shape, value_shape, *args, out_shape=None, **kw
 ATTENTION_FORMULAS = {aten._scaled_dot_product_flash_attention_for_cpu: _sdpa_flops}
 
 
+TRAINING_PASSES = 3
+"""Training FLOPs per forward FLOP: the forward pass, and a backward pass costing two."""
+
+
+def training_flops(forward_per_token: float, tokens: float) -> float:
+    """Training FLOPs (forward and backward) of ``tokens`` tokens of a model whose forward
+    costs ``forward_per_token``."""
+    return TRAINING_PASSES * forward_per_token * tokens
+
+
+def flop_counter() -> FlopCounterMode:
+    """PyTorch's FLOP counter with the attention formulas it lacks (``ATTENTION_FORMULAS``)."""
+    return FlopCounterMode(display=False, custom_mapping=ATTENTION_FORMULAS)
+
+
 @contextmanager
 def counting_flops(model: nn.Module) -> Iterator[Callable[[], int]]:
     """Count the forward FLOPs of everything ``model`` runs inside the block.
@@ -61,7 +81,7 @@ def counting_flops(model: nn.Module) -> Iterator[Callable[[], int]]:
     torch.backends.mha.set_fastpath_enabled(False)
     try:
         with (
-            FlopCounterMode(display=False, custom_mapping=ATTENTION_FORMULAS) as counter,
+            flop_counter() as counter,
             recurrent_flops(model) as extra,
         ):
             yield lambda: counter.get_total_flops() + extra[0]

@@ -28,7 +28,7 @@ from torch import nn
 
 from experiments.data.tokenization import Tokenizer
 from experiments.training.config import RunConfig
-from experiments.training.runs import MODEL_DIR
+from experiments.training.runs import MODEL_DIR, result_depth
 from odelm import __version__, files
 from odelm.hub import set_special_tokens
 
@@ -83,7 +83,7 @@ def card_data(config: RunConfig, result: dict[str, Any]) -> ModelCardData:
     metrics and a ``model-index`` with the test perplexity per token, then per word."""
     corpus = config.data.corpus
     family = config.model.get("family", "unknown")
-    tags = ["odelm", "language-modeling", family, result["family"].replace(" ", "-")]
+    tags = ["odelm", "language-modeling", family, str(result_depth(result)).replace(" ", "-")]
     test = {  # the per-token perplexity of the tables first, the per-word one beside it
         "Test perplexity (per token)": result.get("test_ppl"),
         "Test perplexity (per word)": result.get("test_ppl_per_word"),
@@ -121,7 +121,7 @@ def card_text(config: RunConfig, result: dict[str, Any], commit: str | None = No
         card_data(config, result),
         template_path=str(TEMPLATE),
         run_name=config.name,
-        depth=result["family"],
+        depth=result_depth(result),
         architecture=result["model"],
         model_family=config.model.get("family", "unknown"),
         parameters=_number(result["parameters"]),

@@ -81,7 +81,7 @@ def finish_run(
     metrics = evaluate(model, data, settings=settings, allow_noncausal=True, batch_invariant=False)
     result = {
         "name": config.name,
-        "family": depth_kind(config.model, model),
+        "depth": depth_kind(config.model, model),
         "model": describe_model(config.model),
         "recipe": config.recipe or "custom",
         "parameters": count_parameters(model),

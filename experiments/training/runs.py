@@ -13,6 +13,7 @@ The identity compared and hashed is ``experiments.training.identity``'s (re-expo
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,13 @@ from odelm.errors import OdelmError
 CONFIG_FILE = "config.yaml"
 MODEL_DIR = "model"
 RESULT_FILE = "result.json"
+
+
+def result_depth(result: Mapping[str, Any]) -> Any:
+    """A result's depth kind (``baseline``, ``discrete depth``, ``continuous depth``, ...),
+    from a ``result.json`` or a ``results.csv`` row: its ``depth``, or ``family``, the key
+    results written before the rename used (the model's package is ``model.family``)."""
+    return result.get("depth", result.get("family"))
 
 
 class RunConfigChangedError(OdelmError, ValueError):

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import time
 from typing import Any
 
 import torch
@@ -37,9 +36,17 @@ from odelm.contract import call_model, check_stateful, detach_state
 from odelm.errors import OdelmError
 from odelm.lightning import pl
 
+Timer = pl.callbacks.Timer
+
 
 class NonFiniteLossError(OdelmError, FloatingPointError):
     """The training loss became NaN or infinite."""
+
+
+def trainer_timer(trainer: pl.Trainer | None) -> pl.callbacks.Timer | None:
+    """The trainer's ``Timer`` callback, which counts the run's training time, if it has one."""
+    callbacks = trainer.callbacks if trainer is not None else []
+    return next((c for c in callbacks if isinstance(c, Timer)), None)
 
 
 class LMTask(pl.LightningModule):
@@ -85,8 +92,6 @@ class LMTask(pl.LightningModule):
         self.compiled = CompiledModel(model) if compile else None  # training steps only
         self.val_nll = 0.0
         self.val_tokens = 0
-        self.elapsed_before = 0.0  # training wall time of earlier processes of a resumed run
-        self._fit_started = time.perf_counter()
         self._restored_rng: torch.Tensor | None = None
         self._restored_cuda_rng: list[torch.Tensor] | None = None
         self.train_state: Any = None  # the state carried to the next training window
@@ -96,19 +101,24 @@ class LMTask(pl.LightningModule):
         self.adjoint_nfe = [0, 0]  # the adjoint's backward NFE summed over steps, and steps
 
     def configure_callbacks(self) -> list[Any]:
-        """The progress bar counts steps when the budget is in steps."""
-        return step_description(self.trainer)
+        """The progress bar counts steps when the budget is in steps; a trainer without a
+        ``Timer`` (a plain ``Trainer`` without ``max_time``) gets one, which counts the
+        training time (``elapsed``). A trainer's own Timer is kept: Lightning would replace
+        it by one returned here."""
+        timer = [] if trainer_timer(self.trainer) else [Timer()]
+        return [*step_description(self.trainer), *timer]
 
     def on_fit_start(self) -> None:
-        self._fit_started = time.perf_counter()
         if self.device.type == "cpu":
             keep_freed_memory()  # no page faults on each step's fresh logit-sized buffers
         elif self.device.type == "cuda":  # the run's peak, not an earlier run's in this process
             torch.cuda.reset_peak_memory_stats(self.device)
 
     def elapsed(self) -> float:
-        """Wall-clock seconds of training so far, across resumptions."""
-        return self.elapsed_before + time.perf_counter() - self._fit_started
+        """Wall-clock seconds of training so far, across resumptions: the trainer's
+        ``Timer``, whose state the checkpoints keep."""
+        timer = trainer_timer(self.trainer)
+        return timer.time_elapsed("train") if timer is not None else 0.0
 
     def forward(
         self, tokens: torch.Tensor, mask: torch.Tensor | None = None
@@ -281,7 +291,6 @@ class LMTask(pl.LightningModule):
         checkpoint["rng_state"] = torch.get_rng_state()
         if self.device.type == "cuda":  # dropout on CUDA draws from each rank's own generator
             checkpoint["cuda_rng_states"] = self._cuda_rng_states()
-        checkpoint["elapsed_s"] = self.elapsed()
         checkpoint["stream_state"] = self.train_state
         checkpoint["adjoint_nfe"] = self.adjoint_nfe
         if self.annealer is not None:
@@ -299,10 +308,18 @@ class LMTask(pl.LightningModule):
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         self._restored_rng = checkpoint.get("rng_state")
         self._restored_cuda_rng = checkpoint.get("cuda_rng_states")
-        self.elapsed_before = checkpoint.get("elapsed_s", 0.0)
+        self._restore_old_elapsed(checkpoint)
         self.train_state = checkpoint.get("stream_state")
         self.adjoint_nfe = checkpoint.get("adjoint_nfe", [0, 0])
         self._restored_annealer = checkpoint.get("annealer")
+
+    def _restore_old_elapsed(self, checkpoint: dict[str, Any]) -> None:
+        """A checkpoint written before the ``Timer`` kept the training time as ``elapsed_s``:
+        the trainer's Timer resumes from it (Lightning restores the callbacks after this hook,
+        and leaves a Timer without state in the checkpoint unchanged)."""
+        timer = trainer_timer(self._trainer) if "elapsed_s" in checkpoint else None
+        if timer is not None and timer.state_key not in checkpoint.get("callbacks", {}):
+            timer.load_state_dict({"time_elapsed": {"train": float(checkpoint["elapsed_s"])}})
 
     def on_train_start(self) -> None:
         # A resumed stream state was read on the CPU; the module is on its device only now.

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from experiments.models.flops import forward_flops_per_token
+from experiments.models.flops import forward_flops_per_token, training_flops
 from experiments.training.datamodule import StreamWindow
 from experiments.training.speed import training_peak_gflops
 from odelm.lightning import pl
@@ -102,7 +102,7 @@ class ThroughputMeter(pl.Callback):
             seconds = self.seconds if self.device_type == "cuda" else self.cpu_seconds
         if not (self.peak and self.flops_per_token and tokens and seconds > 0):
             return None
-        return 3 * self.flops_per_token * tokens / seconds / (self.peak * 1e9)
+        return training_flops(self.flops_per_token, tokens) / seconds / (self.peak * 1e9)
 
     def state_dict(self) -> dict[str, Any]:
         self._settle()

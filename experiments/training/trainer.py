@@ -7,6 +7,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import timedelta
 from pathlib import Path
 
 import torch
@@ -60,10 +61,13 @@ def lightning_accelerator(name: str) -> str:
 def build_trainer(
     config: RunConfig, callbacks: list[Callback], keep_logs_before: int | None = None
 ) -> pl.Trainer:
-    """The Lightning trainer of a run: its budget, devices, loggers and checkpoint cycle."""
+    """The Lightning trainer of a run: its budget, devices, loggers and checkpoint cycle.
+    Its one ``Timer`` counts the training time across resumptions (``LMTask.elapsed``) and
+    stops the run at ``trainer.max_time_s`` when set."""
     cfg, run_dir = config.trainer, config.run_dir
     checkpoint = RunCheckpoint(run_dir / "checkpoints", cfg.checkpoint_every, cfg.val_every)
     meter = ThroughputMeter()
+    budget = timedelta(seconds=cfg.max_time_s) if cfg.max_time_s else None
     averager = CheckpointAverager(cfg.average_last) if cfg.average_last else None
     extra: list[Callback] = [averager] if averager else []
     extra.append(ProgressFile(run_dir / PROGRESS_FILE))  # read by odelm compare's status lines
@@ -80,7 +84,6 @@ def build_trainer(
     with lightning_settings(rejected=(MisconfigurationException, ValueError)):
         trainer = pl.Trainer(
             max_steps=cfg.max_steps,
-            max_time={"seconds": cfg.max_time_s} if cfg.max_time_s else None,
             val_check_interval=cfg.val_every,
             check_val_every_n_epoch=None,
             num_sanity_val_steps=0,
@@ -97,7 +100,7 @@ def build_trainer(
             enable_checkpointing=True,
             use_distributed_sampler=False,
             logger=loggers,
-            callbacks=[checkpoint, meter, *extra, *callbacks],
+            callbacks=[checkpoint, meter, *extra, *callbacks, pl.callbacks.Timer(budget)],
             plugins=[AtomicCheckpointIO()],
             default_root_dir=run_dir,
         )

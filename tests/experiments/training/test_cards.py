@@ -122,7 +122,7 @@ def test_outside_a_git_checkout_the_commit_is_unknown(tmp_path):
 
 
 RESULT = {  # what finish_run records, made up
-    "family": "discrete depth",
+    "depth": "discrete depth",
     "model": "ode_transformer rk4, 2 layers",
     "parameters": 12345,
     "is_causal": True,

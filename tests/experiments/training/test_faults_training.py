@@ -182,7 +182,7 @@ def test_resume_keeps_history_and_counts_every_process(tmp_path, tiny_config, re
     state = read_checkpoint(last)
     assert state["global_step"] == 8
     # Pretend the killed process trained for 1000 s: the total must include it.
-    state["elapsed_s"] = 1000.0
+    state["callbacks"]["Timer"]["time_elapsed"]["train"] = 1000.0
     state["callbacks"]["ThroughputMeter"]["seconds"] = 1000.0
     atomic_save(state, last)
     rows_before = _validation_curve(tmp_path / "resumed")

@@ -97,7 +97,7 @@ def _result(name: str, seed: int, ppl: float, parameters: int) -> dict:
         "train_tokens_per_s": 12345.6,
         "peak_memory_mb": 500.0,
         "steps": 800,
-        "family": "discrete depth",
+        "depth": "discrete depth",
         "parameters": parameters,
         "protocol": "P",
         "model": "small block=rk2",
