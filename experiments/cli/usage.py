@@ -10,9 +10,9 @@ from collections.abc import Sequence
 from jsonargparse import ArgumentParser
 
 from experiments.config_errors import ConfigError, type_name
+from experiments.safe_yaml import parse_yaml
 from experiments.training.config import lightning_key
 from experiments.training.run_schema import key_range_check
-from experiments.training.yamlfiles import parse_yaml
 from odelm.errors import OdelmError
 
 RUN_COMMANDS = ("train", "compare")

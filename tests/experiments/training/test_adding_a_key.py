@@ -9,13 +9,18 @@ import json
 
 import pytest
 from test_config_identity import OTHER_GRIDS, TABLE5_FIELD, grid_hashes
-from test_study_identity import RESULTS, STUDIES, WITHOUT_RECORDS, planned_hashes
 
-from experiments.cli.commands import train_parser
+from experiments.cli.options import train_parser
 from experiments.training import config, identity, run_schema
 from experiments.training.config import parse_config
 from experiments.training.run_schema import Fraction, OptimConfig
 from experiments.training.runs import config_sha256
+from tests.experiments.comparison.test_study_identity import (
+    RESULTS,
+    STUDIES,
+    WITHOUT_RECORDS,
+    planned_hashes,
+)
 
 EXAMPLE = {"model": {"family": "reference"}, "trainer": {"max_steps": 4}}
 
