@@ -17,7 +17,7 @@ from typing import Any
 from jsonargparse import Namespace
 
 from experiments.cli.examples import epilog
-from experiments.cli.parser import Parser
+from experiments.cli.options import Parser
 from experiments.cli.usage import RUN_COMMANDS, UsageError, _subparser, usage_error
 from odelm.errors import OdelmError
 

@@ -1,21 +1,161 @@
-"""The options of ``odelm train`` and ``odelm compare`` (the run config's parser's,
-``experiments.training.config``, and the commands' own) and of ``odelm eval`` and
-``odelm generate``."""
+"""``odelm``'s parser class, its command-line value types, and the options of ``train``,
+``compare`` (the run config's parser's, ``experiments.training.config``, and the commands'
+own), ``eval`` and ``generate``.
+
+A ranged value type refuses an odd value while the command line is parsed, before anything
+loads, in one line naming the option, its range and the value (``--temperature = 1e-320 is
+out of range; it must be ...``); the ranges are the library's own
+([`odelm.decoding`][odelm.decoding]'s, ``experiments.training.run_schema``'s), so a Python
+call and its command refuse the same values. The help formatter shows a ranged type by its
+range and keeps each subcommand's examples (``experiments.cli.examples``) line by line.
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import os
 import typing
+from argparse import ArgumentTypeError
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
-from jsonargparse import Namespace
+from jsonargparse import ArgumentParser, DefaultHelpFormatter, Namespace
+from jsonargparse.typing import PositiveInt
 
-from experiments.cli import values
-from experiments.cli.examples import epilog
-from experiments.cli.parser import Parser
+from experiments.cli.examples import KeepExamples, epilog
 from experiments.comparison.launchers import add_launch_options
+from experiments.config_errors import ConfigError, type_name
 from experiments.models.schema import model_keys_help
 from experiments.training.config import EvalConfig, add_run_arguments, descriptions, plain
+from experiments.training.run_schema import Seed, check_range
+from experiments.training.threads import check_threads
+from odelm import decoding
+from odelm.errors import OdelmError
+
+
+class HelpFormatter(KeepExamples, DefaultHelpFormatter):
+    """jsonargparse's formatter (type and default after each help line; a ranged type as its
+    range), except that an option whose default is None and whose help says what happens without it (e.g.
+    "default: the config's") is shown as written; a subcommand's examples keep their lines."""
+
+    def _get_help_string(self, action: Any) -> str:
+        if action.default is None and "default" in (action.help or ""):
+            return action.help
+        return super()._get_help_string(action)
+
+    def _get_type_str(self, action: Any) -> str | None:
+        """A ranged type by its range (``int >=1 | None``), not its class name."""
+        hint = getattr(action, "_typehint", None)
+        args = typing.get_args(hint) or (hint,)
+        args = typing.get_args(args[0]) or args if typing.get_origin(hint) is list else args
+        if any(hasattr(arg, "_restrictions") for arg in args):
+            return type_name(hint, short=True)
+        return super()._get_type_str(action)  # type: ignore[no-any-return]
+
+
+class Parser(ArgumentParser):
+    """The parser of ``odelm`` and of every subcommand: errors raised (``odelm``'s ``main``
+    prints them as one line), jsonargparse's own ``--print_config`` off (``compare`` has its
+    own)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, exit_on_error=False, print_config=None, **kwargs)
+
+
+class _Typed:
+    """A parser type, ``name`` in ``--help``: ``convert``, then ``check``, each failure an
+    ``ArgumentTypeError`` (argparse keeps its line) naming ``flag``."""
+
+    def __init__(self, name: str, flag: str, convert: Callable[[Any], Any], check: Any) -> None:
+        self.__name__, self.flag, self.convert, self.check = name, flag, convert, check
+
+    def __repr__(self) -> str:
+        return self.__name__
+
+    def __call__(self, text: Any) -> Any:
+        try:
+            value = self.convert(text)
+        except (TypeError, ValueError):
+            kind = "an integer" if self.convert is _integer else "a number"
+            raise ArgumentTypeError(f"{self.flag} must be {kind}, got {text!r}") from None
+        try:
+            self.check(value, self.flag)
+        except OdelmError as error:
+            raise ArgumentTypeError(str(error)) from None
+        return value
+
+
+def _integer(text: Any) -> int:
+    if isinstance(text, bool) or (isinstance(text, float) and not text.is_integer()):
+        raise ValueError(text)
+    return int(text)
+
+
+def _check_folder(value: str, flag: str) -> None:
+    """An output folder, checked before any work: an existing file, a path under a file or
+    a folder this process cannot write is refused (nothing is written to check)."""
+    path = Path(value)
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"{flag} {value} is a file; it must be a folder (made when missing)")
+    parent = path.absolute()
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise ConfigError(f"{flag} {value} lies under {parent}, a file; choose another folder")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ConfigError(f"{flag} {value}: {parent} cannot be written here; choose another folder")
+
+
+threads = _Typed("threads", "--num-threads", _integer, check_threads)
+"""``--num-threads``: torch CPU threads, 1..this machine's CPU count."""
+temperature = _Typed("temperature", "--temperature", float, decoding.check_temperature)
+"""``--temperature``: finite, at least
+[`odelm.decoding.MIN_TEMPERATURE`][odelm.decoding.MIN_TEMPERATURE]."""
+top_p = _Typed("top_p", "--top-p", float, decoding.check_top_p)
+"""``--top-p``: in ``[MIN_TOP_P, 1]``."""
+sampling_seed = _Typed("seed", "--seed", _integer, decoding.check_seed)
+"""``generate --seed``: a ``torch.Generator`` seed, 0..2**64-1."""
+data_seed = _Typed("seed", "--seed", _integer, functools.partial(check_range, Seed))
+"""``data info --seed``: the grammar corpus's seed, the config's ``data.seed`` range."""
+beams = _Typed("beams", "--num-beams", _integer, functools.partial(check_range, PositiveInt))
+"""``--num-beams``: at least 1 (its memory bound needs the model: checked once it loads)."""
+folder = _Typed("folder", "--out", str, _check_folder)
+"""``--out``: a folder, made when missing; an existing file is refused."""
+
+
+def _device(text: Any) -> str:
+    from experiments.evaluation.devices import DeviceError, resolve_device
+
+    try:
+        return str(resolve_device(str(text)))
+    except DeviceError as error:
+        raise ArgumentTypeError("--device" + str(error).removeprefix("device")) from None
+
+
+device = _Typed("device", "--device", _device, lambda value, flag: None)
+"""``--device``: ``cpu``, ``auto`` (resolved here), ``cuda`` or ``cuda:N`` on a machine that
+has it."""
+
+
+def add_placement(parser: Any, threads_default: str) -> None:
+    """``--num-threads`` and ``--device``, the options of every command that loads a trained
+    run (eval, generate, discretize): where the model runs and on how many CPU threads."""
+    parser.add_argument(
+        "--num-threads",
+        type=threads,
+        help=f"torch CPU threads, 1..this machine's CPUs (default: {threads_default})",
+    )
+    parser.add_argument(
+        "--device",
+        type=device,
+        default="cpu",
+        help="where the model runs: cpu, auto (cuda when a GPU is visible, else cpu), cuda "
+        "or cuda:N",
+    )
+
 
 PRINT_CONFIG = "print the resolved config as YAML and exit"
 TRAIN_FLAGS = {
@@ -101,7 +241,7 @@ def add_run_options(parser: Parser, what: str, threads_default: str) -> None:
         f"evaluation did (default: each sequence its own steps, so {what} do not depend on the "
         "batch)",
     )
-    values.add_placement(parser, threads_default)
+    add_placement(parser, threads_default)
 
 
 def eval_parser() -> Parser:
@@ -138,7 +278,7 @@ def eval_parser() -> Parser:
 
 def generate_parser() -> Parser:
     """The options of ``odelm generate``; each sampling value has the range the library
-    checks (``experiments.cli.values``)."""
+    checks (its value types above)."""
     from odelm.decoding import MAX_NEW_TOKENS, MIN_TEMPERATURE, MIN_TOP_P, STRATEGIES
 
     parser = Parser()
@@ -159,13 +299,13 @@ def generate_parser() -> Parser:
     )
     parser.add_argument(
         "--num-beams",
-        type=values.beams,
+        type=beams,
         default=4,
         help="beams of --strategy beam (at most what this machine's memory holds)",
     )
     parser.add_argument(
         "--temperature",
-        type=values.temperature,
+        type=temperature,
         default=1.0,
         help=f"sampling: divide the logits by it (at least {MIN_TEMPERATURE})",
     )
@@ -174,13 +314,13 @@ def generate_parser() -> Parser:
     )
     parser.add_argument(
         "--top-p",
-        type=values.top_p,
+        type=top_p,
         help=f"sampling: keep the smallest set of tokens with probability >= P, P in "
         f"[{MIN_TOP_P}, 1] (default: all)",
     )
     parser.add_argument(
         "--seed",
-        type=values.sampling_seed,
+        type=sampling_seed,
         default=0,
         help="seed of the sampling generator, 0..2**64-1",
     )

@@ -1,14 +1,9 @@
-"""The run config's one parser: ``odelm train``'s options, ``parse_config`` of a mapping,
-``load_config`` of a file, and ``odelm compare``'s shared options, all one form (the run
-form of ``experiments.training.run_schema``'s dataclasses).
-
-The parser is built from ``RunConfig``: one ``--section.key`` option per field, its type
-(with the range) the field's, its help the ``Attributes:`` line of the section's docstring;
-``--model`` (``ModelSection``), ``--config FILE`` (repeatable, each file over the ones
-before), ``--recipe NAME`` (the recipe's file layered where it is given; a file's
-``recipe: NAME`` lies under that file) and the short flags. An error is one line naming the
-key as written. For one release a key of the removed Lightning form (``LIGHTNING_KEYS``) is
-refused in one line naming its run-form key.
+"""The run config's one parser, built from ``RunConfig`` (``add_run_arguments``): a typed
+``--section.key`` option per field, its help the field's ``Attributes:`` line; ``--model``,
+``--config FILE`` (repeatable), ``--recipe NAME`` and the short flags. ``parse_config`` reads
+a mapping with it, ``load_config`` a file; an error is one line naming the key as written. For
+one release a key of the removed Lightning form (``LIGHTNING_KEYS``) is refused in one line
+naming its run-form key.
 """
 
 from __future__ import annotations
@@ -27,7 +22,7 @@ import docstring_parser
 import yaml
 from jsonargparse import ActionConfigFile, ArgumentParser
 
-from experiments.config_errors import ConfigError, config_error
+from experiments.config_errors import ConfigError, config_error, lookup
 from experiments.data.corpora import CORPUS_NAMES
 from experiments.models.schema import check_model
 from experiments.training.identity import config_sha256, is_saved_run, saved_run_values
@@ -100,7 +95,7 @@ def check_form(values: dict[str, Any], where: str) -> None:
                 f"{where}.{key} must be a mapping, got {type(values[key]).__name__}; write "
                 f"{key}: {{KEY: VALUE, ...}} ({key}.KEY options on the command line)"
             )
-    keys = [(k, v) for k, v in values.items()]
+    keys = list(values.items())
     while keys:
         key, value = keys.pop()
         new = lightning_key(key)
@@ -235,8 +230,7 @@ def add_run_arguments(parser: Any, *, grid: bool = False) -> None:
     parser.add_argument("--model", action=model, default={}, help=MODEL_HELP)
     for section, schema in SECTIONS.items():
         add_section(parser, section, schema)
-    (corpus,) = [a for a in parser._actions if a.option_strings == ["--data.corpus"]]
-    corpus.help = (  # the corpora from the registry, not the docstring's list
+    _action(parser, "--data.corpus").help = (  # the registry's corpora, not the docstring's
         f"the corpus, one of {', '.join(CORPUS_NAMES)} (grammar is generated; text reads "
         "a folder of train*, valid*, test* files)"
     )
@@ -252,12 +246,17 @@ def add_run_arguments(parser: Any, *, grid: bool = False) -> None:
         "layered where it is given (a file's recipe: lies under that file)",
     )
     for flag, key in SHORT_FLAGS.items():
-        (same,) = [a for a in parser._actions if a.option_strings == [f"--{key}"]]
+        same = _action(parser, f"--{key}")
         kind = {"choices": CORPUS_NAMES} if key == "data.corpus" else {"type": same._typehint}
         parser.add_argument(flag, dest=key, default=same.default, help=f"same as --{key}", **kind)
     parser.add_argument(
         "--download", dest="data.download", action="store_true", help="same as --data.download true"
     )
+
+
+def _action(parser: Any, flag: str) -> Any:
+    """The action of ``flag`` on ``parser``."""
+    return next(a for a in parser._actions if a.option_strings == [flag])
 
 
 @functools.cache
@@ -325,12 +324,8 @@ def parse_error(text: str, values: dict[str, Any], where: str) -> ConfigError:
     """The parser's error on a mapping as one line naming the key: its range and value, or
     its type."""
     wrong = re.match(r'Parser key "([^"]+)"', text)
-    if wrong:
-        key = wrong[1]
-        value = values
-        for part in key.split("."):
-            value = value.get(part) if isinstance(value, dict) else None  # type: ignore[assignment]
-        key_range_check(key, value, key)  # raises where the value is out of range
+    if wrong:  # raises where the value is out of range
+        key_range_check(wrong[1], lookup(values, wrong[1]))
     return config_error(
         Exception(text), lambda key: f"{where}.{key}".rstrip("."), values, RunConfig
     )

@@ -1,15 +1,10 @@
-"""The run configuration's schema: typed sections, each field's range its type, the checks
-across fields (``RunConfig.__post_init__``), and the named recipes. Read by the one parser,
-``experiments.training.config``.
-
-A run config has five sections: ``data``, ``model`` (a typed union keyed by ``family`` and
-``name``: each model's config dataclass, checked by ``experiments.models.schema`` when the
-config is parsed), ``optim``, ``trainer`` and ``eval``, plus ``name``, ``recipe``, ``seed``
-and ``out_dir``. ``model`` is kept as written and passed to ``experiments.models.build.build_model``.
-The dataclasses below are the schema: jsonargparse reads their types (``1e-3`` is a float;
-``PositiveInt`` a range) and their ``Attributes:`` docstrings (the help line of every
-``--section.key`` option); their field metadata say how the run's identity treats a key
-(``experiments.training.identity``).
+"""The run configuration's schema: the typed sections of ``RunConfig``, the checks across
+fields (``RunConfig.__post_init__``), and the named recipes, read by the one parser
+(``experiments.training.config``). jsonargparse reads each field's type (``PositiveInt`` is
+a range) and each class's ``Attributes:`` docstring (the help of its ``--section.key``
+options); field metadata say how the run's identity treats a key
+(``experiments.training.identity``). ``model`` is a free mapping, checked by
+``experiments.models.schema``.
 """
 
 from __future__ import annotations
@@ -45,26 +40,28 @@ BpeVocab = restricted_number_type("BpeVocab", int, (">=", 258))
 AboveOne = restricted_number_type("AboveOne", float, (">", 1))
 
 
+def _ranged(hint: Any) -> Any:
+    """The jsonargparse range type of a field type (``PositiveInt | None``), or None."""
+    return next((a for a in typing.get_args(hint) or (hint,) if hasattr(a, "_restrictions")), None)
+
+
 def range_text(hint: Any) -> str | None:
     """The range a field's type allows, as an error line says it (``>= 1``, ``in [0, 1)``,
     ``> 0 or null``); None for a type without one."""
-    args = typing.get_args(hint)
-    ranged = [a for a in (args or (hint,)) if hasattr(a, "_restrictions")]
-    if not ranged:
+    ranged = _ranged(hint)
+    if ranged is None:
         return None
-    limits = {op: value for op, value in ranged[0]._restrictions}
-    names = {f.__name__: v for f, v in limits.items()}  # operator.ge -> "ge"
-    if len(names) == 1:
-        ((name, value),) = names.items()
-        if ranged[0]._type is int and name == "gt":  # PositiveInt: > 0 is >= 1
+    limits = {op.__name__: value for op, value in ranged._restrictions}  # operator.ge: "ge"
+    if len(limits) == 1:
+        ((name, value),) = limits.items()
+        if ranged._type is int and name == "gt":  # PositiveInt: > 0 is >= 1
             name, value = "ge", value + 1
         text = f"{ {'ge': '>=', 'gt': '>'}[name] } {value}"
     else:
-        low, high = ("[" if "ge" in names else "("), ("]" if "le" in names else ")")
-        text = (
-            f"in {low}{names.get('ge', names.get('gt'))}, {names.get('le', names.get('lt'))}{high}"
-        )
-    return text + (" or null" if type(None) in args else "")
+        low, high = ("[" if "ge" in limits else "("), ("]" if "le" in limits else ")")
+        text = f"in {low}{limits.get('ge', limits.get('gt'))}, "
+        text += f"{limits.get('le', limits.get('lt'))}{high}"
+    return text + (" or null" if type(None) in typing.get_args(hint) else "")
 
 
 def check_range(hint: Any, value: Any, label: str) -> None:
@@ -75,16 +72,17 @@ def check_range(hint: Any, value: Any, label: str) -> None:
         for index, each in enumerate(value):
             check_range(item, each, f"{label}[{index}]")
         return
-    text = range_text(hint)
-    if text is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+    ranged = _ranged(hint)
+    if ranged is None or isinstance(value, bool) or not isinstance(value, (int, float)):
         return
-    ranged = next(a for a in (typing.get_args(hint) or (hint,)) if hasattr(a, "_restrictions"))
     if ranged._type is int and not isinstance(value, int):
         return  # a type error, not a range's
     try:
         ranged(value)
     except ValueError:
-        raise ConfigError(f"{label} = {value!r} is out of range; it must be {text}") from None
+        raise ConfigError(
+            f"{label} = {value!r} is out of range; it must be {range_text(hint)}"
+        ) from None
 
 
 def key_range_check(key: str, value: Any, label: str | None = None) -> None:
@@ -99,10 +97,9 @@ def key_range_check(key: str, value: Any, label: str | None = None) -> None:
 def check_ranges(section: Any) -> None:
     """Each field of a config dataclass checked against its type's range: the sections'
     ``__post_init__`` (a plain function, so that jsonargparse reads them as dataclasses)."""
-    hints = typing.get_type_hints(type(section))
+    hints, prefix = typing.get_type_hints(type(section)), section.SECTION
     for f in dataclasses.fields(section):
-        prefix = f"{section.SECTION}." if section.SECTION else ""
-        check_range(hints[f.name], getattr(section, f.name), prefix + f.name)
+        check_range(hints[f.name], getattr(section, f.name), f"{prefix}.{f.name}".lstrip("."))
 
 
 @dataclass

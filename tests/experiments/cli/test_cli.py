@@ -10,7 +10,7 @@ import pytest
 
 from experiments.cli.bench import judge
 from experiments.cli.main import build_parser, main
-from experiments.cli.parser import HelpFormatter
+from experiments.cli.options import HelpFormatter
 from odelm import __version__
 
 
