@@ -8,26 +8,23 @@ import dataclasses
 import re
 import types
 import typing
-from collections.abc import Callable
 from typing import Any
 
 from odelm.errors import ConfigError
 
 
-def config_error(
-    error: Exception, label: Callable[[str], str], values: Any, schema: type
-) -> ConfigError:
-    """jsonargparse's error as one line naming the key (``label(key)``), what it must be
-    and what it got (looked up in ``values``, the given mapping, when there is one)."""
+def config_error(error: Exception, where: str, values: Any, schema: type) -> ConfigError:
+    """jsonargparse's error on a mapping read from ``where`` as one line naming the key as
+    ``where.key``, what it must be and what it got (looked up in ``values``)."""
     text = str(error)
+    label = lambda key: f"{where}.{key}".rstrip(".")
     unknown = re.search(r"Group '([\w.]+)' does not accept option '([^']+)'", text)
     unknown = unknown or re.search(r"Option '(?:([\w.]+)\.)?([^'.]+)' is not accepted", text)
     if unknown:
         section, key = unknown[1] or "", unknown[2]
-        section_schema = key_type(schema, section) if section else schema
-        valid = ", ".join(f.name for f in dataclasses.fields(section_schema))
-        where = f"{section}.{key}" if section else key
-        return ConfigError(f"unknown key {label(where)}; valid keys in {label(section)}: {valid}")
+        valid = ", ".join(f.name for f in dataclasses.fields(key_type(schema, section)))
+        dotted = f"{section}.{key}" if section else key
+        return ConfigError(f"unknown key {label(dotted)}; valid keys in {label(section)}: {valid}")
     wrong = re.search(r'Parser key "([^"]+)"', text)
     if wrong:
         key = wrong[1]
@@ -56,7 +53,7 @@ def lookup(values: Any, key: str) -> Any:
 
 def key_type(schema: Any, key: str) -> Any:
     """The type of a dotted config key in a dataclass schema (``optim.lr`` -> float)."""
-    for part in key.split("."):
+    for part in filter(None, key.split(".")):
         schema = typing.get_type_hints(schema)[part]
     return schema
 

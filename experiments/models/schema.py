@@ -1,11 +1,8 @@
-"""The run config's ``model:`` section: a typed union keyed by the model's family and name.
-
-Each model class names its frozen config dataclass (``config_class``); this module maps
-``family`` + ``name`` (+ ``preset`` for ``ode_transformer``) to it, and checks a ``model:``
-section against it with jsonargparse when the config is parsed, before anything is built:
-an unknown key is one line naming the valid keys of that model, a wrong type or a bad
-``Literal`` choice one line naming what the key takes. The section is kept as written (its
-keys, not the filled-in defaults), so a run's identity hash does not change.
+"""The run config's ``model:`` section: a typed union keyed by ``family`` and ``name`` (+
+``preset`` for ``ode_transformer``), each model's frozen config dataclass (``config_class``),
+checked by jsonargparse when the config is parsed, before anything is built: an unknown key,
+a wrong type or choice is one line naming what the key takes. The section is kept as written
+(not its defaults filled in), so a run's identity hash does not change.
 """
 
 from __future__ import annotations
@@ -78,11 +75,11 @@ def check_model(spec: dict[str, Any], where: str = "model") -> None:
     """Refuse a ``model:`` section whose keys or values its model does not take."""
     from neuralode_lm.configs import check_renamed
     from neuralode_lm.errors import ModelConfigError
+    from ode_transformer.presets import PRESETS
 
     if not isinstance(spec, dict) or not spec:
         return  # the run config names an empty section
-    label = model_label(spec)
-    valid = schemas()
+    label, valid = model_label(spec), schemas()
     if label not in valid:
         family = label.split()[0]
         names = [key.split()[1] for key in valid if key.startswith(family + " ")]
@@ -101,18 +98,15 @@ def check_model(spec: dict[str, Any], where: str = "model") -> None:
     except ModelConfigError as error:
         raise ConfigError(str(error)) from None
     keys = schema_keys(valid[label])
-    unknown = [key for key in options if key not in keys]
+    unknown = sorted(key for key in options if key not in keys)
     if unknown:
         verb = "is not a key" if len(unknown) == 1 else "are not keys"
-        named = ", ".join(f"{where}.{key}" for key in sorted(unknown))
         fixed = "family" if label == "ode_transformer" else "family, name"
         raise ConfigError(
-            f"{named} {verb} of {label}; its keys: {fixed}, {', '.join(keys) or '(none)'} "
-            "(odelm models lists every model's keys)"
+            f"{', '.join(f'{where}.{key}' for key in unknown)} {verb} of {label}; its keys: "
+            f"{fixed}, {', '.join(keys) or '(none)'} (odelm models lists every model's keys)"
         )
     preset = options.pop("preset", "small") if label == "ode_transformer" else "small"
-    from ode_transformer.presets import PRESETS
-
     if preset not in PRESETS:
         raise ConfigError(f"{where}.preset = {preset!r} is not one of {', '.join(PRESETS)}")
     if options.get("block", "") is None:  # block: null with a tableau: the custom block
@@ -120,9 +114,7 @@ def check_model(spec: dict[str, Any], where: str = "model") -> None:
     try:
         schema_parser(label).parse_object(options)
     except ArgumentError as error:
-        raise config_error(
-            error, lambda key: f"{where}.{key}".rstrip("."), options, valid[label]
-        ) from None
+        raise config_error(error, where, options, valid[label]) from None
 
 
 def resolved_model(spec: dict[str, Any]) -> dict[str, Any]:

@@ -1,9 +1,9 @@
 """The run config's one parser, built from ``RunConfig`` (``add_run_arguments``): a typed
 ``--section.key`` option per field, its help the field's ``Attributes:`` line; ``--model``,
 ``--config FILE`` (repeatable), ``--recipe NAME`` and the short flags. ``parse_config`` reads
-a mapping with it, ``load_config`` a file; an error is one line naming the key as written. For
-one release a key of the removed Lightning form (``LIGHTNING_KEYS``) is refused in one line
-naming its run-form key.
+a mapping with it, ``load_config`` a file (its ``base:`` files under it, ``load_yaml``); an
+error is one line naming the key as written. For one release a key of the removed Lightning
+form (``LIGHTNING_KEYS``) is refused in one line naming its run-form key.
 """
 
 from __future__ import annotations
@@ -25,22 +25,54 @@ from jsonargparse import ActionConfigFile, ArgumentParser
 from experiments.config_errors import ConfigError, config_error, lookup
 from experiments.data.corpora import CORPUS_NAMES
 from experiments.models.schema import check_model
+from experiments.safe_yaml import parse_yaml, read_yaml_text
+from experiments.training import run_schema
 from experiments.training.identity import config_sha256, is_saved_run, saved_run_values
 from experiments.training.run_schema import (  # noqa: F401 (re-exported: the schema)
-    RECIPE_DIR,
-    RECIPES,
-    SECTIONS,
-    SEED_MAX,
     DataConfig,
     EvalConfig,
     OptimConfig,
     RunConfig,
-    Seed,
     TrainerConfig,
-    key_range_check,
-    recipe_path,
 )
-from experiments.training.yamlfiles import Replace, load_yaml, merge, parse_yaml
+
+
+class Replace(dict):
+    """A mapping that ``merge`` puts in place of the one under its key instead of
+    merging into it: ``--model '{...}'`` replaces the file's model section."""
+
+
+def merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    """Recursive dict merge: ``override`` wins, nested mappings merge (a ``Replace``
+    mapping replaces)."""
+    merged = dict(base)
+    for key, value in override.items():
+        if isinstance(value, Replace):
+            merged[key] = dict(value)
+        elif isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def load_yaml(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """A YAML mapping, with ``base:`` files merged underneath (paths relative to the file);
+    a file that is its own base, through any chain, is an error naming the chain."""
+    path = Path(path)
+    if path.resolve() in _seen:
+        chain = " -> ".join(str(p) for p in (*_seen, path.resolve()))
+        raise ConfigError(f"base: files form a cycle ({chain}); remove one base: line")
+    values = parse_yaml(read_yaml_text(path), str(path)) or {}  # YAML 1.2 numbers: 1e-3
+    if not isinstance(values, dict):
+        raise ConfigError(f"{path} must hold a YAML mapping at the top level")
+    base = values.pop("base", None)
+    if base is not None and not isinstance(base, str):
+        raise ConfigError(f"base: in {path} must be a file name, got {base!r}")
+    if base:
+        values = merge(load_yaml(path.parent / base, (*_seen, path.resolve())), values)
+    return values
+
 
 LIGHTNING_KEYS = {
     "seed_everything": "seed",
@@ -167,13 +199,13 @@ def run_values(values: dict[str, Any], where: str, *, recipe: bool = False) -> d
         values = saved_run_values(values)
     name = values.get("recipe")
     if name is not None and not recipe:
-        values = merge(read_config_file(recipe_path(name)), values)
+        values = merge(read_config_file(run_schema.recipe_path(name)), values)
     return values
 
 
 def read_config_file(path: str | Path) -> dict[str, Any]:
     """A config file's values as the parser reads them (``run_values``)."""
-    recipe = Path(path).resolve().parent == RECIPE_DIR.resolve()
+    recipe = Path(path).resolve().parent == run_schema.RECIPE_DIR.resolve()
     return run_values(load_yaml(path), str(path), recipe=recipe)
 
 
@@ -182,8 +214,6 @@ class ConfigFile(ActionConfigFile):
     checked first so that an error names the file and the key as written there."""
 
     def __call__(self, parser: Any, cfg: Any, values: Any, option_string: Any = None) -> None:
-        if not Path(str(values)).is_file():
-            raise ConfigError(f"config file {values} does not exist")
         read = read_config_file(values)
         try:
             run_parser().parse_object(copy.deepcopy(read))
@@ -198,7 +228,7 @@ class RecipeFile(Action):
     """``--recipe NAME``: the recipe's file layered here, as ``--config`` would."""
 
     def __call__(self, parser: Any, namespace: Any, value: Any, option: Any = None) -> None:
-        text = yaml.safe_dump(read_config_file(recipe_path(value)), sort_keys=False)
+        text = yaml.safe_dump(read_config_file(run_schema.recipe_path(value)), sort_keys=False)
         ConfigFile.apply_config(parser, namespace, "config", text)
         namespace["config"].pop()  # not a file of the run's (--name auto)
         namespace["recipe"] = value
@@ -224,11 +254,11 @@ def add_run_arguments(parser: Any, *, grid: bool = False) -> None:
             "(default: none: the options alone)",
         )
     text = descriptions(RunConfig)
-    seed = Union[Seed, Literal["random"]]  # noqa: UP007 (a runtime type)
+    seed = Union[run_schema.Seed, Literal["random"]]  # noqa: UP007 (a runtime type)
     parser.add_argument("--seed", type=seed, default=0, help=text["seed"])
     model = GridModelSection if grid else ModelSection
     parser.add_argument("--model", action=model, default={}, help=MODEL_HELP)
-    for section, schema in SECTIONS.items():
+    for section, schema in run_schema.SECTIONS.items():
         add_section(parser, section, schema)
     _action(parser, "--data.corpus").help = (  # the registry's corpora, not the docstring's
         f"the corpus, one of {', '.join(CORPUS_NAMES)} (grammar is generated; text reads "
@@ -242,8 +272,8 @@ def add_run_arguments(parser: Any, *, grid: bool = False) -> None:
         "--recipe",
         default=None,
         **recipe,
-        help=f"a recipe, one of {', '.join(RECIPES)}: experiments/configs/recipes/NAME.yaml "
-        "layered where it is given (a file's recipe: lies under that file)",
+        help=f"a recipe, one of {', '.join(run_schema.RECIPES)}: experiments/configs/recipes/"
+        "NAME.yaml layered where it is given (a file's recipe: lies under that file)",
     )
     for flag, key in SHORT_FLAGS.items():
         same = _action(parser, f"--{key}")
@@ -286,8 +316,8 @@ def run_config(values: dict[str, Any], *, print_only: bool = False) -> RunConfig
     shown without a model); ``seed: random`` draws a seed."""
     values = {k: v for k, v in plain(values).items() if k not in ("config", "__path__")}
     if values.get("seed") == "random":
-        values["seed"] = random.SystemRandom().randint(0, SEED_MAX)
-    sections = {key: schema(**values.pop(key)) for key, schema in SECTIONS.items()}
+        values["seed"] = random.SystemRandom().randint(0, run_schema.SEED_MAX)
+    sections = {key: schema(**values.pop(key)) for key, schema in run_schema.SECTIONS.items()}
     model = values.pop("model") or {}
     if not model and not print_only:
         raise ConfigError(NO_MODEL)
@@ -325,10 +355,8 @@ def parse_error(text: str, values: dict[str, Any], where: str) -> ConfigError:
     its type."""
     wrong = re.match(r'Parser key "([^"]+)"', text)
     if wrong:  # raises where the value is out of range
-        key_range_check(wrong[1], lookup(values, wrong[1]))
-    return config_error(
-        Exception(text), lambda key: f"{where}.{key}".rstrip("."), values, RunConfig
-    )
+        run_schema.key_range_check(wrong[1], lookup(values, wrong[1]))
+    return config_error(Exception(text), where, values, RunConfig)
 
 
 def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> RunConfig:

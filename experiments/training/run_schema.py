@@ -26,7 +26,6 @@ from jsonargparse.typing import (
 )
 
 from experiments.config_errors import ConfigError
-from experiments.training.yamlfiles import load_yaml
 
 SEED_MAX = 2**32 - 1
 """The largest seed numpy (and so Lightning's seeding of a run) accepts."""
@@ -375,6 +374,8 @@ SECTIONS = {
 RECIPE_DIR = Path(__file__).resolve().parents[1] / "configs" / "recipes"
 """The named recipes: ``NAME.yaml`` each (``odelm train --recipe NAME``, or ``recipe: NAME``
 in a config or grid, lies under the config's own settings)."""
+RECIPES = tuple(sorted(path.stem for path in RECIPE_DIR.glob("*.yaml")))
+"""The recipes' names."""
 
 
 def recipe_path(name: Any) -> Path:
@@ -383,10 +384,3 @@ def recipe_path(name: Any) -> Path:
     if not isinstance(name, str) or "/" in name or not path.is_file():
         raise ConfigError(f"recipe = {name!r} is not one of {', '.join(RECIPES)}")
     return path
-
-
-RECIPES: dict[str, dict[str, Any]] = {
-    path.stem: {k: v for k, v in load_yaml(path).items() if k != "recipe"}
-    for path in sorted(RECIPE_DIR.glob("*.yaml"))
-}
-"""Each recipe's settings (its file's, less its ``recipe:`` label)."""
