@@ -1,13 +1,8 @@
-"""``odelm``'s parser class, its command-line value types, and the options of ``train``,
-``compare`` (the run config's parser's, ``experiments.training.config``, and the commands'
-own), ``eval`` and ``generate``.
-
-A ranged value type refuses an odd value while the command line is parsed, before anything
-loads, in one line naming the option, its range and the value (``--temperature = 1e-320 is
-out of range; it must be ...``); the ranges are the library's own
-([`odelm.decoding`][odelm.decoding]'s, ``experiments.training.run_schema``'s), so a Python
-call and its command refuse the same values. The help formatter shows a ranged type by its
-range and keeps each subcommand's examples (``experiments.cli.examples``) line by line.
+"""``odelm``'s parser (its help shows a ranged type by its range and keeps the examples'
+lines), its ranged value types, and the options of ``train`` and ``compare`` (the run config's,
+``experiments.training.config``, and their own), ``eval`` and ``generate``. A value type refuses
+an odd value while the command line is parsed, in one line naming the option, its range and the
+value; its range is the library's own, so a Python call and its command refuse the same values.
 """
 
 from __future__ import annotations
@@ -26,19 +21,18 @@ from jsonargparse.typing import PositiveInt
 
 from experiments.cli.examples import KeepExamples, epilog
 from experiments.comparison.launchers import add_launch_options
-from experiments.config_errors import ConfigError, type_name
+from experiments.config_errors import ConfigError, check_range, type_name
 from experiments.models.schema import model_keys_help
 from experiments.training.config import EvalConfig, add_run_arguments, descriptions, plain
-from experiments.training.run_schema import Seed, check_range
+from experiments.training.run_schema import Seed
 from experiments.training.threads import check_threads
 from odelm import decoding
 from odelm.errors import OdelmError
 
 
 class HelpFormatter(KeepExamples, DefaultHelpFormatter):
-    """jsonargparse's formatter (type and default after each help line; a ranged type as its
-    range), except that an option whose default is None and whose help says what happens without it (e.g.
-    "default: the config's") is shown as written; a subcommand's examples keep their lines."""
+    """jsonargparse's formatter (a ranged type as its range), except that an option whose default
+    is None and whose help says ``default: ...`` is shown as written; examples keep their lines."""
 
     def _get_help_string(self, action: Any) -> str:
         if action.default is None and "default" in (action.help or ""):
@@ -56,9 +50,8 @@ class HelpFormatter(KeepExamples, DefaultHelpFormatter):
 
 
 class Parser(ArgumentParser):
-    """The parser of ``odelm`` and of every subcommand: errors raised (``odelm``'s ``main``
-    prints them as one line), jsonargparse's own ``--print_config`` off (``compare`` has its
-    own)."""
+    """The parser of ``odelm`` and of every subcommand: errors raised (``main`` prints them as one
+    line), jsonargparse's own ``--print_config`` off (``train`` and ``compare`` have their own)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("formatter_class", HelpFormatter)
@@ -112,8 +105,7 @@ def _check_folder(value: str, flag: str) -> None:
 threads = _Typed("threads", "--num-threads", _integer, check_threads)
 """``--num-threads``: torch CPU threads, 1..this machine's CPU count."""
 temperature = _Typed("temperature", "--temperature", float, decoding.check_temperature)
-"""``--temperature``: finite, at least
-[`odelm.decoding.MIN_TEMPERATURE`][odelm.decoding.MIN_TEMPERATURE]."""
+"""``--temperature``: finite, at least [`MIN_TEMPERATURE`][odelm.decoding.MIN_TEMPERATURE]."""
 top_p = _Typed("top_p", "--top-p", float, decoding.check_top_p)
 """``--top-p``: in ``[MIN_TOP_P, 1]``."""
 sampling_seed = _Typed("seed", "--seed", _integer, decoding.check_seed)
@@ -136,13 +128,22 @@ def _device(text: Any) -> str:
 
 
 device = _Typed("device", "--device", _device, lambda value, flag: None)
-"""``--device``: ``cpu``, ``auto`` (resolved here), ``cuda`` or ``cuda:N`` on a machine that
-has it."""
+"""``--device``: ``cpu``, ``auto`` (resolved here), ``cuda`` or ``cuda:N`` where there is one."""
 
 
-def add_placement(parser: Any, threads_default: str) -> None:
-    """``--num-threads`` and ``--device``, the options of every command that loads a trained
-    run (eval, generate, discretize): where the model runs and on how many CPU threads."""
+def add_placement(parser: Any, threads_default: str, invariant: str = "") -> None:
+    """The options of a command that loads a trained run (eval, generate, discretize): where the
+    model runs, on how many CPU threads; with ``invariant`` (what each sequence's own adaptive
+    solve keeps batch-invariant), ``--no-batch-invariant``: one shared step size instead."""
+    if invariant:
+        parser.add_argument(
+            "--no-batch-invariant",
+            dest="batch_invariant",
+            action="store_false",
+            help="solve an adaptive model's batch with one shared step size, as the run's own "
+            f"test evaluation did (default: each sequence its own steps, so {invariant} do not "
+            "depend on the batch)",
+        )
     parser.add_argument(
         "--num-threads",
         type=threads,
@@ -230,20 +231,6 @@ def compare_parser() -> Parser:
     return parser
 
 
-def add_run_options(parser: Parser, what: str, threads_default: str) -> None:
-    """The options of a command on a trained run (eval, generate): ``--no-batch-invariant``
-    (the shared adaptive solve instead of each sequence's own), ``--num-threads``, ``--device``."""
-    parser.add_argument(
-        "--no-batch-invariant",
-        dest="batch_invariant",
-        action="store_false",
-        help=f"solve an adaptive model's batch with one shared step size, as the run's own test "
-        f"evaluation did (default: each sequence its own steps, so {what} do not depend on the "
-        "batch)",
-    )
-    add_placement(parser, threads_default)
-
-
 def eval_parser() -> Parser:
     """The options of ``odelm eval``; its settings are the ``eval:`` section's keys."""
     parser = Parser()
@@ -271,7 +258,7 @@ def eval_parser() -> Parser:
         action="store_true",
         help="score splits that differ from those the run recorded (data_sha256)",
     )
-    add_run_options(parser, "scores", "the cores other work leaves free, printed")
+    add_placement(parser, "the cores other work leaves free, printed", "scores")
     parser.add_argument("--json", action="store_true", help="one JSON object instead of lines")
     return parser
 
@@ -319,13 +306,10 @@ def generate_parser() -> Parser:
         f"[{MIN_TOP_P}, 1] (default: all)",
     )
     parser.add_argument(
-        "--seed",
-        type=sampling_seed,
-        default=0,
-        help="seed of the sampling generator, 0..2**64-1",
+        "--seed", type=sampling_seed, default=0, help="seed of the sampling generator, 0..2**64-1"
     )
     parser.add_argument(
         "--stop-at-eos", action="store_true", help="stop at the first end of line (<eos>)"
     )
-    add_run_options(parser, "beams", "torch's choice")
+    add_placement(parser, "torch's choice", "beams")
     return parser

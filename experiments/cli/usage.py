@@ -80,18 +80,14 @@ def usage_error(parser: ArgumentParser, argv: list[str], error: ArgumentError) -
 
 def _out_of_range(key: str, text: str | None, label: str) -> UsageError | None:
     """``LABEL = VALUE is out of range; it must be ...`` where ``key`` is a ranged run-config
-    setting and ``text`` a number outside its range (None otherwise: another kind of error);
-    ``label`` is the option given on the command line, else the key of the config file."""
-    if text is None:
-        return None
+    setting and ``text`` a number outside its range (None otherwise); ``label`` is the option
+    given on the command line, else the key of the config file."""
     try:
-        value = parse_yaml(text)
+        value = parse_yaml(text or "")
     except ConfigError:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
     try:
-        key_range_check(key, value, label)
+        key_range_check(key, None if isinstance(value, list) else value, label)
     except ConfigError as error:
         return UsageError(str(error))
     return None

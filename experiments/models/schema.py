@@ -1,8 +1,7 @@
-"""The run config's ``model:`` section: a typed union keyed by ``family`` and ``name`` (+
-``preset`` for ``ode_transformer``), each model's frozen config dataclass (``config_class``),
-checked by jsonargparse when the config is parsed, before anything is built: an unknown key,
-a wrong type or choice is one line naming what the key takes. The section is kept as written
-(not its defaults filled in), so a run's identity hash does not change.
+"""The run config's ``model:`` section: a typed union keyed by ``family`` and ``name``, each
+model's frozen config dataclass (``config_class``), checked by jsonargparse when the config is
+parsed: an unknown key, a wrong type or choice is one line naming what the key takes. The
+section is kept as written, not its defaults, so a run's identity hash does not change.
 """
 
 from __future__ import annotations
@@ -21,8 +20,7 @@ from experiments.config_errors import ConfigError, config_error, type_name
 
 FAMILIES = ("ode_transformer", "neuralode_lm", "reference")
 SKIPPED = frozenset({"vocab_size", "embeddings"})
-"""Config fields that are not ``model:`` keys: the tokenizer gives the vocabulary size, and
-initial embeddings are a tensor (Python API only)."""
+"""Config fields that are not ``model:`` keys: the tokenizer's size, a tensor (Python only)."""
 
 
 @functools.cache
@@ -118,8 +116,7 @@ def check_model(spec: dict[str, Any], where: str = "model") -> None:
 
 
 def resolved_model(spec: dict[str, Any]) -> dict[str, Any]:
-    """Every typed key of the model ``spec`` picks, its defaults (a preset's sizes for
-    ``ode_transformer``) filled in under the given keys."""
+    """Every typed key of the model ``spec`` picks, its defaults (a preset's sizes) filled in."""
     schema = schemas()[model_label(spec)]
     defaults = {f.name: f.default for f in dataclasses.fields(schema) if f.name not in SKIPPED}
     if schema.__name__ == "ODETransformerConfig":
@@ -130,12 +127,12 @@ def resolved_model(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def resolved_model_comment(spec: dict[str, Any]) -> str:
-    """``resolved_model`` as YAML comment lines (``--print_config`` appends them: the
-    run's identity is the section as written, so the defaults stay out of the YAML)."""
+    """``resolved_model`` as YAML comments, which ``--print_config`` appends (the section as
+    written is the run's identity)."""
     text = yaml.safe_dump(resolved_model(spec), sort_keys=False, default_flow_style=False)
     lines = [f"#   {line}" for line in text.splitlines()]
-    label = model_label(spec)
-    return "\n".join([f"# model: every key of {label}, defaults filled in:", *lines]) + "\n"
+    title = f"# model: every key of {model_label(spec)}, defaults filled in:"
+    return "\n".join([title, *lines]) + "\n"
 
 
 KEYS_TITLE = (
@@ -148,17 +145,12 @@ def model_keys_help() -> str:
     """Per model, its typed keys with their defaults (``odelm train --help``)."""
     lines = [KEYS_TITLE]
     for label, schema in schemas().items():
-        fields = {f.name: f for f in dataclasses.fields(schema)}
         hints = typing.get_type_hints(schema)
+        defaults = {f.name: f.default for f in dataclasses.fields(schema)}
         cells = ["preset small"] if label == "ode_transformer" else []
-        for key in schema_keys(schema):
-            if key == "preset":
-                continue
-            default = fields[key].default
-            cells.append(f"{key}: {type_name(hints[key], short=True)} = {default!r}")
-        name = label.replace(" ", ", name: ")
+        for key in schema_keys(schema)[len(cells) :]:  # preset: its own cell
+            cells.append(f"{key}: {type_name(hints[key], short=True)} = {defaults[key]!r}")
         text = "; ".join(cells or ["(no keys)"])
-        indent = " " * 6
-        wrapped = textwrap.fill(text, 92, initial_indent=indent, subsequent_indent=indent)
-        lines.append(f"  family: {name}\n{wrapped}")
+        wrapped = textwrap.fill(text, 92, initial_indent=" " * 6, subsequent_indent=" " * 6)
+        lines.append(f"  family: {label.replace(' ', ', name: ')}\n{wrapped}")
     return "\n".join(lines)

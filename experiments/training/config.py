@@ -1,9 +1,8 @@
 """The run config's one parser, built from ``RunConfig`` (``add_run_arguments``): a typed
-``--section.key`` option per field, its help the field's ``Attributes:`` line; ``--model``,
-``--config FILE`` (repeatable), ``--recipe NAME`` and the short flags. ``parse_config`` reads
-a mapping with it, ``load_config`` a file (its ``base:`` files under it, ``load_yaml``); an
-error is one line naming the key as written. For one release a key of the removed Lightning
-form (``LIGHTNING_KEYS``) is refused in one line naming its run-form key.
+``--section.key`` option per field, ``--model``, ``--config FILE``, ``--recipe NAME`` and the
+short flags; ``parse_config`` reads a mapping with it, ``load_config`` a file (``base:`` files
+under it). An error is one line naming the key as written; for one release a key of the
+removed Lightning form (``LIGHTNING_KEYS``) is refused naming its run-form key.
 """
 
 from __future__ import annotations
@@ -12,7 +11,6 @@ import copy
 import dataclasses
 import functools
 import random
-import re
 import typing
 from argparse import Action, ArgumentError
 from pathlib import Path
@@ -22,7 +20,7 @@ import docstring_parser
 import yaml
 from jsonargparse import ActionConfigFile, ArgumentParser
 
-from experiments.config_errors import ConfigError, config_error, lookup
+from experiments.config_errors import ConfigError, config_error
 from experiments.data.corpora import CORPUS_NAMES
 from experiments.models.schema import check_model
 from experiments.safe_yaml import parse_yaml, read_yaml_text
@@ -163,20 +161,17 @@ def add_section(parser: Any, section: str, schema: type) -> None:
 
 
 class ModelSection(Action):
-    """``--model '{...}'`` replaces the model section; ``--model.KEY VALUE`` sets one key
-    of it, a dotted key one level down per dot (``--model.solver.rtol 1e-6``). Values are
-    read as YAML (``1e-6`` is a float); the keys are checked against the model's typed
-    config when the run config is read. jsonargparse hands this action every ``--model.*``
-    option because it declares a mapping type (``_typehint``)."""
+    """``--model '{...}'`` replaces the model section, ``--model.KEY VALUE`` sets one (dotted)
+    key of it; values read as YAML, keys checked when the run config is read. jsonargparse
+    hands it every ``--model.*`` option, as it declares a mapping type (``_typehint``)."""
 
     _typehint = dict[str, Any]
     whole: type[dict[str, Any]] = dict
-    """The mapping ``--model '{...}'`` sets (``odelm train``'s and ``compare``'s: a
-    ``Replace``, over a file's section)."""
+    """The mapping ``--model '{...}'`` sets (``compare``'s: a ``Replace``)."""
 
     def __call__(self, parser: Any, namespace: Any, value: Any, option: Any = None) -> None:
-        key = str(option or "").removeprefix(self.option_strings[0]).removeprefix(".")
-        flag = self.option_strings[0] + (f".{key}" if key else "")
+        flag = str(option or self.option_strings[0])
+        key = flag.removeprefix(self.option_strings[0]).removeprefix(".")
         value = parse_yaml(value, flag) if isinstance(value, str) else value
         current = namespace.get(self.dest)
         if not key:
@@ -191,9 +186,8 @@ class ModelSection(Action):
 
 
 def run_values(values: dict[str, Any], where: str, *, recipe: bool = False) -> dict[str, Any]:
-    """A config mapping as the parser reads it: checked (``check_form``), a run folder's
-    ``config.yaml`` as its run read it, a named recipe underneath (unless ``recipe``: the
-    mapping is the recipe's own file)."""
+    """A config mapping as the parser reads it: checked (``check_form``), a saved run's as it
+    was read, its recipe underneath (unless ``recipe``: it is the recipe's own file)."""
     check_form(values, where)
     if is_saved_run(values):
         values = saved_run_values(values)
@@ -218,7 +212,7 @@ class ConfigFile(ActionConfigFile):
         try:
             run_parser().parse_object(copy.deepcopy(read))
         except ArgumentError as error:
-            raise parse_error(str(error), read, str(values)) from None
+            raise config_error(error, str(values), read, RunConfig) from None
         text = yaml.safe_dump(read, sort_keys=False)
         self.apply_config(parser, cfg, self.dest, text)
         cfg[self.dest][-1] = values  # the file's name (--name auto names the run after it)
@@ -235,16 +229,14 @@ class RecipeFile(Action):
 
 
 class GridModelSection(ModelSection):
-    """``odelm compare``'s ``--model``: ``--model '{...}'`` replaces each run's model
-    section (a ``Replace``: the options lie over each run's section)."""
+    """``odelm compare``'s ``--model``: ``--model '{...}'`` replaces each run's section."""
 
     whole = Replace
 
 
 def add_run_arguments(parser: Any, *, grid: bool = False) -> None:
-    """The run config's options on ``parser``: every key of ``RunConfig`` and the flags;
-    ``grid`` (``odelm compare``'s): no ``--config``, ``--name`` or ``--out_dir``, and
-    ``--model`` and ``--recipe`` lying under each run's own settings."""
+    """Every key of ``RunConfig`` and the flags on ``parser``; ``grid`` (``odelm compare``'s):
+    no ``--config``, ``--name`` or ``--out_dir``; ``--model``, ``--recipe`` under each run's."""
     if not grid:
         parser.add_argument(
             "-c",
@@ -304,10 +296,9 @@ def plain(value: Any) -> Any:
         return {key: plain(item) for key, item in value.items()}
     if isinstance(value, list):
         return [plain(item) for item in value]
-    if isinstance(value, int) and type(value) not in (int, bool):
-        return int(value)
-    if isinstance(value, float) and type(value) is not float:
-        return float(value)
+    for kind in (int, float):
+        if isinstance(value, kind) and type(value) not in (kind, bool):
+            return kind(value)
     return value
 
 
@@ -339,24 +330,14 @@ def named(config: RunConfig, paths: list[Any] | None) -> RunConfig:
 def parse_config(
     values: dict[str, Any], *, where: str = "config", print_only: bool = False
 ) -> RunConfig:
-    """Build a RunConfig from a plain dict, naming any unknown key, wrong type or value out
-    of range in one line (``where``: the file or grid entry it came from; ``print_only``:
-    no model needed). A ``recipe`` lies underneath: the config's own settings win."""
+    """The ``RunConfig`` of a mapping (its ``recipe`` under it), an unknown key, wrong type or
+    value out of range one line naming ``where`` it came from (``print_only``: no model)."""
     values = run_values(copy.deepcopy(values), where)
     try:
         cfg = run_parser().parse_object(values)
     except ArgumentError as error:
-        raise parse_error(str(error), values, where) from None
+        raise config_error(error, where, values, RunConfig) from None
     return run_config(cfg.as_dict(), print_only=print_only)
-
-
-def parse_error(text: str, values: dict[str, Any], where: str) -> ConfigError:
-    """The parser's error on a mapping as one line naming the key: its range and value, or
-    its type."""
-    wrong = re.match(r'Parser key "([^"]+)"', text)
-    if wrong:  # raises where the value is out of range
-        run_schema.key_range_check(wrong[1], lookup(values, wrong[1]))
-    return config_error(Exception(text), where, values, RunConfig)
 
 
 def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> RunConfig:

@@ -1,11 +1,8 @@
 """A run's identity: the settings that decide what it computes, hashed (``config_sha256``).
-
-One rule, so that a new key needs no entry here: the keys odelm 0.3 hashed (``HASHED_03``)
-always count; a key added since counts only where it differs from its neutral value (its
-default, or its field's ``neutral`` metadata: ``data.order``). A field with ``identity:
-False`` metadata never counts; one with ``hashed_as`` metadata is hashed under an old value
-(``trainer.accelerator: auto`` as ``cpu``). The ``model:`` section counts as written, its keys
-renamed since 0.3 under their old spelling (``HASHED_SPELLINGS``).
+The keys odelm 0.3 hashed (``HASHED_03``) always count; a key added since only where it differs
+from its neutral value (its default, or its field's ``neutral`` metadata), so a new key needs no
+entry here. Field metadata ``identity: False`` leaves a key out, ``hashed_as`` hashes it under an
+old value; ``model:`` counts as written, renamed keys in their 0.3 spelling (``HASHED_SPELLINGS``).
 """
 
 from __future__ import annotations
