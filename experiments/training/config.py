@@ -146,8 +146,7 @@ def descriptions(schema: type) -> dict[str, str]:
 
 def add_section(parser: Any, section: str, schema: type) -> None:
     """One typed option per field of a run-config dataclass under ``section``."""
-    hints = typing.get_type_hints(schema)
-    text = descriptions(schema)
+    hints, text = typing.get_type_hints(schema), descriptions(schema)
     group = parser.add_argument_group((schema.__doc__ or "").splitlines()[0])
     for field in dataclasses.fields(schema):
         factory = field.default_factory
@@ -302,21 +301,6 @@ def plain(value: Any) -> Any:
     return value
 
 
-def run_config(values: dict[str, Any], *, print_only: bool = False) -> RunConfig:
-    """The checked ``RunConfig`` of a parsed mapping (``print_only``: the defaults may be
-    shown without a model); ``seed: random`` draws a seed."""
-    values = {k: v for k, v in plain(values).items() if k not in ("config", "__path__")}
-    if values.get("seed") == "random":
-        values["seed"] = random.SystemRandom().randint(0, run_schema.SEED_MAX)
-    sections = {key: schema(**values.pop(key)) for key, schema in run_schema.SECTIONS.items()}
-    model = values.pop("model") or {}
-    if not model and not print_only:
-        raise ConfigError(NO_MODEL)
-    config = RunConfig(**values, **sections, model=model)
-    check_model(config.model)
-    return config
-
-
 def named(config: RunConfig, paths: list[Any] | None) -> RunConfig:
     """``config`` with ``name: auto`` resolved: the last config file's name and the config's
     hash, a run folder per config (trying an override needs no ``--overwrite``)."""
@@ -330,20 +314,28 @@ def named(config: RunConfig, paths: list[Any] | None) -> RunConfig:
 def parse_config(
     values: dict[str, Any], *, where: str = "config", print_only: bool = False
 ) -> RunConfig:
-    """The ``RunConfig`` of a mapping (its ``recipe`` under it), an unknown key, wrong type or
-    value out of range one line naming ``where`` it came from (``print_only``: no model)."""
+    """The checked ``RunConfig`` of a mapping (its ``recipe`` under it; ``seed: random`` draws
+    one), an error one line naming the key and ``where`` (``print_only``: no model needed)."""
     values = run_values(copy.deepcopy(values), where)
     try:
-        cfg = run_parser().parse_object(values)
+        parsed = plain(run_parser().parse_object(values).as_dict())
     except ArgumentError as error:
         raise config_error(error, where, values, RunConfig) from None
-    return run_config(cfg.as_dict(), print_only=print_only)
+    parsed = {k: v for k, v in parsed.items() if k not in ("config", "__path__")}
+    if parsed.get("seed") == "random":
+        parsed["seed"] = random.SystemRandom().randint(0, run_schema.SEED_MAX)
+    sections = {key: schema(**parsed.pop(key)) for key, schema in run_schema.SECTIONS.items()}
+    model = parsed.pop("model") or {}
+    if not model and not print_only:
+        raise ConfigError(NO_MODEL)
+    config = RunConfig(**parsed, **sections, model=model)
+    check_model(config.model)
+    return config
 
 
 def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> RunConfig:
     """Read a YAML run config (``base: other.yaml`` inherits from another file)."""
-    values = load_yaml(path)
-    return parse_config(merge(values, overrides or {}), where=str(path))
+    return parse_config(merge(load_yaml(path), overrides or {}), where=str(path))
 
 
 def load_run_config(path: str | Path) -> RunConfig:
