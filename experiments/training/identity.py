@@ -15,7 +15,7 @@ from typing import Any
 from experiments.training import run_schema
 from experiments.training.run_schema import RunConfig
 
-_KEYS_03 = {
+_KEYS_03 = {  # a section's keys
     "data": "batch_size batching bpe_vocab_size bptt corpus eval_batch_size eval_window "
     "padding_side protocol seed stateful tokenizer verify_checksums",
     "eval": "bleu_sentences continuation_sentences decode prompt_len",
@@ -79,22 +79,21 @@ def _flatten(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return flat
 
 
-def _counts(key: str, value: Any) -> bool:
-    if key not in RUN_FIELDS:  # a key of the model section
-        return True
-    if not RUN_FIELDS[key].metadata.get("identity", True):
-        return False
-    return key in HASHED_03 or value != neutral(key)
-
-
 def identity(config: RunConfig) -> dict[str, Any]:
     """The flattened settings that determine what a run computes (dotted keys)."""
     values = config.to_dict()
     flat = _flatten({**values, "model": respelled(values["model"], old=True)})
-    for key, value in flat.items():
-        if key in RUN_FIELDS and "hashed_as" in RUN_FIELDS[key].metadata:
-            flat[key] = RUN_FIELDS[key].metadata["hashed_as"].get(value, value)
-    return {key: value for key, value in sorted(flat.items()) if _counts(key, value)}
+    counted = {}
+    for key, value in sorted(flat.items()):
+        field = RUN_FIELDS.get(key)
+        if field is None:  # a key of the model section
+            counted[key] = value
+        elif field.metadata.get("identity", True):
+            if "hashed_as" in field.metadata:
+                value = field.metadata["hashed_as"].get(value, value)
+            if key in HASHED_03 or value != neutral(key):
+                counted[key] = value
+    return counted
 
 
 def config_sha256(config: RunConfig) -> str:
@@ -107,10 +106,8 @@ def is_saved_run(values: dict[str, Any]) -> bool:
     """Whether a run-form mapping is a ``config.yaml`` odelm wrote: a full dump, whose data
     section, unlike a hand-written one, carries every key."""
     data = values.get("data")
-    return (
-        isinstance(data, dict)
-        and {"batching", "stateful", "eval_batch_size", "eval_window"} <= data.keys()
-    )
+    full = {"batching", "stateful", "eval_batch_size", "eval_window"}
+    return isinstance(data, dict) and full <= data.keys()
 
 
 def saved_run_values(values: dict[str, Any]) -> dict[str, Any]:
