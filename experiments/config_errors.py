@@ -88,8 +88,7 @@ def _ranged(hint: Any) -> Any:
 
 
 def range_text(hint: Any) -> str | None:
-    """The range a field's type allows, as an error line says it (``>= 1``, ``in [0, 1)``,
-    ``> 0 or null``); None for a type without one."""
+    """The range a field's type allows (``>= 1``, ``in [0, 1)``, ``> 0 or null``), or None."""
     ranged = _ranged(hint)
     if ranged is None:
         return None

@@ -21,7 +21,7 @@ from typing import Any
 
 from jsonargparse import Namespace
 
-from experiments.cli import options
+from experiments.cli import values
 from experiments.cli.options import Parser
 from experiments.cli.tools import print_rows
 from odelm.errors import OdelmError
@@ -109,7 +109,7 @@ def bench_parser() -> Parser:
     parser.add_argument("--json", action="store_true", help="one JSON object per line")
     parser.add_argument("--strict", action="store_true", help="exit 1 when a target is missed")
     parser.add_argument(
-        "--out", type=options.folder, help="folder of the records (gpu; default gpu-check)"
+        "--out", type=values.folder, help="folder of the records (gpu; default gpu-check)"
     )
     parser.add_argument("--short", action="store_true", help="gpu: every phase on the CPU, tiny")
     parser.add_argument(
@@ -119,7 +119,7 @@ def bench_parser() -> Parser:
     )
     parser.add_argument(
         "--num-threads",
-        type=options.threads,
+        type=values.threads,
         help="torch CPU threads, 1..this machine's CPUs (default: the free cores, printed)",
     )
     return parser

@@ -1,33 +1,23 @@
 """``odelm``'s parser (its help shows a ranged type by its range and keeps the examples'
-lines), its ranged value types, and the options of ``train`` and ``compare`` (the run config's,
-``experiments.training.config``, and their own), ``eval`` and ``generate``. A value type refuses
-an odd value while the command line is parsed, in one line naming the option, its range and the
-value; its range is the library's own, so a Python call and its command refuse the same values.
+lines), and the options of ``train`` and ``compare`` (the run config's,
+``experiments.training.config``, and their own), ``eval`` and ``generate`` (value types:
+``experiments.cli.values``).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
-import os
 import typing
-from argparse import ArgumentTypeError
-from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from jsonargparse import ArgumentParser, DefaultHelpFormatter, Namespace
-from jsonargparse.typing import PositiveInt
 
+from experiments.cli import values
 from experiments.cli.examples import KeepExamples, epilog
 from experiments.comparison.launchers import add_launch_options
-from experiments.config_errors import ConfigError, check_range, type_name
+from experiments.config_errors import type_name
 from experiments.models.schema import model_keys_help
 from experiments.training.config import EvalConfig, add_run_arguments, descriptions, plain
-from experiments.training.run_schema import Seed
-from experiments.training.threads import check_threads
-from odelm import decoding
-from odelm.errors import OdelmError
 
 
 class HelpFormatter(KeepExamples, DefaultHelpFormatter):
@@ -56,106 +46,6 @@ class Parser(ArgumentParser):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("formatter_class", HelpFormatter)
         super().__init__(*args, exit_on_error=False, print_config=None, **kwargs)
-
-
-class _Typed:
-    """A parser type, ``name`` in ``--help``: ``convert``, then ``check``, each failure an
-    ``ArgumentTypeError`` (argparse keeps its line) naming ``flag``."""
-
-    def __init__(self, name: str, flag: str, convert: Callable[[Any], Any], check: Any) -> None:
-        self.__name__, self.flag, self.convert, self.check = name, flag, convert, check
-
-    def __repr__(self) -> str:
-        return self.__name__
-
-    def __call__(self, text: Any) -> Any:
-        try:
-            value = self.convert(text)
-        except (TypeError, ValueError):
-            kind = "an integer" if self.convert is _integer else "a number"
-            raise ArgumentTypeError(f"{self.flag} must be {kind}, got {text!r}") from None
-        try:
-            self.check(value, self.flag)
-        except OdelmError as error:
-            raise ArgumentTypeError(str(error)) from None
-        return value
-
-
-def _integer(text: Any) -> int:
-    if isinstance(text, bool) or (isinstance(text, float) and not text.is_integer()):
-        raise ValueError(text)
-    return int(text)
-
-
-def _check_folder(value: str, flag: str) -> None:
-    """An output folder, checked before any work: an existing file, a path under a file or
-    a folder this process cannot write is refused (nothing is written to check)."""
-    path = Path(value)
-    if path.exists() and not path.is_dir():
-        raise ConfigError(f"{flag} {value} is a file; it must be a folder (made when missing)")
-    parent = path.absolute()
-    while not parent.exists() and parent != parent.parent:
-        parent = parent.parent
-    if not parent.is_dir():
-        raise ConfigError(f"{flag} {value} lies under {parent}, a file; choose another folder")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise ConfigError(f"{flag} {value}: {parent} cannot be written here; choose another folder")
-
-
-threads = _Typed("threads", "--num-threads", _integer, check_threads)
-"""``--num-threads``: torch CPU threads, 1..this machine's CPU count."""
-temperature = _Typed("temperature", "--temperature", float, decoding.check_temperature)
-"""``--temperature``: finite, at least [`MIN_TEMPERATURE`][odelm.decoding.MIN_TEMPERATURE]."""
-top_p = _Typed("top_p", "--top-p", float, decoding.check_top_p)
-"""``--top-p``: in ``[MIN_TOP_P, 1]``."""
-sampling_seed = _Typed("seed", "--seed", _integer, decoding.check_seed)
-"""``generate --seed``: a ``torch.Generator`` seed, 0..2**64-1."""
-data_seed = _Typed("seed", "--seed", _integer, functools.partial(check_range, Seed))
-"""``data info --seed``: the grammar corpus's seed, the config's ``data.seed`` range."""
-beams = _Typed("beams", "--num-beams", _integer, functools.partial(check_range, PositiveInt))
-"""``--num-beams``: at least 1 (its memory bound needs the model: checked once it loads)."""
-folder = _Typed("folder", "--out", str, _check_folder)
-"""``--out``: a folder, made when missing; an existing file is refused."""
-
-
-def _device(text: Any) -> str:
-    from experiments.evaluation.devices import DeviceError, resolve_device
-
-    try:
-        return str(resolve_device(str(text)))
-    except DeviceError as error:
-        raise ArgumentTypeError("--device" + str(error).removeprefix("device")) from None
-
-
-device = _Typed("device", "--device", _device, lambda value, flag: None)
-"""``--device``: ``cpu``, ``auto`` (resolved here), ``cuda`` or ``cuda:N`` where there is one."""
-
-
-def add_placement(parser: Any, threads_default: str, invariant: str = "") -> None:
-    """The options of a command that loads a trained run (eval, generate, discretize): where the
-    model runs, on how many CPU threads; with ``invariant`` (what each sequence's own adaptive
-    solve keeps batch-invariant), ``--no-batch-invariant``: one shared step size instead."""
-    if invariant:
-        parser.add_argument(
-            "--no-batch-invariant",
-            dest="batch_invariant",
-            action="store_false",
-            help="solve an adaptive model's batch with one shared step size, as the run's own "
-            f"test evaluation did (default: each sequence its own steps, so {invariant} do not "
-            "depend on the batch)",
-        )
-    parser.add_argument(
-        "--num-threads",
-        type=threads,
-        help=f"torch CPU threads, 1..this machine's CPUs (default: {threads_default})",
-    )
-    parser.add_argument(
-        "--device",
-        type=device,
-        default="cpu",
-        help="where the model runs: cpu, auto (cuda when a GPU is visible, else cpu), cuda "
-        "or cuda:N",
-    )
 
 
 PRINT_CONFIG = "print the resolved config as YAML and exit"
@@ -258,14 +148,14 @@ def eval_parser() -> Parser:
         action="store_true",
         help="score splits that differ from those the run recorded (data_sha256)",
     )
-    add_placement(parser, "the cores other work leaves free, printed", "scores")
+    values.add_placement(parser, "the cores other work leaves free, printed", "scores")
     parser.add_argument("--json", action="store_true", help="one JSON object instead of lines")
     return parser
 
 
 def generate_parser() -> Parser:
     """The options of ``odelm generate``; each sampling value has the range the library
-    checks (its value types above)."""
+    checks (``experiments.cli.values``)."""
     from odelm.decoding import MAX_NEW_TOKENS, MIN_TEMPERATURE, MIN_TOP_P, STRATEGIES
 
     parser = Parser()
@@ -286,13 +176,13 @@ def generate_parser() -> Parser:
     )
     parser.add_argument(
         "--num-beams",
-        type=beams,
+        type=values.beams,
         default=4,
         help="beams of --strategy beam (at most what this machine's memory holds)",
     )
     parser.add_argument(
         "--temperature",
-        type=temperature,
+        type=values.temperature,
         default=1.0,
         help=f"sampling: divide the logits by it (at least {MIN_TEMPERATURE})",
     )
@@ -301,15 +191,18 @@ def generate_parser() -> Parser:
     )
     parser.add_argument(
         "--top-p",
-        type=top_p,
+        type=values.top_p,
         help=f"sampling: keep the smallest set of tokens with probability >= P, P in "
         f"[{MIN_TOP_P}, 1] (default: all)",
     )
     parser.add_argument(
-        "--seed", type=sampling_seed, default=0, help="seed of the sampling generator, 0..2**64-1"
+        "--seed",
+        type=values.sampling_seed,
+        default=0,
+        help="seed of the sampling generator, 0..2**64-1",
     )
     parser.add_argument(
         "--stop-at-eos", action="store_true", help="stop at the first end of line (<eos>)"
     )
-    add_placement(parser, "torch's choice", "beams")
+    values.add_placement(parser, "torch's choice", "beams")
     return parser

@@ -11,7 +11,7 @@ from typing import Any
 
 from jsonargparse import Namespace
 
-from experiments.cli import options
+from experiments.cli import values
 from experiments.cli.options import Parser
 from experiments.data.corpora import (
     CORPUS_NAMES,
@@ -177,7 +177,7 @@ def data_info_parser() -> Parser:
         help="describe the splits a run would use under it (default: the files as found)",
     )
     parser.add_argument(
-        "--seed", type=options.data_seed, default=0, help="seed of the grammar corpus"
+        "--seed", type=values.data_seed, default=0, help="seed of the grammar corpus"
     )
     parser.add_argument(
         "--grammar-depth",
@@ -292,8 +292,8 @@ def discretize_parser() -> Parser:
     )
     parser.add_argument(
         "--out",
-        type=options.folder,
+        type=values.folder,
         help="folder for discretize.md/.png, made when missing (default: RUN_DIR/discretize)",
     )
-    options.add_placement(parser, "torch's")
+    values.add_placement(parser, "torch's")
     return parser

@@ -81,7 +81,7 @@ def usage_error(parser: ArgumentParser, argv: list[str], error: ArgumentError) -
         expected = type_name(getattr(action, "_typehint", None) or getattr(action, "type", None))
         return UsageError(f"{flag} must be {expected}, got {value or given_here!r}")
     typed = re.match(r"argument ([-\w]+): (\1 .*)", text)
-    if typed:  # a range type's own line (experiments.cli.options) names the option
+    if typed:  # a range type's own line (experiments.cli.values) names the option
         return UsageError(typed[2])
     if re.match(r'expected "[\w.]*command" to be one of', text) and sub._subcommands_action:
         names = ", ".join(sub._subcommands_action._name_parser_map)

@@ -135,15 +135,10 @@ def resolved_model_comment(spec: dict[str, Any]) -> str:
     return "\n".join([title, *lines]) + "\n"
 
 
-KEYS_TITLE = (
-    "model keys (model: in the config, --model.KEY here), typed, by model; an unknown key "
-    "or value is refused when the config is read:"
-)
-
-
 def model_keys_help() -> str:
     """Per model, its typed keys with their defaults (``odelm train --help``)."""
-    lines = [KEYS_TITLE]
+    title = "model keys (model: in the config, --model.KEY here), typed, by model; an unknown"
+    lines = [f"{title} key or value is refused when the config is read:"]
     for label, schema in schemas().items():
         hints = typing.get_type_hints(schema)
         defaults = {f.name: f.default for f in dataclasses.fields(schema)}

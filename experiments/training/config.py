@@ -36,13 +36,11 @@ from experiments.training.run_schema import (  # noqa: F401 (re-exported: the sc
 
 
 class Replace(dict):
-    """A mapping that ``merge`` puts in place of the one under its key instead of
-    merging into it: ``--model '{...}'`` replaces the file's model section."""
+    """A mapping ``merge`` puts in place of the one under its key (``--model '{...}'``)."""
 
 
 def merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
-    """Recursive dict merge: ``override`` wins, nested mappings merge (a ``Replace``
-    mapping replaces)."""
+    """Recursive dict merge: ``override`` wins, nested mappings merge (a ``Replace`` replaces)."""
     merged = dict(base)
     for key, value in override.items():
         if isinstance(value, Replace):
@@ -81,8 +79,7 @@ LIGHTNING_KEYS = {
     "run.KEY": "trainer.KEY",
     "class_path": "model: {family, name, ...keys} (LMTask with LightningCLI: examples/)",
 }
-"""One release only: the keys of ``odelm train``'s removed Lightning form, and the run
-form's key each one is now."""
+"""One release only: the removed Lightning form's keys, and the run form's key of each."""
 SHORT_FLAGS = {
     "--corpus": "data.corpus",
     "--max-steps": "trainer.max_steps",
@@ -91,8 +88,7 @@ SHORT_FLAGS = {
     "--protocol": "data.protocol",
     "--max-time-s": "trainer.max_time_s",
 }
-"""Short flags kept beside the dotted options they stand for (``odelm compare`` has them
-too)."""
+"""Short flags kept beside the dotted options they stand for (in ``odelm compare`` too)."""
 NO_MODEL = (
     "odelm train needs --config FILE, or a model on the command line: --model.family "
     "ode_transformer (or neuralode_lm, reference; odelm models lists their keys)"
@@ -103,7 +99,6 @@ MODEL_HELP = (
     "name: lstm, embed_dim: 128}' replaces the model section, --model.KEY VALUE edits one "
     "key of it (--model.dropout 0.2, --model.solver.rtol 1e-6)"
 )
-MAPPING_SECTIONS = ("data", "model", "optim", "trainer", "eval")
 
 
 def lightning_key(key: str) -> str | None:
@@ -119,7 +114,7 @@ def lightning_key(key: str) -> str | None:
 def check_form(values: dict[str, Any], where: str) -> None:
     """Refuse a section that is not a mapping (``data: 5``), or a key of the removed
     Lightning form, in one line naming it as written in ``where`` (a file, a grid entry)."""
-    for key in MAPPING_SECTIONS:
+    for key in ("data", "model", "optim", "trainer", "eval"):
         if key in values and not isinstance(values[key], dict):
             raise ConfigError(
                 f"{where}.{key} must be a mapping, got {type(values[key]).__name__}; write "
@@ -203,8 +198,8 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
 
 
 class ConfigFile(ActionConfigFile):
-    """``--config FILE``: read by odelm's bounded reader (``base:``, ``recipe:``), its values
-    checked first so that an error names the file and the key as written there."""
+    """``--config FILE``: its values read (``base:``, ``recipe:``) and checked, so that an error
+    names the file and the key as written there."""
 
     def __call__(self, parser: Any, cfg: Any, values: Any, option_string: Any = None) -> None:
         read = read_config_file(values)
@@ -289,8 +284,7 @@ def run_parser() -> ArgumentParser:
 
 
 def plain(value: Any) -> Any:
-    """``value`` with jsonargparse's constrained numbers (``PositiveInt(8)``) as the plain
-    ``int`` and ``float`` they are, in nested mappings and lists too (YAML writes those)."""
+    """``value`` with jsonargparse's ranged numbers (``PositiveInt(8)``) plain, nested too."""
     if isinstance(value, dict):
         return {key: plain(item) for key, item in value.items()}
     if isinstance(value, list):

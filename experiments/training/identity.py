@@ -103,17 +103,15 @@ def config_sha256(config: RunConfig) -> str:
 
 
 def is_saved_run(values: dict[str, Any]) -> bool:
-    """Whether a run-form mapping is a ``config.yaml`` odelm wrote: a full dump, whose data
-    section, unlike a hand-written one, carries every key."""
+    """Whether a mapping is a ``config.yaml`` odelm wrote (a full dump: every data key)."""
     data = values.get("data")
     full = {"batching", "stateful", "eval_batch_size", "eval_window"}
     return isinstance(data, dict) and full <= data.keys()
 
 
 def saved_run_values(values: dict[str, Any]) -> dict[str, Any]:
-    """A run folder's ``config.yaml`` values as its run read them: model keys renamed since
-    0.3 under their new names, and each later key it lacks at its neutral value
-    (``data.order: 1`` where it was written before ``data.order`` existed)."""
+    """A run folder's ``config.yaml`` values as its run read them: renamed model keys under
+    their new names, each later key it lacks at its neutral value (``data.order: 1``)."""
     values = dict(values)
     if isinstance(values.get("model"), dict):
         values["model"] = respelled(values["model"], old=False)

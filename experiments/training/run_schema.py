@@ -223,8 +223,7 @@ _HMS = re.compile(r"(?:(\d+):)?(\d+):(\d+):(\d+)")
 
 
 def max_time_seconds(value: Any) -> float:
-    """A wall-clock budget (``[DD:]HH:MM:SS``, or seconds) in seconds; a ``ConfigError``
-    names anything else."""
+    """A wall-clock budget (``[DD:]HH:MM:SS``, or seconds) in seconds, else a ``ConfigError``."""
     match = _HMS.fullmatch(str(value))
     if match:
         days, hours, minutes, seconds = (int(part or 0) for part in match.groups())
@@ -313,8 +312,7 @@ SECTIONS = {
 
 
 RECIPE_DIR = Path(__file__).resolve().parents[1] / "configs" / "recipes"
-"""The named recipes: ``NAME.yaml`` each (``odelm train --recipe NAME``, or ``recipe: NAME``
-in a config or grid, lies under the config's own settings)."""
+"""The named recipes, ``NAME.yaml`` each (``--recipe NAME``, ``recipe: NAME``)."""
 RECIPES = tuple(sorted(path.stem for path in RECIPE_DIR.glob("*.yaml")))
 """The recipes' names."""
 
