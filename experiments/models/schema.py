@@ -63,9 +63,7 @@ def schema_keys(schema: type) -> list[str]:
 def schema_parser(label: str) -> ArgumentParser:
     """A jsonargparse parser of one model's keys (cached per model)."""
     parser = ArgumentParser(exit_on_error=False)
-    schema = schemas()[label]
-    skip = {f.name for f in dataclasses.fields(schema) if f.name in SKIPPED}
-    parser.add_class_arguments(schema, nested_key=None, skip=skip)
+    parser.add_class_arguments(schemas()[label], nested_key=None, skip=set(SKIPPED))
     return parser
 
 
