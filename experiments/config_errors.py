@@ -1,6 +1,6 @@
-"""Config errors as one line each: jsonargparse's messages turned into one
-``odelm.errors.ConfigError`` (the one error of a bad config) naming the key. A leaf: it
-imports no module of ``experiments``, so every layer may import it."""
+"""Config errors as one line each: jsonargparse's messages, and a value out of its field type's
+range, as one ``odelm.errors.ConfigError`` naming the key. A leaf: it imports no module of
+``experiments``, so every layer may import it."""
 
 from __future__ import annotations
 
@@ -8,30 +8,28 @@ import dataclasses
 import re
 import types
 import typing
-from collections.abc import Callable
 from typing import Any
 
 from odelm.errors import ConfigError
 
 
-def config_error(
-    error: Exception, label: Callable[[str], str], values: Any, schema: type
-) -> ConfigError:
-    """jsonargparse's error as one line naming the key (``label(key)``), what it must be
-    and what it got (looked up in ``values``, the given mapping, when there is one)."""
+def config_error(error: Exception, where: str, values: Any, schema: type) -> ConfigError:
+    """jsonargparse's error on a mapping read from ``where`` as one line naming the key as
+    ``where.key``, what it must be and what it got (looked up in ``values``)."""
     text = str(error)
+    label = lambda key: f"{where}.{key}".rstrip(".")
     unknown = re.search(r"Group '([\w.]+)' does not accept option '([^']+)'", text)
     unknown = unknown or re.search(r"Option '(?:([\w.]+)\.)?([^'.]+)' is not accepted", text)
     if unknown:
         section, key = unknown[1] or "", unknown[2]
-        section_schema = key_type(schema, section) if section else schema
-        valid = ", ".join(f.name for f in dataclasses.fields(section_schema))
-        where = f"{section}.{key}" if section else key
-        return ConfigError(f"unknown key {label(where)}; valid keys in {label(section)}: {valid}")
+        valid = ", ".join(f.name for f in dataclasses.fields(key_type(schema, section)))
+        dotted = f"{section}.{key}" if section else key
+        return ConfigError(f"unknown key {label(dotted)}; valid keys in {label(section)}: {valid}")
     wrong = re.search(r'Parser key "([^"]+)"', text)
     if wrong:
         key = wrong[1]
         value = lookup(values, key)
+        check_range(key_type(schema, key), value, key)  # raises where it is out of range
         if value is _MISSING:
             given = re.search(r"(?:Got|Given) value: (.*)", text)
             value = given[1] if given else None
@@ -56,7 +54,7 @@ def lookup(values: Any, key: str) -> Any:
 
 def key_type(schema: Any, key: str) -> Any:
     """The type of a dotted config key in a dataclass schema (``optim.lr`` -> float)."""
-    for part in key.split("."):
+    for part in filter(None, key.split(".")):
         schema = typing.get_type_hints(schema)[part]
     return schema
 
@@ -82,3 +80,47 @@ def type_name(annotation: Any, short: bool = False) -> str:
             limits = re.sub(r">(-?\d+)", lambda m: f">={int(m[1]) + 1}", limits)
         return f"{annotation._type.__name__} {limits}"  # restricted_number_type: "int >=1"
     return getattr(annotation, "__name__", str(annotation))
+
+
+def _ranged(hint: Any) -> Any:
+    """The jsonargparse range type of a field type (``PositiveInt | None``), or None."""
+    return next((a for a in typing.get_args(hint) or (hint,) if hasattr(a, "_restrictions")), None)
+
+
+def range_text(hint: Any) -> str | None:
+    """The range a field's type allows (``>= 1``, ``in [0, 1)``, ``> 0 or null``), or None."""
+    ranged = _ranged(hint)
+    if ranged is None:
+        return None
+    limits = {op.__name__: value for op, value in ranged._restrictions}  # operator.ge: "ge"
+    if len(limits) == 1:
+        ((name, value),) = limits.items()
+        if ranged._type is int and name == "gt":  # PositiveInt: > 0 is >= 1
+            name, value = "ge", value + 1
+        text = f"{ {'ge': '>=', 'gt': '>'}[name] } {value}"
+    else:
+        low, high = ("[" if "ge" in limits else "("), ("]" if "le" in limits else ")")
+        text = f"in {low}{limits.get('ge', limits.get('gt'))}, "
+        text += f"{limits.get('le', limits.get('lt'))}{high}"
+    return text + (" or null" if type(None) in typing.get_args(hint) else "")
+
+
+def check_range(hint: Any, value: Any, label: str) -> None:
+    """Raise ``ConfigError`` naming ``label`` unless ``value`` (a number, or a list of them)
+    lies in the range of the field type ``hint`` (None and other values pass)."""
+    if isinstance(value, list):
+        (item,) = typing.get_args(hint) or (None,)
+        for index, each in enumerate(value):
+            check_range(item, each, f"{label}[{index}]")
+        return
+    ranged = _ranged(hint)
+    if ranged is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+        return
+    if ranged._type is int and not isinstance(value, int):
+        return  # a type error, not a range's
+    try:
+        ranged(value)
+    except ValueError:
+        raise ConfigError(
+            f"{label} = {value!r} is out of range; it must be {range_text(hint)}"
+        ) from None

@@ -22,7 +22,7 @@ from typing import Any
 from jsonargparse import Namespace
 
 from experiments.cli import values
-from experiments.cli.parser import Parser
+from experiments.cli.options import Parser
 from experiments.cli.tools import print_rows
 from odelm.errors import OdelmError
 

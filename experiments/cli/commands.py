@@ -1,5 +1,5 @@
-"""``odelm train`` and ``odelm compare``: their options (the run config's parser's,
-``experiments.training.config``) and commands."""
+"""``odelm train`` and ``odelm compare``: the commands (their options:
+``experiments.cli.options``)."""
 
 from __future__ import annotations
 
@@ -7,61 +7,16 @@ import json
 import logging
 from datetime import datetime
 from pathlib import Path
-from typing import Any
 
 import yaml
 from jsonargparse import Namespace
 
-from experiments.cli.examples import epilog
-from experiments.cli.parser import Parser
-from experiments.comparison.launchers import LAUNCH_KEYS, add_launch_options, launch_settings
+from experiments.cli.options import TRAIN_FLAGS, given_options
+from experiments.comparison.launchers import LAUNCH_KEYS, launch_settings
 from experiments.config_errors import ConfigError
-from experiments.models.schema import model_keys_help, resolved_model_comment
-from experiments.training.config import (
-    NO_MODEL,
-    add_run_arguments,
-    load_yaml,
-    named,
-    parse_config,
-    plain,
-)
+from experiments.models.schema import resolved_model_comment
+from experiments.training.config import NO_MODEL, load_yaml, named, parse_config
 from experiments.training.threads import check_threads, set_threads
-
-COMMAND_OPTIONS = ("overwrite", "quiet", "verbose", "print_config")
-
-
-def options_parser(prog: str, description: str) -> Parser:
-    """The parser of a subcommand that takes run-config options (``train``, ``compare``)."""
-    description += (
-        " Defaults shown are the schema's: the config file's values replace them, and options "
-        "given here replace both."
-    )
-    return Parser(prog=prog, description=description, epilog=epilog(prog.removeprefix("odelm ")))
-
-
-def train_parser() -> Parser:
-    """The options of ``odelm train``: the run config's parser's, and the command's."""
-    parser = options_parser(
-        "odelm train",
-        "Train one model from YAML run configs (--config, repeatable: each file over the ones "
-        "before) and/or options: any config key as --section.key VALUE (e.g. --optim.lr 1e-3 "
-        "--trainer.max_steps 20 --trainer.max_time 00:05:00).",
-    )
-    parser.epilog = f"{parser.epilog}\n\n{model_keys_help()}"
-    add_run_arguments(parser)
-    parser.add_argument(
-        "--overwrite",
-        action="store_true",
-        help="discard an existing run of this name (made with another config) and train afresh",
-    )
-    parser.add_argument("--quiet", action="store_true", help="no progress bar or Lightning chatter")
-    parser.add_argument(
-        "--verbose", action="store_true", help="show Lightning's hardware lines and tips"
-    )
-    parser.add_argument(
-        "--print_config", action="store_true", help="print the resolved config as YAML and exit"
-    )
-    return parser
 
 
 def quiet_lightning(level: int) -> None:
@@ -77,7 +32,7 @@ def cmd_train(args: Namespace) -> int:
     from experiments.training.train import train
 
     values = given_options(args)
-    options = {key: values.pop(key, False) for key in COMMAND_OPTIONS}
+    options = {key: values.pop(key, False) for key in TRAIN_FLAGS}
     paths = values.pop("config", None)
     config = named(parse_config(values, where="odelm train", print_only=True), paths)
     if options["print_config"]:
@@ -103,48 +58,6 @@ def cmd_train(args: Namespace) -> int:
         else:
             print(f"wrote {config.run_dir}")
     return 0
-
-
-def given_options(args: Namespace) -> dict[str, Any]:
-    """The options of ``train`` or ``compare`` as a nested mapping (only those given: the
-    config file's values lie under them); ``--model '{...}'`` stays a ``Replace``."""
-    given = plain(args.as_dict())
-    for section in given.values():  # a section read from a file (--trainer FILE)
-        if isinstance(section, dict):
-            section.pop("__path__", None)
-    given.pop("__path__", None)
-    if "model" in given:
-        given["model"] = args["model"]  # as_dict() copies it into a plain dict
-    return given
-
-
-def compare_parser() -> Parser:
-    """The options of ``odelm compare``."""
-    parser = options_parser(
-        "odelm compare",
-        "Train a grid of models on identical data, seeds and budget, then write tables and "
-        "plots. Any shared config key may be overridden for every run as --section.key VALUE "
-        "(e.g. --trainer.max_steps 200 --optim.lr 3e-4), spelled as odelm train and the grid "
-        "files spell it; model keys given here (--model.KEY, --model '{...}') lie under each "
-        "run's own model section, whose keys win.",
-    )
-    parser.add_argument("--grid", help="grid YAML file (give this or --preset)")
-    parser.add_argument(
-        "--preset", help="a grid shipped in experiments/configs/grids (give this or --grid)"
-    )
-    parser.add_argument("--out", help="output directory, resumable (needed unless --print_config)")
-    parser.add_argument(
-        "--seeds",
-        type=int,
-        help="train every model with N seeds: S..S+N-1, S being --seed, else the grid's "
-        "first seed (null: the grid's seeds; results.md: mean ± sd, paired 95% intervals)",
-    )
-    add_launch_options(parser)
-    parser.add_argument(
-        "--print_config", action="store_true", help="print the resolved config as YAML and exit"
-    )
-    add_run_arguments(parser, grid=True)
-    return parser
 
 
 def cmd_compare(args: Namespace) -> int:

@@ -1,4 +1,5 @@
-"""The subcommands of ``odelm`` on a finished run: ``eval`` and ``generate``.
+"""The subcommands of ``odelm`` on a finished run: ``eval`` and ``generate`` (their options:
+``experiments.cli.options``).
 
 ``eval`` leads with the perplexity the README's tables and comparison tables use, per token
 (``ppl``), with the per-word one (``ppl_per_word``) beside it, each labelled, whatever the
@@ -11,15 +12,12 @@ import dataclasses
 import json
 import sys
 import time
-import typing
 from typing import Any
 
 import torch
 from jsonargparse import Namespace
 
-from experiments.cli import values
-from experiments.cli.parser import Parser
-from experiments.training.config import EvalConfig, descriptions
+from experiments.training.config import EvalConfig
 from experiments.training.threads import set_threads
 from odelm.errors import OdelmError
 
@@ -175,104 +173,3 @@ def cmd_generate(args: Namespace) -> int:
     )
     print(text)
     return 0
-
-
-def add_batch_invariance(parser: Parser, what: str) -> None:
-    """``--no-batch-invariant``: the shared adaptive solve instead of each sequence's own."""
-    parser.add_argument(
-        "--no-batch-invariant",
-        dest="batch_invariant",
-        action="store_false",
-        help=f"solve an adaptive model's batch with one shared step size, as the run's own test "
-        f"evaluation did (default: each sequence its own steps, so {what} do not depend on the "
-        "batch)",
-    )
-
-
-def eval_parser() -> Parser:
-    """The options of ``odelm eval``."""
-    parser = Parser()
-    parser.add_argument("run", help="a run directory written by odelm train")
-    parser.add_argument("--split", default="test", help="the split to score")
-    hints, text = typing.get_type_hints(EvalConfig), descriptions(EvalConfig)
-    for field in dataclasses.fields(EvalConfig):  # eval's settings: the eval: section's keys
-        choices = typing.get_args(hints[field.name])  # decode's; a count's range: cmd_eval
-        kind = {"choices": choices} if typing.get_origin(hints[field.name]) else {"type": int}
-        parser.add_argument(
-            "--" + field.name.replace("_", "-"),
-            help=f"{text[field.name]} (default: the run's eval setting)",
-            **kind,
-        )
-    parser.add_argument(
-        "--allow-noncausal",
-        action="store_true",
-        help="score a model that sees the tokens it predicts (labelled as such)",
-    )
-    parser.add_argument(
-        "--data-dir", help="where the run's corpus is now (default: where it was trained)"
-    )
-    parser.add_argument(
-        "--allow-changed-data",
-        action="store_true",
-        help="score splits that differ from those the run recorded (data_sha256)",
-    )
-    add_batch_invariance(parser, "scores")
-    values.add_placement(parser, "the cores other work leaves free, printed")
-    parser.add_argument("--json", action="store_true", help="one JSON object instead of lines")
-    return parser
-
-
-def generate_parser() -> Parser:
-    """The options of ``odelm generate``; each sampling value has the range the library
-    checks (``experiments.cli.values``)."""
-    from odelm.decoding import MAX_NEW_TOKENS, MIN_TEMPERATURE, MIN_TOP_P, STRATEGIES
-
-    parser = Parser()
-    parser.add_argument("run", help="a run directory written by odelm train")
-    parser.add_argument("--prompt", required=True, help="the text to continue (its words)")
-    parser.add_argument(
-        "--max-new-tokens",
-        type=int,
-        default=20,
-        help=f"tokens to generate (at most {MAX_NEW_TOKENS}, and with --num-beams within "
-        "odelm generate's budget of token positions and FLOPs, checked before it starts)",
-    )
-    parser.add_argument(
-        "--strategy",
-        default="greedy",
-        choices=STRATEGIES,
-        help="argmax, sampling (--temperature, --top-k, --top-p, --seed) or beam search",
-    )
-    parser.add_argument(
-        "--num-beams",
-        type=values.beams,
-        default=4,
-        help="beams of --strategy beam (at most what this machine's memory holds)",
-    )
-    parser.add_argument(
-        "--temperature",
-        type=values.temperature,
-        default=1.0,
-        help=f"sampling: divide the logits by it (at least {MIN_TEMPERATURE})",
-    )
-    parser.add_argument(
-        "--top-k", type=int, help="sampling: keep the K likeliest tokens (default: all)"
-    )
-    parser.add_argument(
-        "--top-p",
-        type=values.top_p,
-        help=f"sampling: keep the smallest set of tokens with probability >= P, P in "
-        f"[{MIN_TOP_P}, 1] (default: all)",
-    )
-    parser.add_argument(
-        "--seed",
-        type=values.sampling_seed,
-        default=0,
-        help="seed of the sampling generator, 0..2**64-1",
-    )
-    parser.add_argument(
-        "--stop-at-eos", action="store_true", help="stop at the first end of line (<eos>)"
-    )
-    add_batch_invariance(parser, "beams")
-    values.add_placement(parser, "torch's choice")
-    return parser

@@ -17,7 +17,7 @@ from typing import Any
 from jsonargparse import Namespace
 
 from experiments.cli.examples import epilog
-from experiments.cli.parser import Parser
+from experiments.cli.options import Parser
 from experiments.cli.usage import RUN_COMMANDS, UsageError, _subparser, usage_error
 from odelm.errors import OdelmError
 
@@ -28,7 +28,7 @@ Handler = Callable[[Namespace], int]
 
 def subcommands() -> dict[str, tuple[Callable[[], Parser], Handler, str]]:
     """Every subcommand (``"data info"`` one level down): its parser, handler and help."""
-    from experiments.cli import bench, commands, eval_generate, tools
+    from experiments.cli import bench, commands, eval_generate, options, tools
     from experiments.evaluation import discretize
 
     return {
@@ -53,22 +53,22 @@ def subcommands() -> dict[str, tuple[Callable[[], Parser], Handler, str]]:
             "every model: key of each family, with defaults",
         ),
         "train": (
-            commands.train_parser,
+            options.train_parser,
             commands.cmd_train,
             "train one model from a YAML config (--config) and/or --section.key options",
         ),
         "eval": (
-            eval_generate.eval_parser,
+            options.eval_parser,
             eval_generate.cmd_eval,
             "perplexity, per-word perplexity, BLEU, NFE of a run",
         ),
         "generate": (
-            eval_generate.generate_parser,
+            options.generate_parser,
             eval_generate.cmd_generate,
             "continue a prompt with a trained run",
         ),
         "compare": (
-            commands.compare_parser,
+            options.compare_parser,
             commands.cmd_compare,
             "train a grid of models side by side (--grid or --preset, --out)",
         ),

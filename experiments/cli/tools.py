@@ -12,7 +12,7 @@ from typing import Any
 from jsonargparse import Namespace
 
 from experiments.cli import values
-from experiments.cli.parser import Parser
+from experiments.cli.options import Parser
 from experiments.data.corpora import (
     CORPUS_NAMES,
     DEFAULT_CACHE_DIR,

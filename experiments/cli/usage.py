@@ -10,9 +10,9 @@ from collections.abc import Sequence
 from jsonargparse import ArgumentParser
 
 from experiments.config_errors import ConfigError, type_name
+from experiments.safe_yaml import parse_yaml
 from experiments.training.config import lightning_key
 from experiments.training.run_schema import key_range_check
-from experiments.training.yamlfiles import parse_yaml
 from odelm.errors import OdelmError
 
 RUN_COMMANDS = ("train", "compare")
@@ -61,10 +61,21 @@ def usage_error(parser: ArgumentParser, argv: list[str], error: ArgumentError) -
         given = re.search(r"(?:Got|Given) value: (.*)", text)
         value = restricted[1] if restricted else given[1] if given else None
         flag = _flag(sub, key, argv) or f"--{key}"
-        given_here = _given(argv, flag)  # None: the value came from a config file
-        out_of_range = _out_of_range(key, value or given_here, key if given_here is None else flag)
-        if out_of_range:  # a run-config key: its range as the config's own check words it
-            return out_of_range
+        given_here = None  # the value given to flag on the command line (None: a config file's)
+        for arg, after in zip(argv, [*argv[1:], None]):
+            if arg == flag and after is not None:
+                given_here = after
+            elif arg.startswith(flag + "="):
+                given_here = arg.split("=", 1)[1]
+        try:
+            number = parse_yaml(value or given_here or "")
+        except ConfigError:
+            number = None
+        try:  # a run-config key out of its range: the config's own line, naming the option
+            number = None if isinstance(number, list) else number
+            key_range_check(key, number, key if given_here is None else flag)
+        except ConfigError as out_of_range:
+            return UsageError(str(out_of_range))
         if restricted:  # jsonargparse.typing's PositiveInt and the like
             return UsageError(f"{flag} must be {restricted[2]}, got {value}")
         expected = type_name(getattr(action, "_typehint", None) or getattr(action, "type", None))
@@ -76,36 +87,6 @@ def usage_error(parser: ArgumentParser, argv: list[str], error: ArgumentError) -
         names = ", ".join(sub._subcommands_action._name_parser_map)
         return UsageError(f"{prog} needs a subcommand, one of {names}; see {prog} --help")
     return UsageError(" ".join(text.split()))
-
-
-def _out_of_range(key: str, text: str | None, label: str) -> UsageError | None:
-    """``LABEL = VALUE is out of range; it must be ...`` where ``key`` is a ranged run-config
-    setting and ``text`` a number outside its range (None otherwise: another kind of error);
-    ``label`` is the option given on the command line, else the key of the config file."""
-    if text is None:
-        return None
-    try:
-        value = parse_yaml(text)
-    except ConfigError:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    try:
-        key_range_check(key, value, label)
-    except ConfigError as error:
-        return UsageError(str(error))
-    return None
-
-
-def _given(argv: list[str], flag: str) -> str | None:
-    """The value given to ``flag`` on the command line (its last, as parsing keeps)."""
-    value = None
-    for index, arg in enumerate(argv):
-        if arg == flag and index + 1 < len(argv):
-            value = argv[index + 1]
-        elif arg.startswith(flag + "="):
-            value = arg.split("=", 1)[1]
-    return value
 
 
 def _flag(parser: ArgumentParser, dest: str, argv: Sequence[str] = ()) -> str | None:

@@ -1,11 +1,8 @@
 """Command-line value types with a range: each refuses an odd value while the command line
-is parsed, before anything loads, with one line naming the option, its valid range and the
-value given (``odelm: error: --temperature = 1e-320 is out of range; it must be ...``).
-
-The ranges are the library's own ([`odelm.decoding`][odelm.decoding]'s floors and seed range, the
-seed range of ``experiments.training.run_schema``), so a Python call and its
-command refuse the same values. Each type raises ``ArgumentTypeError``, whose message
-argparse keeps; ``experiments.cli.main.usage_error`` drops its ``argument X:`` prefix.
+is parsed, before anything loads, in one line naming the option, its range and the value
+(``--temperature = 1e-320 is out of range; it must be ...``). The ranges are the library's
+own ([`odelm.decoding`][odelm.decoding]'s, ``experiments.training.run_schema``'s), so a
+Python call and its command refuse the same values.
 """
 
 from __future__ import annotations
@@ -19,33 +16,34 @@ from typing import Any
 
 from jsonargparse.typing import PositiveInt
 
-from experiments.config_errors import ConfigError
-from experiments.training.run_schema import Seed, check_range
+from experiments.config_errors import ConfigError, check_range
+from experiments.training.run_schema import Seed
 from experiments.training.threads import check_threads
 from odelm import decoding
 from odelm.errors import OdelmError
 
 
-def _typed(
-    name: str, flag: str, convert: Callable[[Any], Any], check: Callable[[Any, str], None]
-) -> Callable[[Any], Any]:
-    """A parser type named ``name`` (shown in ``--help``): ``convert``, then ``check``, each
-    failure one line naming ``flag``."""
+class _Typed:
+    """A parser type, ``name`` in ``--help``: ``convert``, then ``check``, each failure an
+    ``ArgumentTypeError`` (argparse keeps its line) naming ``flag``."""
 
-    def parse(text: Any) -> Any:
+    def __init__(self, name: str, flag: str, convert: Callable[[Any], Any], check: Any) -> None:
+        self.__name__, self.flag, self.convert, self.check = name, flag, convert, check
+
+    def __repr__(self) -> str:
+        return self.__name__
+
+    def __call__(self, text: Any) -> Any:
         try:
-            value = convert(text)
+            value = self.convert(text)
         except (TypeError, ValueError):
-            kind = "an integer" if convert is _integer else "a number"
-            raise ArgumentTypeError(f"{flag} must be {kind}, got {text!r}") from None
+            kind = "an integer" if self.convert is _integer else "a number"
+            raise ArgumentTypeError(f"{self.flag} must be {kind}, got {text!r}") from None
         try:
-            check(value, flag)
+            self.check(value, self.flag)
         except OdelmError as error:
             raise ArgumentTypeError(str(error)) from None
         return value
-
-    parse.__name__ = parse.__qualname__ = name
-    return parse
 
 
 def _integer(text: Any) -> int:
@@ -69,48 +67,48 @@ def _check_folder(value: str, flag: str) -> None:
         raise ConfigError(f"{flag} {value}: {parent} cannot be written here; choose another folder")
 
 
-threads = _typed("threads", "--num-threads", _integer, check_threads)
+threads = _Typed("threads", "--num-threads", _integer, check_threads)
 """``--num-threads``: torch CPU threads, 1..this machine's CPU count."""
-temperature = _typed("temperature", "--temperature", float, decoding.check_temperature)
-"""``--temperature``: finite, at least
-[`odelm.decoding.MIN_TEMPERATURE`][odelm.decoding.MIN_TEMPERATURE]."""
-top_p = _typed("top_p", "--top-p", float, decoding.check_top_p)
+temperature = _Typed("temperature", "--temperature", float, decoding.check_temperature)
+"""``--temperature``: finite, at least [`MIN_TEMPERATURE`][odelm.decoding.MIN_TEMPERATURE]."""
+top_p = _Typed("top_p", "--top-p", float, decoding.check_top_p)
 """``--top-p``: in ``[MIN_TOP_P, 1]``."""
-sampling_seed = _typed("seed", "--seed", _integer, decoding.check_seed)
+sampling_seed = _Typed("seed", "--seed", _integer, decoding.check_seed)
 """``generate --seed``: a ``torch.Generator`` seed, 0..2**64-1."""
-data_seed = _typed("seed", "--seed", _integer, functools.partial(check_range, Seed))
+data_seed = _Typed("seed", "--seed", _integer, functools.partial(check_range, Seed))
 """``data info --seed``: the grammar corpus's seed, the config's ``data.seed`` range."""
-beams = _typed("beams", "--num-beams", _integer, functools.partial(check_range, PositiveInt))
+beams = _Typed("beams", "--num-beams", _integer, functools.partial(check_range, PositiveInt))
 """``--num-beams``: at least 1 (its memory bound needs the model: checked once it loads)."""
-folder = _typed("folder", "--out", str, _check_folder)
+folder = _Typed("folder", "--out", str, _check_folder)
 """``--out``: a folder, made when missing; an existing file is refused."""
 
 
-class _Device:
-    """``--device``: ``cpu``, ``auto`` (resolved here), ``cuda`` or ``cuda:N`` on a machine
-    that has it. A class so that ``--help`` names the type ``device``, not a function's
-    address."""
+def _device(text: Any) -> str:
+    from experiments.evaluation.devices import DeviceError, resolve_device
 
-    __name__ = "device"
-
-    def __call__(self, text: Any) -> str:
-        from experiments.evaluation.devices import DeviceError, resolve_device
-
-        try:
-            return str(resolve_device(str(text)))
-        except DeviceError as error:
-            raise ArgumentTypeError("--device" + str(error).removeprefix("device")) from None
-
-    def __repr__(self) -> str:
-        return "device"
+    try:
+        return str(resolve_device(str(text)))
+    except DeviceError as error:
+        raise ArgumentTypeError("--device" + str(error).removeprefix("device")) from None
 
 
-device = _Device()
+device = _Typed("device", "--device", _device, lambda value, flag: None)
+"""``--device``: ``cpu``, ``auto`` (resolved here), ``cuda`` or ``cuda:N`` where there is one."""
 
 
-def add_placement(parser: Any, threads_default: str) -> None:
-    """``--num-threads`` and ``--device``, the options of every command that loads a trained
-    run (eval, generate, discretize): where the model runs and on how many CPU threads."""
+def add_placement(parser: Any, threads_default: str, invariant: str = "") -> None:
+    """The options of a command that loads a trained run (eval, generate, discretize): where the
+    model runs, on how many CPU threads; with ``invariant`` (what each sequence's own adaptive
+    solve keeps batch-invariant), ``--no-batch-invariant``: one shared step size instead."""
+    if invariant:
+        parser.add_argument(
+            "--no-batch-invariant",
+            dest="batch_invariant",
+            action="store_false",
+            help="solve an adaptive model's batch with one shared step size, as the run's own "
+            f"test evaluation did (default: each sequence its own steps, so {invariant} do not "
+            "depend on the batch)",
+        )
     parser.add_argument(
         "--num-threads",
         type=threads,

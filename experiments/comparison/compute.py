@@ -32,7 +32,7 @@ from experiments.comparison.plots import _draw, read_metrics, style
 from experiments.comparison.tables import group_by_model
 from experiments.models.flops import training_flops
 from experiments.plotting import plain_log_ticks, plt, save_figure
-from experiments.training.yamlfiles import parse_yaml, read_yaml_text
+from experiments.safe_yaml import parse_yaml, read_yaml_text
 from odelm import files
 
 Curves = dict[str, list[tuple[list[tuple[float, float]], float]]]

@@ -1,11 +1,7 @@
-"""The run config's ``model:`` section: a typed union keyed by the model's family and name.
-
-Each model class names its frozen config dataclass (``config_class``); this module maps
-``family`` + ``name`` (+ ``preset`` for ``ode_transformer``) to it, and checks a ``model:``
-section against it with jsonargparse when the config is parsed, before anything is built:
-an unknown key is one line naming the valid keys of that model, a wrong type or a bad
-``Literal`` choice one line naming what the key takes. The section is kept as written (its
-keys, not the filled-in defaults), so a run's identity hash does not change.
+"""The run config's ``model:`` section: a typed union keyed by ``family`` and ``name``, each
+model's frozen config dataclass (``config_class``), checked by jsonargparse when the config is
+parsed: an unknown key, a wrong type or choice is one line naming what the key takes. The
+section is kept as written, not its defaults, so a run's identity hash does not change.
 """
 
 from __future__ import annotations
@@ -24,8 +20,7 @@ from experiments.config_errors import ConfigError, config_error, type_name
 
 FAMILIES = ("ode_transformer", "neuralode_lm", "reference")
 SKIPPED = frozenset({"vocab_size", "embeddings"})
-"""Config fields that are not ``model:`` keys: the tokenizer gives the vocabulary size, and
-initial embeddings are a tensor (Python API only)."""
+"""Config fields that are not ``model:`` keys: the tokenizer's size, a tensor (Python only)."""
 
 
 @functools.cache
@@ -68,9 +63,7 @@ def schema_keys(schema: type) -> list[str]:
 def schema_parser(label: str) -> ArgumentParser:
     """A jsonargparse parser of one model's keys (cached per model)."""
     parser = ArgumentParser(exit_on_error=False)
-    schema = schemas()[label]
-    skip = {f.name for f in dataclasses.fields(schema) if f.name in SKIPPED}
-    parser.add_class_arguments(schema, nested_key=None, skip=skip)
+    parser.add_class_arguments(schemas()[label], nested_key=None, skip=set(SKIPPED))
     return parser
 
 
@@ -78,11 +71,11 @@ def check_model(spec: dict[str, Any], where: str = "model") -> None:
     """Refuse a ``model:`` section whose keys or values its model does not take."""
     from neuralode_lm.configs import check_renamed
     from neuralode_lm.errors import ModelConfigError
+    from ode_transformer.presets import PRESETS
 
     if not isinstance(spec, dict) or not spec:
         return  # the run config names an empty section
-    label = model_label(spec)
-    valid = schemas()
+    label, valid = model_label(spec), schemas()
     if label not in valid:
         family = label.split()[0]
         names = [key.split()[1] for key in valid if key.startswith(family + " ")]
@@ -101,18 +94,15 @@ def check_model(spec: dict[str, Any], where: str = "model") -> None:
     except ModelConfigError as error:
         raise ConfigError(str(error)) from None
     keys = schema_keys(valid[label])
-    unknown = [key for key in options if key not in keys]
+    unknown = sorted(key for key in options if key not in keys)
     if unknown:
         verb = "is not a key" if len(unknown) == 1 else "are not keys"
-        named = ", ".join(f"{where}.{key}" for key in sorted(unknown))
         fixed = "family" if label == "ode_transformer" else "family, name"
         raise ConfigError(
-            f"{named} {verb} of {label}; its keys: {fixed}, {', '.join(keys) or '(none)'} "
-            "(odelm models lists every model's keys)"
+            f"{', '.join(f'{where}.{key}' for key in unknown)} {verb} of {label}; its keys: "
+            f"{fixed}, {', '.join(keys) or '(none)'} (odelm models lists every model's keys)"
         )
     preset = options.pop("preset", "small") if label == "ode_transformer" else "small"
-    from ode_transformer.presets import PRESETS
-
     if preset not in PRESETS:
         raise ConfigError(f"{where}.preset = {preset!r} is not one of {', '.join(PRESETS)}")
     if options.get("block", "") is None:  # block: null with a tableau: the custom block
@@ -120,14 +110,11 @@ def check_model(spec: dict[str, Any], where: str = "model") -> None:
     try:
         schema_parser(label).parse_object(options)
     except ArgumentError as error:
-        raise config_error(
-            error, lambda key: f"{where}.{key}".rstrip("."), options, valid[label]
-        ) from None
+        raise config_error(error, where, options, valid[label]) from None
 
 
 def resolved_model(spec: dict[str, Any]) -> dict[str, Any]:
-    """Every typed key of the model ``spec`` picks, its defaults (a preset's sizes for
-    ``ode_transformer``) filled in under the given keys."""
+    """Every typed key of the model ``spec`` picks, its defaults (a preset's sizes) filled in."""
     schema = schemas()[model_label(spec)]
     defaults = {f.name: f.default for f in dataclasses.fields(schema) if f.name not in SKIPPED}
     if schema.__name__ == "ODETransformerConfig":
@@ -138,35 +125,25 @@ def resolved_model(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def resolved_model_comment(spec: dict[str, Any]) -> str:
-    """``resolved_model`` as YAML comment lines (``--print_config`` appends them: the
-    run's identity is the section as written, so the defaults stay out of the YAML)."""
+    """``resolved_model`` as YAML comments, which ``--print_config`` appends (the section as
+    written is the run's identity)."""
     text = yaml.safe_dump(resolved_model(spec), sort_keys=False, default_flow_style=False)
     lines = [f"#   {line}" for line in text.splitlines()]
-    label = model_label(spec)
-    return "\n".join([f"# model: every key of {label}, defaults filled in:", *lines]) + "\n"
-
-
-KEYS_TITLE = (
-    "model keys (model: in the config, --model.KEY here), typed, by model; an unknown key "
-    "or value is refused when the config is read:"
-)
+    title = f"# model: every key of {model_label(spec)}, defaults filled in:"
+    return "\n".join([title, *lines]) + "\n"
 
 
 def model_keys_help() -> str:
     """Per model, its typed keys with their defaults (``odelm train --help``)."""
-    lines = [KEYS_TITLE]
+    title = "model keys (model: in the config, --model.KEY here), typed, by model; an unknown"
+    lines = [f"{title} key or value is refused when the config is read:"]
     for label, schema in schemas().items():
-        fields = {f.name: f for f in dataclasses.fields(schema)}
         hints = typing.get_type_hints(schema)
+        defaults = {f.name: f.default for f in dataclasses.fields(schema)}
         cells = ["preset small"] if label == "ode_transformer" else []
-        for key in schema_keys(schema):
-            if key == "preset":
-                continue
-            default = fields[key].default
-            cells.append(f"{key}: {type_name(hints[key], short=True)} = {default!r}")
-        name = label.replace(" ", ", name: ")
+        for key in schema_keys(schema)[len(cells) :]:  # preset: its own cell
+            cells.append(f"{key}: {type_name(hints[key], short=True)} = {defaults[key]!r}")
         text = "; ".join(cells or ["(no keys)"])
-        indent = " " * 6
-        wrapped = textwrap.fill(text, 92, initial_indent=indent, subsequent_indent=indent)
-        lines.append(f"  family: {name}\n{wrapped}")
+        wrapped = textwrap.fill(text, 92, initial_indent=" " * 6, subsequent_indent=" " * 6)
+        lines.append(f"  family: {label.replace(' ', ', name: ')}\n{wrapped}")
     return "\n".join(lines)

@@ -1,14 +1,8 @@
-"""The run config's one parser: ``odelm train``'s options, ``parse_config`` of a mapping,
-``load_config`` of a file, and ``odelm compare``'s shared options, all one form (the run
-form of ``experiments.training.run_schema``'s dataclasses).
-
-The parser is built from ``RunConfig``: one ``--section.key`` option per field, its type
-(with the range) the field's, its help the ``Attributes:`` line of the section's docstring;
-``--model`` (``ModelSection``), ``--config FILE`` (repeatable, each file over the ones
-before), ``--recipe NAME`` (the recipe's file layered where it is given; a file's
-``recipe: NAME`` lies under that file) and the short flags. An error is one line naming the
-key as written. For one release a key of the removed Lightning form (``LIGHTNING_KEYS``) is
-refused in one line naming its run-form key.
+"""The run config's one parser, built from ``RunConfig`` (``add_run_arguments``): a typed
+``--section.key`` option per field, ``--model``, ``--config FILE``, ``--recipe NAME`` and the
+short flags; ``parse_config`` reads a mapping with it, ``load_config`` a file (``base:`` files
+under it). An error is one line naming the key as written; for one release a key of the
+removed Lightning form (``LIGHTNING_KEYS``) is refused naming its run-form key.
 """
 
 from __future__ import annotations
@@ -17,7 +11,6 @@ import copy
 import dataclasses
 import functools
 import random
-import re
 import typing
 from argparse import Action, ArgumentError
 from pathlib import Path
@@ -30,22 +23,52 @@ from jsonargparse import ActionConfigFile, ArgumentParser
 from experiments.config_errors import ConfigError, config_error
 from experiments.data.corpora import CORPUS_NAMES
 from experiments.models.schema import check_model
+from experiments.safe_yaml import parse_yaml, read_yaml_text
+from experiments.training import run_schema
 from experiments.training.identity import config_sha256, is_saved_run, saved_run_values
 from experiments.training.run_schema import (  # noqa: F401 (re-exported: the schema)
-    RECIPE_DIR,
-    RECIPES,
-    SECTIONS,
-    SEED_MAX,
     DataConfig,
     EvalConfig,
     OptimConfig,
     RunConfig,
-    Seed,
     TrainerConfig,
-    key_range_check,
-    recipe_path,
 )
-from experiments.training.yamlfiles import Replace, load_yaml, merge, parse_yaml
+
+
+class Replace(dict):
+    """A mapping ``merge`` puts in place of the one under its key (``--model '{...}'``)."""
+
+
+def merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    """Recursive dict merge: ``override`` wins, nested mappings merge (a ``Replace`` replaces)."""
+    merged = dict(base)
+    for key, value in override.items():
+        if isinstance(value, Replace):
+            merged[key] = dict(value)
+        elif isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def load_yaml(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """A YAML mapping, with ``base:`` files merged underneath (paths relative to the file);
+    a file that is its own base, through any chain, is an error naming the chain."""
+    path = Path(path)
+    if path.resolve() in _seen:
+        chain = " -> ".join(str(p) for p in (*_seen, path.resolve()))
+        raise ConfigError(f"base: files form a cycle ({chain}); remove one base: line")
+    values = parse_yaml(read_yaml_text(path), str(path)) or {}  # YAML 1.2 numbers: 1e-3
+    if not isinstance(values, dict):
+        raise ConfigError(f"{path} must hold a YAML mapping at the top level")
+    base = values.pop("base", None)
+    if base is not None and not isinstance(base, str):
+        raise ConfigError(f"base: in {path} must be a file name, got {base!r}")
+    if base:
+        values = merge(load_yaml(path.parent / base, (*_seen, path.resolve())), values)
+    return values
+
 
 LIGHTNING_KEYS = {
     "seed_everything": "seed",
@@ -56,8 +79,7 @@ LIGHTNING_KEYS = {
     "run.KEY": "trainer.KEY",
     "class_path": "model: {family, name, ...keys} (LMTask with LightningCLI: examples/)",
 }
-"""One release only: the keys of ``odelm train``'s removed Lightning form, and the run
-form's key each one is now."""
+"""One release only: the removed Lightning form's keys, and the run form's key of each."""
 SHORT_FLAGS = {
     "--corpus": "data.corpus",
     "--max-steps": "trainer.max_steps",
@@ -66,8 +88,7 @@ SHORT_FLAGS = {
     "--protocol": "data.protocol",
     "--max-time-s": "trainer.max_time_s",
 }
-"""Short flags kept beside the dotted options they stand for (``odelm compare`` has them
-too)."""
+"""Short flags kept beside the dotted options they stand for (in ``odelm compare`` too)."""
 NO_MODEL = (
     "odelm train needs --config FILE, or a model on the command line: --model.family "
     "ode_transformer (or neuralode_lm, reference; odelm models lists their keys)"
@@ -78,7 +99,6 @@ MODEL_HELP = (
     "name: lstm, embed_dim: 128}' replaces the model section, --model.KEY VALUE edits one "
     "key of it (--model.dropout 0.2, --model.solver.rtol 1e-6)"
 )
-MAPPING_SECTIONS = ("data", "model", "optim", "trainer", "eval")
 
 
 def lightning_key(key: str) -> str | None:
@@ -94,13 +114,13 @@ def lightning_key(key: str) -> str | None:
 def check_form(values: dict[str, Any], where: str) -> None:
     """Refuse a section that is not a mapping (``data: 5``), or a key of the removed
     Lightning form, in one line naming it as written in ``where`` (a file, a grid entry)."""
-    for key in MAPPING_SECTIONS:
+    for key in ("data", "model", "optim", "trainer", "eval"):
         if key in values and not isinstance(values[key], dict):
             raise ConfigError(
                 f"{where}.{key} must be a mapping, got {type(values[key]).__name__}; write "
                 f"{key}: {{KEY: VALUE, ...}} ({key}.KEY options on the command line)"
             )
-    keys = [(k, v) for k, v in values.items()]
+    keys = list(values.items())
     while keys:
         key, value = keys.pop()
         new = lightning_key(key)
@@ -121,8 +141,7 @@ def descriptions(schema: type) -> dict[str, str]:
 
 def add_section(parser: Any, section: str, schema: type) -> None:
     """One typed option per field of a run-config dataclass under ``section``."""
-    hints = typing.get_type_hints(schema)
-    text = descriptions(schema)
+    hints, text = typing.get_type_hints(schema), descriptions(schema)
     group = parser.add_argument_group((schema.__doc__ or "").splitlines()[0])
     for field in dataclasses.fields(schema):
         factory = field.default_factory
@@ -136,20 +155,17 @@ def add_section(parser: Any, section: str, schema: type) -> None:
 
 
 class ModelSection(Action):
-    """``--model '{...}'`` replaces the model section; ``--model.KEY VALUE`` sets one key
-    of it, a dotted key one level down per dot (``--model.solver.rtol 1e-6``). Values are
-    read as YAML (``1e-6`` is a float); the keys are checked against the model's typed
-    config when the run config is read. jsonargparse hands this action every ``--model.*``
-    option because it declares a mapping type (``_typehint``)."""
+    """``--model '{...}'`` replaces the model section, ``--model.KEY VALUE`` sets one (dotted)
+    key of it; values read as YAML, keys checked when the run config is read. jsonargparse
+    hands it every ``--model.*`` option, as it declares a mapping type (``_typehint``)."""
 
     _typehint = dict[str, Any]
     whole: type[dict[str, Any]] = dict
-    """The mapping ``--model '{...}'`` sets (``odelm train``'s and ``compare``'s: a
-    ``Replace``, over a file's section)."""
+    """The mapping ``--model '{...}'`` sets (``compare``'s: a ``Replace``)."""
 
     def __call__(self, parser: Any, namespace: Any, value: Any, option: Any = None) -> None:
-        key = str(option or "").removeprefix(self.option_strings[0]).removeprefix(".")
-        flag = self.option_strings[0] + (f".{key}" if key else "")
+        flag = str(option or self.option_strings[0])
+        key = flag.removeprefix(self.option_strings[0]).removeprefix(".")
         value = parse_yaml(value, flag) if isinstance(value, str) else value
         current = namespace.get(self.dest)
         if not key:
@@ -164,36 +180,33 @@ class ModelSection(Action):
 
 
 def run_values(values: dict[str, Any], where: str, *, recipe: bool = False) -> dict[str, Any]:
-    """A config mapping as the parser reads it: checked (``check_form``), a run folder's
-    ``config.yaml`` as its run read it, a named recipe underneath (unless ``recipe``: the
-    mapping is the recipe's own file)."""
+    """A config mapping as the parser reads it: checked (``check_form``), a saved run's as it
+    was read, its recipe underneath (unless ``recipe``: it is the recipe's own file)."""
     check_form(values, where)
     if is_saved_run(values):
         values = saved_run_values(values)
     name = values.get("recipe")
     if name is not None and not recipe:
-        values = merge(read_config_file(recipe_path(name)), values)
+        values = merge(read_config_file(run_schema.recipe_path(name)), values)
     return values
 
 
 def read_config_file(path: str | Path) -> dict[str, Any]:
     """A config file's values as the parser reads them (``run_values``)."""
-    recipe = Path(path).resolve().parent == RECIPE_DIR.resolve()
+    recipe = Path(path).resolve().parent == run_schema.RECIPE_DIR.resolve()
     return run_values(load_yaml(path), str(path), recipe=recipe)
 
 
 class ConfigFile(ActionConfigFile):
-    """``--config FILE``: read by odelm's bounded reader (``base:``, ``recipe:``), its values
-    checked first so that an error names the file and the key as written there."""
+    """``--config FILE``: its values read (``base:``, ``recipe:``) and checked, so that an error
+    names the file and the key as written there."""
 
     def __call__(self, parser: Any, cfg: Any, values: Any, option_string: Any = None) -> None:
-        if not Path(str(values)).is_file():
-            raise ConfigError(f"config file {values} does not exist")
         read = read_config_file(values)
         try:
             run_parser().parse_object(copy.deepcopy(read))
         except ArgumentError as error:
-            raise parse_error(str(error), read, str(values)) from None
+            raise config_error(error, str(values), read, RunConfig) from None
         text = yaml.safe_dump(read, sort_keys=False)
         self.apply_config(parser, cfg, self.dest, text)
         cfg[self.dest][-1] = values  # the file's name (--name auto names the run after it)
@@ -203,23 +216,21 @@ class RecipeFile(Action):
     """``--recipe NAME``: the recipe's file layered here, as ``--config`` would."""
 
     def __call__(self, parser: Any, namespace: Any, value: Any, option: Any = None) -> None:
-        text = yaml.safe_dump(read_config_file(recipe_path(value)), sort_keys=False)
+        text = yaml.safe_dump(read_config_file(run_schema.recipe_path(value)), sort_keys=False)
         ConfigFile.apply_config(parser, namespace, "config", text)
         namespace["config"].pop()  # not a file of the run's (--name auto)
         namespace["recipe"] = value
 
 
 class GridModelSection(ModelSection):
-    """``odelm compare``'s ``--model``: ``--model '{...}'`` replaces each run's model
-    section (a ``Replace``: the options lie over each run's section)."""
+    """``odelm compare``'s ``--model``: ``--model '{...}'`` replaces each run's section."""
 
     whole = Replace
 
 
 def add_run_arguments(parser: Any, *, grid: bool = False) -> None:
-    """The run config's options on ``parser``: every key of ``RunConfig`` and the flags;
-    ``grid`` (``odelm compare``'s): no ``--config``, ``--name`` or ``--out_dir``, and
-    ``--model`` and ``--recipe`` lying under each run's own settings."""
+    """Every key of ``RunConfig`` and the flags on ``parser``; ``grid`` (``odelm compare``'s):
+    no ``--config``, ``--name`` or ``--out_dir``; ``--model``, ``--recipe`` under each run's."""
     if not grid:
         parser.add_argument(
             "-c",
@@ -229,14 +240,13 @@ def add_run_arguments(parser: Any, *, grid: bool = False) -> None:
             "(default: none: the options alone)",
         )
     text = descriptions(RunConfig)
-    seed = Union[Seed, Literal["random"]]  # noqa: UP007 (a runtime type)
+    seed = Union[run_schema.Seed, Literal["random"]]  # noqa: UP007 (a runtime type)
     parser.add_argument("--seed", type=seed, default=0, help=text["seed"])
     model = GridModelSection if grid else ModelSection
     parser.add_argument("--model", action=model, default={}, help=MODEL_HELP)
-    for section, schema in SECTIONS.items():
+    for section, schema in run_schema.SECTIONS.items():
         add_section(parser, section, schema)
-    (corpus,) = [a for a in parser._actions if a.option_strings == ["--data.corpus"]]
-    corpus.help = (  # the corpora from the registry, not the docstring's list
+    _action(parser, "--data.corpus").help = (  # the registry's corpora, not the docstring's
         f"the corpus, one of {', '.join(CORPUS_NAMES)} (grammar is generated; text reads "
         "a folder of train*, valid*, test* files)"
     )
@@ -248,16 +258,21 @@ def add_run_arguments(parser: Any, *, grid: bool = False) -> None:
         "--recipe",
         default=None,
         **recipe,
-        help=f"a recipe, one of {', '.join(RECIPES)}: experiments/configs/recipes/NAME.yaml "
-        "layered where it is given (a file's recipe: lies under that file)",
+        help=f"a recipe, one of {', '.join(run_schema.RECIPES)}: experiments/configs/recipes/"
+        "NAME.yaml layered where it is given (a file's recipe: lies under that file)",
     )
     for flag, key in SHORT_FLAGS.items():
-        (same,) = [a for a in parser._actions if a.option_strings == [f"--{key}"]]
+        same = _action(parser, f"--{key}")
         kind = {"choices": CORPUS_NAMES} if key == "data.corpus" else {"type": same._typehint}
         parser.add_argument(flag, dest=key, default=same.default, help=f"same as --{key}", **kind)
     parser.add_argument(
         "--download", dest="data.download", action="store_true", help="same as --data.download true"
     )
+
+
+def _action(parser: Any, flag: str) -> Any:
+    """The action of ``flag`` on ``parser``."""
+    return next(a for a in parser._actions if a.option_strings == [flag])
 
 
 @functools.cache
@@ -269,32 +284,15 @@ def run_parser() -> ArgumentParser:
 
 
 def plain(value: Any) -> Any:
-    """``value`` with jsonargparse's constrained numbers (``PositiveInt(8)``) as the plain
-    ``int`` and ``float`` they are, in nested mappings and lists too (YAML writes those)."""
+    """``value`` with jsonargparse's ranged numbers (``PositiveInt(8)``) plain, nested too."""
     if isinstance(value, dict):
         return {key: plain(item) for key, item in value.items()}
     if isinstance(value, list):
         return [plain(item) for item in value]
-    if isinstance(value, int) and type(value) not in (int, bool):
-        return int(value)
-    if isinstance(value, float) and type(value) is not float:
-        return float(value)
+    for kind in (int, float):
+        if isinstance(value, kind) and type(value) not in (kind, bool):
+            return kind(value)
     return value
-
-
-def run_config(values: dict[str, Any], *, print_only: bool = False) -> RunConfig:
-    """The checked ``RunConfig`` of a parsed mapping (``print_only``: the defaults may be
-    shown without a model); ``seed: random`` draws a seed."""
-    values = {k: v for k, v in plain(values).items() if k not in ("config", "__path__")}
-    if values.get("seed") == "random":
-        values["seed"] = random.SystemRandom().randint(0, SEED_MAX)
-    sections = {key: schema(**values.pop(key)) for key, schema in SECTIONS.items()}
-    model = values.pop("model") or {}
-    if not model and not print_only:
-        raise ConfigError(NO_MODEL)
-    config = RunConfig(**values, **sections, model=model)
-    check_model(config.model)
-    return config
 
 
 def named(config: RunConfig, paths: list[Any] | None) -> RunConfig:
@@ -310,36 +308,28 @@ def named(config: RunConfig, paths: list[Any] | None) -> RunConfig:
 def parse_config(
     values: dict[str, Any], *, where: str = "config", print_only: bool = False
 ) -> RunConfig:
-    """Build a RunConfig from a plain dict, naming any unknown key, wrong type or value out
-    of range in one line (``where``: the file or grid entry it came from; ``print_only``:
-    no model needed). A ``recipe`` lies underneath: the config's own settings win."""
+    """The checked ``RunConfig`` of a mapping (its ``recipe`` under it; ``seed: random`` draws
+    one), an error one line naming the key and ``where`` (``print_only``: no model needed)."""
     values = run_values(copy.deepcopy(values), where)
     try:
-        cfg = run_parser().parse_object(values)
+        parsed = plain(run_parser().parse_object(values).as_dict())
     except ArgumentError as error:
-        raise parse_error(str(error), values, where) from None
-    return run_config(cfg.as_dict(), print_only=print_only)
-
-
-def parse_error(text: str, values: dict[str, Any], where: str) -> ConfigError:
-    """The parser's error on a mapping as one line naming the key: its range and value, or
-    its type."""
-    wrong = re.match(r'Parser key "([^"]+)"', text)
-    if wrong:
-        key = wrong[1]
-        value = values
-        for part in key.split("."):
-            value = value.get(part) if isinstance(value, dict) else None  # type: ignore[assignment]
-        key_range_check(key, value, key)  # raises where the value is out of range
-    return config_error(
-        Exception(text), lambda key: f"{where}.{key}".rstrip("."), values, RunConfig
-    )
+        raise config_error(error, where, values, RunConfig) from None
+    parsed = {k: v for k, v in parsed.items() if k not in ("config", "__path__")}
+    if parsed.get("seed") == "random":
+        parsed["seed"] = random.SystemRandom().randint(0, run_schema.SEED_MAX)
+    sections = {key: schema(**parsed.pop(key)) for key, schema in run_schema.SECTIONS.items()}
+    model = parsed.pop("model") or {}
+    if not model and not print_only:
+        raise ConfigError(NO_MODEL)
+    config = RunConfig(**parsed, **sections, model=model)
+    check_model(config.model)
+    return config
 
 
 def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> RunConfig:
     """Read a YAML run config (``base: other.yaml`` inherits from another file)."""
-    values = load_yaml(path)
-    return parse_config(merge(values, overrides or {}), where=str(path))
+    return parse_config(merge(load_yaml(path), overrides or {}), where=str(path))
 
 
 def load_run_config(path: str | Path) -> RunConfig:

@@ -1,15 +1,8 @@
 """A run's identity: the settings that decide what it computes, hashed (``config_sha256``).
-
-One rule, so that a new key needs no entry here: the keys hashed by odelm 0.3
-(``HASHED_03``, frozen) always count; a key added since counts only where it differs from
-its neutral value, the behaviour before it existed: its field's default, or the field's
-``neutral`` metadata where the default changed the behaviour (``data.order``). A field with
-``identity: False`` metadata never counts (where files live, CPU threads, a progress bar:
-a run may move or resume with another thread count); one with ``hashed_as`` metadata is
-hashed under an old value (``trainer.accelerator: auto`` as ``cpu``, its old default). The
-``model:`` section counts as written, its keys renamed since 0.3 under their old spelling
-(``HASHED_SPELLINGS``). A run folder's ``config.yaml`` reads as its run did
-(``saved_run_values``).
+The keys odelm 0.3 hashed (``HASHED_03``) always count; a key added since only where it differs
+from its neutral value (its default, or its field's ``neutral`` metadata), so a new key needs no
+entry here. Field metadata ``identity: False`` leaves a key out, ``hashed_as`` hashes it under an
+old value; ``model:`` counts as written, renamed keys in their 0.3 spelling (``HASHED_SPELLINGS``).
 """
 
 from __future__ import annotations
@@ -17,29 +10,24 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import typing
 from typing import Any
 
+from experiments.training import run_schema
 from experiments.training.run_schema import RunConfig
 
+_KEYS_03 = {  # a section's keys
+    "data": "batch_size batching bpe_vocab_size bptt corpus eval_batch_size eval_window "
+    "padding_side protocol seed stateful tokenizer verify_checksums",
+    "eval": "bleu_sentences continuation_sentences decode prompt_len",
+    "optim": "anneal_factor anneal_patience betas grad_clip label_smoothing lr momentum "
+    "optimizer schedule warmup_steps weight_decay",
+    "trainer": "accelerator average_last checkpoint_every deterministic devices "
+    "early_stopping_patience log_every max_epochs max_steps max_time_s num_nodes precision "
+    "strategy val_batches val_every",
+}
 HASHED_03 = frozenset(
-    {
-        *(f"data.{key}" for key in ("batch_size", "batching", "bpe_vocab_size", "bptt")),
-        *(f"data.{key}" for key in ("corpus", "eval_batch_size", "eval_window")),
-        *(f"data.{key}" for key in ("padding_side", "protocol", "seed", "stateful")),
-        *("data.tokenizer", "data.verify_checksums"),
-        *(f"eval.{key}" for key in ("bleu_sentences", "continuation_sentences")),
-        *("eval.decode", "eval.prompt_len"),
-        *(f"optim.{key}" for key in ("anneal_factor", "anneal_patience", "betas")),
-        *(f"optim.{key}" for key in ("grad_clip", "label_smoothing", "lr", "momentum")),
-        *(f"optim.{key}" for key in ("optimizer", "schedule", "warmup_steps", "weight_decay")),
-        *("model", "recipe", "seed"),
-        *(f"trainer.{key}" for key in ("accelerator", "average_last", "checkpoint_every")),
-        *(f"trainer.{key}" for key in ("deterministic", "devices", "early_stopping_patience")),
-        *(f"trainer.{key}" for key in ("log_every", "max_epochs", "max_steps", "max_time_s")),
-        *(f"trainer.{key}" for key in ("num_nodes", "precision", "strategy", "val_batches")),
-        "trainer.val_every",
-    }
+    {"model", "recipe", "seed"}
+    | {f"{section}.{key}" for section, keys in _KEYS_03.items() for key in keys.split()}
 )
 """The keys odelm 0.3 hashed (and every key of ``model``): frozen, never to grow."""
 
@@ -54,13 +42,10 @@ HASHED_SPELLINGS = {
 def _fields() -> dict[str, dataclasses.Field[Any]]:
     """Every dotted key of ``RunConfig`` (sections one level down) and its field."""
     found: dict[str, dataclasses.Field[Any]] = {}
-    hints = typing.get_type_hints(RunConfig)
     for field in dataclasses.fields(RunConfig):
-        schema = hints[field.name]
-        if dataclasses.is_dataclass(schema):
-            found.update({f"{field.name}.{f.name}": f for f in dataclasses.fields(schema)})
-        else:
-            found[field.name] = field
+        schema = run_schema.SECTIONS.get(field.name)
+        inner = {f"{field.name}.{f.name}": f for f in dataclasses.fields(schema)} if schema else {}
+        found.update(inner or {field.name: field})
     return found
 
 
@@ -76,50 +61,39 @@ def neutral(key: str) -> Any:
     return factory() if factory is not dataclasses.MISSING else field.default
 
 
-def _label(model: dict[str, Any]) -> str:
-    return f"{model.get('family')} {model.get('name')}"
-
-
-def hashed_spelling(model: dict[str, Any]) -> dict[str, Any]:
-    """A ``model:`` section as its run identity spells it (``HASHED_SPELLINGS``)."""
-    renames = HASHED_SPELLINGS.get(_label(model), {})
-    return {renames.get(key, key): value for key, value in model.items()}
-
-
-def current_spelling(model: dict[str, Any]) -> dict[str, Any]:
-    """A ``model:`` section saved by odelm 0.3 or before, its renamed keys under their names
-    now (a saved run's ``config.yaml`` loads; a config file given by hand is refused)."""
-    renames = {old: new for new, old in HASHED_SPELLINGS.get(_label(model), {}).items()}
+def respelled(model: dict[str, Any], *, old: bool) -> dict[str, Any]:
+    """A ``model:`` section with its keys renamed since 0.3 under their old spelling (``old``:
+    as the identity hashes it) or their new one (a saved 0.3 run's ``config.yaml`` loads)."""
+    renames = HASHED_SPELLINGS.get(f"{model.get('family')} {model.get('name')}", {})
+    renames = renames if old else {was: now for now, was in renames.items()}
     return {renames.get(key, key): value for key, value in model.items()}
 
 
 def _flatten(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     flat: dict[str, Any] = {}
     for key, value in values.items():
-        name = f"{prefix}{key}"
         if isinstance(value, dict) and value:
-            flat.update(_flatten(value, name + "."))
+            flat.update(_flatten(value, f"{prefix}{key}."))
         else:
-            flat[name] = value
+            flat[f"{prefix}{key}"] = value
     return flat
-
-
-def _counts(key: str, value: Any) -> bool:
-    if key not in RUN_FIELDS:  # a key of the model section
-        return True
-    if not RUN_FIELDS[key].metadata.get("identity", True):
-        return False
-    return key in HASHED_03 or value != neutral(key)
 
 
 def identity(config: RunConfig) -> dict[str, Any]:
     """The flattened settings that determine what a run computes (dotted keys)."""
     values = config.to_dict()
-    flat = _flatten({**values, "model": hashed_spelling(values["model"])})
-    for key, value in flat.items():
-        if key in RUN_FIELDS and "hashed_as" in RUN_FIELDS[key].metadata:
-            flat[key] = RUN_FIELDS[key].metadata["hashed_as"].get(value, value)
-    return {key: value for key, value in sorted(flat.items()) if _counts(key, value)}
+    flat = _flatten({**values, "model": respelled(values["model"], old=True)})
+    counted = {}
+    for key, value in sorted(flat.items()):
+        field = RUN_FIELDS.get(key)
+        if field is None:  # a key of the model section
+            counted[key] = value
+        elif field.metadata.get("identity", True):
+            if "hashed_as" in field.metadata:
+                value = field.metadata["hashed_as"].get(value, value)
+            if key in HASHED_03 or value != neutral(key):
+                counted[key] = value
+    return counted
 
 
 def config_sha256(config: RunConfig) -> str:
@@ -128,24 +102,19 @@ def config_sha256(config: RunConfig) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-_FULL_DATA_DUMP = {"batching", "stateful", "eval_batch_size", "eval_window"}
-"""Keys every ``config.yaml`` odelm has written carries in its data section (a full dump),
-unlike a hand-written partial config."""
-
-
 def is_saved_run(values: dict[str, Any]) -> bool:
-    """Whether a run-form mapping is a ``config.yaml`` odelm wrote (a full dump)."""
+    """Whether a mapping is a ``config.yaml`` odelm wrote (a full dump: every data key)."""
     data = values.get("data")
-    return isinstance(data, dict) and _FULL_DATA_DUMP <= data.keys()
+    full = {"batching", "stateful", "eval_batch_size", "eval_window"}
+    return isinstance(data, dict) and full <= data.keys()
 
 
 def saved_run_values(values: dict[str, Any]) -> dict[str, Any]:
-    """A run folder's ``config.yaml`` values as its run read them: model keys renamed since
-    0.3 under their new names, and each later key it lacks at its neutral value
-    (``data.order: 1`` where it was written before ``data.order`` existed)."""
+    """A run folder's ``config.yaml`` values as its run read them: renamed model keys under
+    their new names, each later key it lacks at its neutral value (``data.order: 1``)."""
     values = dict(values)
     if isinstance(values.get("model"), dict):
-        values["model"] = current_spelling(values["model"])
+        values["model"] = respelled(values["model"], old=False)
     if not is_saved_run(values):
         return values
     for key, field in RUN_FIELDS.items():

@@ -1,5 +1,6 @@
 """The optimizers, rate schedules and epoch budgets that training recipes name (the named
-presets, ``RECIPES``, are configuration data and live in ``experiments.training.config``).
+presets are configuration data, ``experiments/configs/recipes``, named by ``RECIPES`` in
+``experiments.training.run_schema``).
 
 A run config, a grid's ``shared`` section or one grid run says ``recipe: NAME``; the
 recipe's settings lie underneath the config, so whatever the config sets explicitly wins.

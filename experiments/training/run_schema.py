@@ -1,15 +1,7 @@
-"""The run configuration's schema: typed sections, each field's range its type, the checks
-across fields (``RunConfig.__post_init__``), and the named recipes. Read by the one parser,
-``experiments.training.config``.
-
-A run config has five sections: ``data``, ``model`` (a typed union keyed by ``family`` and
-``name``: each model's config dataclass, checked by ``experiments.models.schema`` when the
-config is parsed), ``optim``, ``trainer`` and ``eval``, plus ``name``, ``recipe``, ``seed``
-and ``out_dir``. ``model`` is kept as written and passed to ``experiments.models.build.build_model``.
-The dataclasses below are the schema: jsonargparse reads their types (``1e-3`` is a float;
-``PositiveInt`` a range) and their ``Attributes:`` docstrings (the help line of every
-``--section.key`` option); their field metadata say how the run's identity treats a key
-(``experiments.training.identity``).
+"""The run configuration's schema: ``RunConfig``'s typed sections (a field's type is its
+range, its ``Attributes:`` line its help, its metadata how the run's identity treats it), the
+checks across fields, and the named recipes. Read by the one parser,
+``experiments.training.config``; ``model`` is a free mapping (``experiments.models.schema``).
 """
 
 from __future__ import annotations
@@ -22,74 +14,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from jsonargparse.typing import (
-    NonNegativeFloat,
-    NonNegativeInt,
-    PositiveFloat,
-    PositiveInt,
-    restricted_number_type,
-)
+import jsonargparse.typing as jt
+from jsonargparse.typing import NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt
 
-from experiments.config_errors import ConfigError
-from experiments.training.yamlfiles import load_yaml
+from experiments.config_errors import ConfigError, check_range
 
 SEED_MAX = 2**32 - 1
 """The largest seed numpy (and so Lightning's seeding of a run) accepts."""
-Seed = restricted_number_type("Seed", int, [(">=", 0), ("<=", SEED_MAX)])
-Fraction = restricted_number_type("Fraction", float, [(">=", 0), ("<", 1)])
+Seed = jt.restricted_number_type("Seed", int, [(">=", 0), ("<=", SEED_MAX)])
+Fraction = jt.restricted_number_type("Fraction", float, [(">=", 0), ("<", 1)])
 """A number in [0, 1): a beta, a label smoothing."""
-AtLeast2 = restricted_number_type("AtLeast2", int, (">=", 2))
+AtLeast2 = jt.restricted_number_type("AtLeast2", int, (">=", 2))
 """An evaluation window: one token of context, one predicted."""
-BpeVocab = restricted_number_type("BpeVocab", int, (">=", 258))
+BpeVocab = jt.restricted_number_type("BpeVocab", int, (">=", 258))
 """A trained byte-level BPE needs its 256 byte symbols plus ``<eos>`` and ``<unk>``."""
-AboveOne = restricted_number_type("AboveOne", float, (">", 1))
-
-
-def range_text(hint: Any) -> str | None:
-    """The range a field's type allows, as an error line says it (``>= 1``, ``in [0, 1)``,
-    ``> 0 or null``); None for a type without one."""
-    args = typing.get_args(hint)
-    ranged = [a for a in (args or (hint,)) if hasattr(a, "_restrictions")]
-    if not ranged:
-        return None
-    limits = {op: value for op, value in ranged[0]._restrictions}
-    names = {f.__name__: v for f, v in limits.items()}  # operator.ge -> "ge"
-    if len(names) == 1:
-        ((name, value),) = names.items()
-        if ranged[0]._type is int and name == "gt":  # PositiveInt: > 0 is >= 1
-            name, value = "ge", value + 1
-        text = f"{ {'ge': '>=', 'gt': '>'}[name] } {value}"
-    else:
-        low, high = ("[" if "ge" in names else "("), ("]" if "le" in names else ")")
-        text = (
-            f"in {low}{names.get('ge', names.get('gt'))}, {names.get('le', names.get('lt'))}{high}"
-        )
-    return text + (" or null" if type(None) in args else "")
-
-
-def check_range(hint: Any, value: Any, label: str) -> None:
-    """Raise ``ConfigError`` naming ``label`` unless ``value`` (a number, or a list of them)
-    lies in the range of the field type ``hint`` (None and other values pass)."""
-    if isinstance(value, list):
-        (item,) = typing.get_args(hint) or (None,)
-        for index, each in enumerate(value):
-            check_range(item, each, f"{label}[{index}]")
-        return
-    text = range_text(hint)
-    if text is None or isinstance(value, bool) or not isinstance(value, (int, float)):
-        return
-    ranged = next(a for a in (typing.get_args(hint) or (hint,)) if hasattr(a, "_restrictions"))
-    if ranged._type is int and not isinstance(value, int):
-        return  # a type error, not a range's
-    try:
-        ranged(value)
-    except ValueError:
-        raise ConfigError(f"{label} = {value!r} is out of range; it must be {text}") from None
+AboveOne = jt.restricted_number_type("AboveOne", float, (">", 1))
 
 
 def key_range_check(key: str, value: Any, label: str | None = None) -> None:
-    """``check_range`` of a dotted run-config key (``optim.lr``) by its field's type (a key
-    that is not one passes)."""
+    """``check_range`` of a dotted run-config key (``optim.lr``); another key passes."""
     section, _, name = key.rpartition(".")
     schema = SECTIONS.get(section) if section else RunConfig
     if schema is not None:
@@ -99,10 +42,9 @@ def key_range_check(key: str, value: Any, label: str | None = None) -> None:
 def check_ranges(section: Any) -> None:
     """Each field of a config dataclass checked against its type's range: the sections'
     ``__post_init__`` (a plain function, so that jsonargparse reads them as dataclasses)."""
-    hints = typing.get_type_hints(type(section))
+    hints, prefix = typing.get_type_hints(type(section)), section.SECTION
     for f in dataclasses.fields(section):
-        prefix = f"{section.SECTION}." if section.SECTION else ""
-        check_range(hints[f.name], getattr(section, f.name), prefix + f.name)
+        check_range(hints[f.name], getattr(section, f.name), f"{prefix}.{f.name}".lstrip("."))
 
 
 @dataclass
@@ -124,19 +66,19 @@ class DataConfig:
         padding_side: right or left padding of sentence batches
         eval_window: tokens per evaluation window
         eval_batch_size: evaluation rows (streams when stateful)
-        stateful: read the train split as batch_size contiguous streams in order, carrying
-            the model's state (detached) across windows; evaluation carries it over a split
-        shuffle: draw the training windows of each epoch in a seeded random order (true) or
-            read them in stream order (false, as pytorch/examples word_language_model
-            does); stateful data is always read in order
-        order: version of the seeded window order: 2 gives every (seed, epoch) its own
-            permutation stream; 1 is the order of runs published before it, where seed s's
-            epoch e+1 repeats seed s+1's epoch e (kept so they reproduce)
+        stateful: read the train split as batch_size contiguous streams in order, carrying the
+            model's state (detached) across windows; evaluation carries it over a split
+        shuffle: draw the training windows of each epoch in a seeded random order (true) or read
+            them in stream order (false, as pytorch/examples word_language_model does); stateful
+            data is always read in order
+        order: version of the seeded window order: 2 gives every (seed, epoch) its own permutation
+            stream; 1 is the order of runs published before it, where seed s's epoch e+1 repeats
+            seed s+1's epoch e (kept so they reproduce)
         seed: seed of the generated grammar corpus
-        grammar_depth: the grammar family of that depth (1-4: relative clauses nested up
-            to that deep, with number agreement at each level), its training sentences
-            streamed (never repeated) and its valid and test splits fixed samples of at
-            least 100k tokens; null: the embedded grammar of fixed splits
+        grammar_depth: the grammar family of that depth (1-4: relative clauses nested up to that
+            deep, with number agreement at each level), its training sentences streamed (never
+            repeated) and its valid and test splits fixed samples of at least 100k tokens; null: the
+            embedded grammar of fixed splits
     """
 
     SECTION = "data"
@@ -173,10 +115,10 @@ class OptimConfig:
         betas: Adam's two betas
         momentum: SGD momentum (sgd only)
         weight_decay: L2 penalty (adam, sgd) or decoupled decay (adamw)
-        schedule: constant, inverse_sqrt (after a linear warmup), cosine (linear warmup,
-            then a cosine decay to 0 at the run's last step: the validation curve never moves
-            the rate) or plateau (the lr is divided by anneal_factor after anneal_patience
-            validations without a new best)
+        schedule: constant, inverse_sqrt (after a linear warmup), cosine (linear warmup, then a
+            cosine decay to 0 at the run's last step: the validation curve never moves the rate) or
+            plateau (the lr is divided by anneal_factor after anneal_patience validations without a
+            new best)
         warmup_steps: steps of linear warmup
         anneal_factor: plateau schedule: divide the lr by this
         anneal_patience: plateau schedule: validations without a new best before dividing
@@ -208,16 +150,16 @@ class TrainerConfig:
         max_steps: optimizer steps (null: max_epochs decides; with both, the first reached)
         max_epochs: passes over the train split (null: max_steps decides)
         max_time_s: wall-clock budget in seconds (null: none)
-        max_time: the wall-clock budget as HH:MM:SS or DD:HH:MM:SS (e.g. 00:05:00; null:
-            none); it sets max_time_s, where the resolved config keeps it
+        max_time: the wall-clock budget as HH:MM:SS or DD:HH:MM:SS (e.g. 00:05:00; null: none); it
+            sets max_time_s, where the resolved config keeps it
         val_every: validate every N steps, or epoch
         val_batches: validation windows per validation (null: the whole split)
         checkpoint_every: save a resumable checkpoint every N steps
         early_stopping_patience: stop after N validations without a new best (null: never)
         average_last: average the weights of the last N validation checkpoints (0: off)
         log_every: log the training loss every N steps
-        accelerator: Lightning accelerator: auto (a GPU when CUDA sees one, else the CPU),
-            cpu or gpu; not part of the run's identity at auto or cpu
+        accelerator: Lightning accelerator: auto (a GPU when CUDA sees one, else the CPU), cpu or
+            gpu; not part of the run's identity at auto or cpu
         devices: Lightning devices: a count or auto
         num_nodes: Lightning nodes
         strategy: Lightning strategy, e.g. ddp
@@ -226,10 +168,10 @@ class TrainerConfig:
         progress_bar: show Lightning's progress bar
         logger: loggers: any of csv, tensorboard, wandb (offline)
         num_threads: torch CPU threads (null: the cores other work leaves free, printed)
-        compile: train through torch.compile (ode_transformer, reference, lstm, gpt2 and
-            fixed-grid node-transformer models); evaluation stays eager
-        matmul_precision: float32 matrix products and cuDNN: highest (true fp32), high or
-            medium (TF32 on CUDA; torch.set_float32_matmul_precision)
+        compile: train through torch.compile (ode_transformer, reference, lstm, gpt2 and fixed-grid
+            node-transformer models); evaluation stays eager
+        matmul_precision: float32 matrix products and cuDNN: highest (true fp32), high or medium
+            (TF32 on CUDA; torch.set_float32_matmul_precision)
     """
 
     SECTION = "trainer"
@@ -281,13 +223,11 @@ _HMS = re.compile(r"(?:(\d+):)?(\d+):(\d+):(\d+)")
 
 
 def max_time_seconds(value: Any) -> float:
-    """A wall-clock budget (``[DD:]HH:MM:SS``, or seconds) in seconds; a ``ConfigError``
-    names anything else."""
-    text = str(value)
-    match = _HMS.fullmatch(text)
+    """A wall-clock budget (``[DD:]HH:MM:SS``, or seconds) in seconds, else a ``ConfigError``."""
+    match = _HMS.fullmatch(str(value))
     if match:
-        days, hours, minutes = (int(part or 0) for part in match.groups()[:3])
-        total = float(((days * 24 + hours) * 60 + minutes) * 60) + float(match[4])
+        days, hours, minutes, seconds = (int(part or 0) for part in match.groups())
+        total = float(((days * 24 + hours) * 60 + minutes) * 60 + seconds)
     elif isinstance(value, (int, float, datetime.timedelta)) and not isinstance(value, bool):
         total = value.total_seconds() if isinstance(value, datetime.timedelta) else float(value)
     else:
@@ -325,15 +265,14 @@ class RunConfig:
     """One training run.
 
     Attributes:
-        name: the run's name; it is written to out_dir/name (auto: the config file's name
-            and the config's hash, so each changed config gets its own folder)
-        recipe: a named recipe lying under this config: lstm-sgd, transformer-sgd,
-            transformer-field or adam
-            (null: none; the config's own settings win over the recipe's)
+        name: the run's name; it is written to out_dir/name (auto: the config file's name and the
+            config's hash, so each changed config gets its own folder)
+        recipe: a named recipe lying under this config: lstm-sgd, transformer-sgd, transformer-field
+            or adam (null: none; the config's own settings win over the recipe's)
         seed: seed of initialization, batching and dropout
         out_dir: folder of run directories
-        model: the model: family (ode_transformer, neuralode_lm, reference), name, and
-            that model's typed keys (odelm models lists them)
+        model: the model: family (ode_transformer, neuralode_lm, reference), name, and that model's
+            typed keys (odelm models lists them)
     """
 
     SECTION = ""
@@ -351,10 +290,9 @@ class RunConfig:
     def __post_init__(self) -> None:
         """Each field's range, then the checks across fields."""
         check_ranges(self)
-        optim, trainer = self.optim, self.trainer
-        if len(optim.betas) != 2:
-            raise ConfigError(f"optim.betas must hold two numbers, got {optim.betas}")
-        if trainer.max_steps is None and trainer.max_epochs is None:
+        if len(self.optim.betas) != 2:
+            raise ConfigError(f"optim.betas must hold two numbers, got {self.optim.betas}")
+        if self.trainer.max_steps is None and self.trainer.max_epochs is None:
             raise ConfigError("set a budget: trainer.max_steps or trainer.max_epochs (or both)")
         if self.data.stateful and self.data.batching != "stream":
             raise ConfigError("data.stateful needs data.batching: stream (contiguous streams)")
@@ -368,16 +306,15 @@ class RunConfig:
 
 
 SECTIONS = {
-    key: schema
-    for key, schema in typing.get_type_hints(RunConfig).items()
-    if dataclasses.is_dataclass(schema)
+    k: s for k, s in typing.get_type_hints(RunConfig).items() if dataclasses.is_dataclass(s)
 }
 """The config's sections that are dataclasses (``model`` is a free mapping)."""
 
 
 RECIPE_DIR = Path(__file__).resolve().parents[1] / "configs" / "recipes"
-"""The named recipes: ``NAME.yaml`` each (``odelm train --recipe NAME``, or ``recipe: NAME``
-in a config or grid, lies under the config's own settings)."""
+"""The named recipes, ``NAME.yaml`` each (``--recipe NAME``, ``recipe: NAME``)."""
+RECIPES = tuple(sorted(path.stem for path in RECIPE_DIR.glob("*.yaml")))
+"""The recipes' names."""
 
 
 def recipe_path(name: Any) -> Path:
@@ -386,10 +323,3 @@ def recipe_path(name: Any) -> Path:
     if not isinstance(name, str) or "/" in name or not path.is_file():
         raise ConfigError(f"recipe = {name!r} is not one of {', '.join(RECIPES)}")
     return path
-
-
-RECIPES: dict[str, dict[str, Any]] = {
-    path.stem: {k: v for k, v in load_yaml(path).items() if k != "recipe"}
-    for path in sorted(RECIPE_DIR.glob("*.yaml"))
-}
-"""Each recipe's settings (its file's, less its ``recipe:`` label)."""

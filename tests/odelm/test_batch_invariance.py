@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import experiments
-from experiments.cli.eval_generate import eval_parser, generate_parser
+from experiments.cli.options import eval_parser, generate_parser
 from experiments.data.tokenization import EncodedSplit, LMData, WordTokenizer
 from experiments.training.config import parse_config
 from experiments.training.metrics import EvalSettings, perplexity

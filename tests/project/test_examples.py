@@ -30,9 +30,9 @@ from pathlib import Path
 
 import pytest
 
-from experiments.cli.commands import compare_parser
-from experiments.cli.commands import train_parser as cli_parser
 from experiments.cli.main import build_parser
+from experiments.cli.options import compare_parser
+from experiments.cli.options import train_parser as cli_parser
 from experiments.evaluation.trained import RunNotFoundError, load_run
 from experiments.training.runfolder import COMPARISON_MARKER
 from tests.support.paths import ROOT

@@ -10,7 +10,7 @@ import pytest
 
 from experiments.cli.bench import judge
 from experiments.cli.main import build_parser, main
-from experiments.cli.parser import HelpFormatter
+from experiments.cli.options import HelpFormatter
 from odelm import __version__
 
 
@@ -155,7 +155,7 @@ def test_one_parser_holds_every_subcommand_data_one_level_down():
 
 
 def test_model_keys_nest_at_any_depth_and_merge(tmp_path):
-    from experiments.cli.commands import train_parser
+    from experiments.cli.options import train_parser
 
     config = tmp_path / "c.yaml"
     config.write_text("model: {family: ode_transformer, block: rk4}\n")

@@ -13,8 +13,8 @@ import json
 import pytest
 import yaml
 
-from experiments.cli.commands import options_parser, train_parser
 from experiments.cli.main import main
+from experiments.cli.options import options_parser, train_parser
 from experiments.models.build import build_model, model_keys, model_keys_markdown
 from experiments.training.config import (
     ConfigError,

@@ -12,8 +12,8 @@ import re
 import pytest
 import yaml
 
-from experiments.cli.commands import compare_parser, given_options, train_parser
 from experiments.cli.main import build_parser, main, parse
+from experiments.cli.options import compare_parser, given_options, train_parser
 from experiments.data.registry import CORPUS_NAMES
 from experiments.models.build import build_model
 from experiments.training.config import SHORT_FLAGS, RunConfig, parse_config

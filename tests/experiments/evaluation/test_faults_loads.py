@@ -18,8 +18,8 @@ from experiments.data.hf_tokenizer import HFTokenizerError, hf_tokenizer
 from experiments.data.tokenization import WordTokenizer
 from experiments.evaluation.hub import ExportError, export_run
 from experiments.evaluation.trained import DataChangedError, load_run
+from experiments.safe_yaml import parse_yaml
 from experiments.training.config import load_config, load_run_config, parse_config
-from experiments.training.yamlfiles import parse_yaml
 from odelm.errors import ConfigError, OdelmError
 from odelm.pretrained import CorruptModelError
 from tests.support.runs import make_tiny_config

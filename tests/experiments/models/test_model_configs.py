@@ -11,8 +11,8 @@ import pytest
 import torch
 import yaml
 
-from experiments.cli.commands import train_parser as cli_parser
 from experiments.cli.main import main
+from experiments.cli.options import train_parser as cli_parser
 from experiments.models.schema import model_keys_help, schemas
 from neuralode_lm import (
     LSTMLM,

@@ -10,7 +10,7 @@ import json
 import pytest
 from test_config_identity import OTHER_GRIDS, TABLE5_FIELD, grid_hashes
 
-from experiments.cli.commands import train_parser
+from experiments.cli.options import train_parser
 from experiments.training import config, identity, run_schema
 from experiments.training.config import parse_config
 from experiments.training.run_schema import Fraction, OptimConfig

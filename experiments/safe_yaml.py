@@ -1,5 +1,4 @@
-"""Run-config YAML files: one bounded reader for every YAML odelm reads, ``base:``
-inheritance, and the merge of a config over another.
+"""The one bounded YAML reader every YAML odelm reads goes through.
 
 ``parse_yaml`` is how odelm turns YAML text into values (config files, grids, run folders'
 ``config.yaml``, ``--model '{...}'``), and ``BoundedLoader`` is the loader jsonargparse reads
@@ -18,7 +17,7 @@ import yaml
 from jsonargparse import _loaders_dumpers
 from yaml.constructor import ConstructorError
 
-from experiments.config_errors import ConfigError
+from odelm.errors import ConfigError
 
 MAX_YAML_BYTES = 4 * 2**20
 """The largest YAML text odelm reads (4 MiB; the largest published grid is a few KiB)."""
@@ -164,40 +163,3 @@ def read_yaml_text(path: Path) -> str:
             f"{path} is not UTF-8 text (byte 0x{data[error.start]:02x} at offset "
             f"{error.start}); save it as UTF-8"
         ) from None
-
-
-class Replace(dict):
-    """A mapping that ``merge`` puts in place of the one under its key instead of
-    merging into it: ``--model '{...}'`` replaces the file's model section."""
-
-
-def merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
-    """Recursive dict merge: ``override`` wins, nested mappings merge (a ``Replace``
-    mapping replaces)."""
-    merged = dict(base)
-    for key, value in override.items():
-        if isinstance(value, Replace):
-            merged[key] = dict(value)
-        elif isinstance(value, dict) and isinstance(merged.get(key), dict):
-            merged[key] = merge(merged[key], value)
-        else:
-            merged[key] = value
-    return merged
-
-
-def load_yaml(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
-    """A YAML mapping, with ``base:`` files merged underneath (paths relative to the file);
-    a file that is its own base, through any chain, is an error naming the chain."""
-    path = Path(path)
-    if path.resolve() in _seen:
-        chain = " -> ".join(str(p) for p in (*_seen, path.resolve()))
-        raise ConfigError(f"base: files form a cycle ({chain}); remove one base: line")
-    values = parse_yaml(read_yaml_text(path), str(path)) or {}  # YAML 1.2 numbers: 1e-3
-    if not isinstance(values, dict):
-        raise ConfigError(f"{path} must hold a YAML mapping at the top level")
-    base = values.pop("base", None)
-    if base is not None and not isinstance(base, str):
-        raise ConfigError(f"base: in {path} must be a file name, got {base!r}")
-    if base:
-        values = merge(load_yaml(path.parent / base, (*_seen, path.resolve())), values)
-    return values
