@@ -11,10 +11,11 @@ import torch
 from neuralode_lm import MaxStepsExceeded, build_model
 from neuralode_lm.depth_field import FixedGrid
 from neuralode_lm.transformer import NODETransformerLM
-from ode_transformer import KVCache, ODETransformerConfig, ODETransformerLM
+from ode_transformer import KVCache
 from odelm.decoding import StepFunction
+from tests.support.families import V, tiny_ode_transformer
 
-VOCAB = 23
+VOCAB = V
 TINY = {"d_model": 16, "n_heads": 2, "d_ff": 32, "max_positions": 32, "dropout": 0.0}
 
 
@@ -41,19 +42,7 @@ def tokens(batch: int = 2, length: int = 9) -> torch.Tensor:
 
 
 def test_rk4_grid_one_step_per_unit_depth_is_an_ode_transformer_rk4_block():
-    config = ODETransformerConfig(
-        vocab_size=VOCAB,
-        d_model=16,
-        n_heads=2,
-        d_ff=32,
-        n_layers=2,
-        max_positions=32,
-        dropout=0.0,
-        attention_dropout=0.0,
-        relu_dropout=0.0,
-        block="rk4",
-    )
-    discrete = ODETransformerLM(config).eval()
+    discrete = tiny_ode_transformer(block="rk4").eval()  # vocabulary V = VOCAB
     continuous = tiny(n_layers=2, solver={"method": "rk4"}, steps=1)
     state = {}
     for name, value in discrete.state_dict().items():

@@ -25,7 +25,8 @@ RK4_HALF = {"method": "rk4", "step_size": 0.5}
 DOPRI5 = {"method": "dopri5", "rtol": 1e-3, "atol": 1e-4}
 
 
-def _ode_transformer(**options):
+def tiny_ode_transformer(**options) -> ODETransformerLM:
+    """A 2-layer ODE Transformer of vocabulary :data:`V`, d 16, no dropout."""
     config = ODETransformerConfig(
         vocab_size=V,
         d_model=16,
@@ -42,9 +43,9 @@ def _ode_transformer(**options):
 
 
 FAMILIES = {
-    "ode_transformer-rk4": lambda: _ode_transformer(block="rk4"),
-    "ode_transformer-rk2-untied": lambda: _ode_transformer(block="rk2", tie_embeddings=False),
-    "ode_transformer-macaron": lambda: _ode_transformer(stack="macaron"),
+    "ode_transformer-rk4": lambda: tiny_ode_transformer(block="rk4"),
+    "ode_transformer-rk2-untied": lambda: tiny_ode_transformer(block="rk2", tie_embeddings=False),
+    "ode_transformer-macaron": lambda: tiny_ode_transformer(stack="macaron"),
     "node-transformer-grid": lambda: NODETransformerLM(
         V, **NODE_TINY, solver={"method": "rk4"}, steps=2
     ),
