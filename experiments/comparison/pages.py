@@ -68,14 +68,18 @@ def results_block(folder: Path) -> str:
 
 def tuning_block(folder: Path) -> str:
     """Every arm's best validation perplexity at every tuned value (the chosen one in
-    bold, a trial still to come as -), from the grid's ``tune.csv``."""
+    bold, a trial still to come as -), from the grid's ``tune.csv``; a grammar-family
+    grid's best validation excess loss (nats/token) instead."""
     rows = typed_rows(folder / "tune.csv")
     if not rows:
         raise ConfigError(f"{folder / 'tune.csv'} has no trials")
     values = sorted({row["value"] for row in rows})
     key = rows[0]["key"]
+    metric, digits, what = "valid_ppl", 2, "arm"
+    if "valid_excess" in rows[0]:
+        metric, digits, what = "valid_excess", 4, "arm: validation excess (nats/token)"
     lines = [
-        "| arm | " + " | ".join(f"{key} {v:g}" for v in values) + " |",
+        f"| {what} | " + " | ".join(f"{key} {v:g}" for v in values) + " |",
         "|" + "---|" * (len(values) + 1),
     ]
     for arm in dict.fromkeys(row["arm"] for row in rows):
@@ -83,10 +87,10 @@ def tuning_block(folder: Path) -> str:
         line = [arm]
         for value in values:
             row = cells.get(value)
-            if row is None or row["valid_ppl"] is None:
+            if row is None or row[metric] is None:
                 line.append("-")
             else:
-                text = f"{row['valid_ppl']:.2f}"
+                text = f"{row[metric]:.{digits}f}"
                 line.append(f"**{text}**" if row["chosen"] else text)
         lines.append("| " + " | ".join(line) + " |")
     return "\n".join(lines) + "\n"

@@ -242,9 +242,14 @@ def write_tune_table(
 ) -> None:
     """``tune.csv`` (one row per trial; a trial not yet finished has no perplexity) and,
     with ``plot``, ``tune.png`` (validation perplexity against the tuned value, one line per
-    arm, the chosen value ringed)."""
+    arm, the chosen value ringed). A grid of the grammar family is read in excess loss: its
+    rows also hold ``valid_excess`` (nats/token over the true grammar), which the plot shows."""
+    from experiments.comparison.compute import family_depth, validation_reference
+
     rows = []
-    for arm in arms:
+    for arm, values in arms.items():
+        data = values.get("data", {})
+        reference = validation_reference(data) if family_depth(data) is not None else None
         for value in spec.values:
             for also in spec.also_values:
                 result = results.get(trial_name(spec, arm, value, also), {})
@@ -263,6 +268,10 @@ def write_tune_table(
                         "run": trial_name(spec, arm, value, also),
                     }
                 )
+                if reference is not None:
+                    ppl = result.get("valid_ppl")
+                    excess = math.log(ppl) - reference if _finite(ppl) < math.inf else None
+                    rows[-1]["valid_excess"] = excess
     with (
         files.atomic_write(out_dir / "tune.csv") as partial,
         partial.open("w", newline="") as handle,
@@ -275,35 +284,39 @@ def write_tune_table(
 
 
 def plot_tuning(rows: list[dict[str, Any]], spec: TuneSpec, path: Path) -> None:
-    """Validation perplexity against the tuned value (log scale), one line per arm; a trial
-    far above every arm's chosen one (a stalled run) is marked by an arrow at the top edge in
-    its arm's colour and listed with its value under the legend, so that it does not squeeze
-    the region where the arms differ."""
+    """Validation perplexity against the tuned value (log scale), one line per arm (the
+    validation excess loss for a grammar-family grid); a trial far above every arm's chosen
+    one (a stalled run: 1.3 x its perplexity, + log 1.3 nats of excess) is marked by an arrow
+    at the top edge in its arm's colour and listed with its value under the legend, so that
+    it does not squeeze the region where the arms differ."""
     from experiments.comparison.plots import style
     from experiments.plotting import plain_log_ticks, plt, save_figure
 
+    metric = "valid_excess" if "valid_excess" in rows[0] else "valid_ppl"
     figure, axis = plt.subplots(figsize=(7.5, 4.5))
-    chosen = [_finite(r["valid_ppl"]) for r in rows if r["chosen"]]
-    top = 1.3 * max(chosen) if chosen and max(chosen) < math.inf else math.inf
+    chosen = [_finite(r[metric]) for r in rows if r["chosen"]]
+    top = max(chosen) if chosen and max(chosen) < math.inf else math.inf
+    top = top + math.log(1.3) if metric == "valid_excess" else 1.3 * top
     lines = sorted(
         {(r["arm"], r["also_value"]) for r in rows},
         key=lambda k: [r["arm"] for r in rows].index(k[0]),
     )
     above: list[str] = []  # the trials off the top, in the order of the lines
+    digits = 3 if metric == "valid_excess" else 0
     for index, (arm, also) in enumerate(lines):
         mine = [r for r in rows if r["arm"] == arm and r["also_value"] == also]
-        points = [(r["value"], r["valid_ppl"]) for r in mine if _finite(r["valid_ppl"]) < math.inf]
+        points = [(r["value"], r[metric]) for r in mine if 0 < _finite(r[metric]) < math.inf]
         label = arm if spec.also_key is None else f"{arm}, {_slug(spec.also_key, also)}"
         if points:
             axis.plot(*zip(*points), label=label, **style(index))
         for r in mine:
-            if r["chosen"] and r["valid_ppl"]:
-                axis.scatter([r["value"]], [r["valid_ppl"]], s=160, facecolors="none",
+            if r["chosen"] and 0 < _finite(r[metric]) < math.inf:
+                axis.scatter([r["value"]], [r[metric]], s=160, facecolors="none",
                              edgecolors="black", zorder=5)  # fmt: skip
-            if top < _finite(r["valid_ppl"]) < math.inf:
+            if top < _finite(r[metric]) < math.inf:
                 axis.scatter([r["value"]], [top], marker="^", s=70, clip_on=False, zorder=6,
                              color=style(index)["color"])  # fmt: skip
-                above.append(f"{label} at {r['value']:g}: {r['valid_ppl']:.0f}")
+                above.append(f"{label} at {r['value']:g}: {r[metric]:.{digits}f}")
     if above:
         axis.text(1.03, 0.0, "\u2191 off the top:\n" + "\n".join(above), transform=axis.transAxes,
                   ha="left", va="bottom", fontsize="small")  # fmt: skip
@@ -315,7 +328,11 @@ def plot_tuning(rows: list[dict[str, Any]], spec: TuneSpec, path: Path) -> None:
     axis.set_xticks(list(spec.values), [f"{v:g}" for v in spec.values])
     axis.minorticks_off()
     axis.set_xlabel(f"{spec.key} (log scale)")
-    axis.set_ylabel("best validation perplexity (log scale)")
+    axis.set_ylabel(
+        "best validation excess loss (nats/token, log scale)"
+        if metric == "valid_excess"
+        else "best validation perplexity (log scale)"
+    )
     axis.set_title(f"Equal tuning: {len(spec.values) * len(spec.also_values)} trials per arm, "
                    f"seed {spec.seed} (ringed: chosen)")  # fmt: skip
     axis.grid(True, alpha=0.3)

@@ -117,6 +117,48 @@ def test_a_stalled_trial_is_marked_at_the_top_of_the_plot_not_drawn_to_scale(tmp
     close(figures[0])
 
 
+def test_a_grammar_family_sweep_is_read_in_excess_loss(tmp_path, monkeypatch):
+    """On the grammar family the arms differ in the third decimal of the perplexity: tune.csv
+    holds each trial's validation excess (log perplexity minus the true grammar's NLL per
+    token of the validation split), and the plot and the page's tuning table show it."""
+    from experiments.comparison.compute import validation_reference
+    from experiments.comparison.pages import tuning_block
+    from experiments.plotting import plt
+
+    data = {"corpus": "grammar", "grammar_depth": 1, "seed": 0}
+    reference = validation_reference(data)
+    excess = {"a": {0.5: 0.0200, 1.0: 0.0050, 2.0: 0.0080}, "b": {0.5: 0.0300, 1.0: 0.0070}}
+    excess["b"][2.0] = 0.5  # off the top: 0.007 + log 1.3 < 0.5
+
+    def train(todo, record):
+        results = {}
+        for name, values, _ in todo:
+            arm = name.split("-")[1]
+            ppl = math.exp(reference + excess[arm][values["optim"]["lr"]])
+            results[name] = {"valid_ppl": ppl}
+            record(name, results[name])
+        return results
+
+    figures = []
+    close = plt.close
+    monkeypatch.setattr(plt, "close", figures.append)  # kept open to be read
+    spec = TuneSpec("optim.lr", (0.5, 1.0, 2.0), seed=1, extend=0)
+    arms = {arm: {"data": data, "optim": {}} for arm in ("a", "b")}
+    run_tuning(spec, arms, tmp_path, train)
+    rows = list(csv.DictReader((tmp_path / "tune.csv").open()))
+    assert [float(r["valid_excess"]) for r in rows] == pytest.approx(
+        [0.02, 0.005, 0.008, 0.03, 0.007, 0.5], abs=1e-12
+    )
+    (axis,) = figures[-1].axes
+    assert "excess" in axis.get_ylabel()
+    assert axis.get_ylim()[1] == pytest.approx(0.007 + math.log(1.3))  # b's chosen
+    assert [text.get_text() for text in axis.texts] == ["\u2191 off the top:\nb at 2: 0.500"]
+    close(figures[-1])
+    block = tuning_block(tmp_path)
+    assert "validation excess (nats/token)" in block
+    assert "| a | 0.0200 | **0.0050** | 0.0080 |" in block
+
+
 def test_extension_is_geometric_on_both_sides():
     assert extended((1.0, 2.0, 4.0), low=True, high=True) == (0.5, 1.0, 2.0, 4.0, 8.0)
     assert extended((0.6, 1.25, 2.5, 5.0), low=False, high=True)[-1] == 10.0
