@@ -287,8 +287,9 @@ def discretize_parser() -> Parser:
     parser.add_argument(
         "--plot",
         action="store_true",
-        help="also the test-time depth curve: depth.png (test perplexity against NFE per "
-        "token, training depth marked, 2x and 4x the training steps) and depth.json",
+        help="also the test-time depth curve: depth.png (test perplexity, or a grammar-family "
+        "run's excess loss, against NFE per token, training depth marked, 2x and 4x the "
+        "training steps) and depth.json",
     )
     parser.add_argument(
         "--out",

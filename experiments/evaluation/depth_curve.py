@@ -1,5 +1,5 @@
-"""``odelm discretize RUN --plot``: test perplexity against NFE per token, depth chosen at
-test time.
+"""``odelm discretize RUN --plot``: test perplexity (a grammar-family run: excess loss)
+against NFE per token, depth chosen at test time.
 
 The trained fields are evaluated as trained, on the grids and tolerances ``discretize``
 already runs, and past the training depth: the trained grid's method at 2x and 4x the
@@ -68,32 +68,43 @@ def trained_label(model: NODETransformerLM) -> str:
     return f"{trained.method} rtol {trained.rtol:.0e} (as trained)"
 
 
+def metric(rows: list[dict[str, Any]]) -> tuple[str, str]:
+    """The rows' key the plots read and its axis label: the excess loss over the true
+    grammar for a grammar-family run (``excess``), else the test perplexity."""
+    if "excess" in rows[0]:
+        return "excess", "test excess loss over the true grammar (nats/token)"
+    return "ppl", "test perplexity"
+
+
 def curve_points(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """The plotted data: ``series`` (method -> sorted ``[nfe, ppl]``), the ``training``
-    point and the ``extrapolation`` points by factor (``"2x"``, ``"4x"``; depth ``"2S"``...)."""
-    points = [r for r in rows if r.get("ppl") is not None and r.get("role") is None]
+    """The plotted data: ``series`` (method -> sorted ``[nfe, value]``, the value
+    ``metric``'s), the ``training`` point, the ``extrapolation`` points by factor (``"2x"``,
+    ``"4x"``; depth ``"2S"``...) and the ``metric``."""
+    key, label = metric(rows)
+    points = [r for r in rows if r.get(key) is not None and r.get("role") is None]
     series: dict[str, list[list[float]]] = {}
     for row in points:
-        series.setdefault(row["method"], []).append([row["nfe"], row["ppl"]])
-    training = next(([r["nfe"], r["ppl"]] for r in rows if r.get("role") == "trained"), None)
-    extra = {
-        r["role"]: [r["nfe"], r["ppl"]] for r in rows if r.get("role", "").endswith(("x", "S"))
-    }
+        series.setdefault(row["method"], []).append([row["nfe"], row[key]])
+    training = next(([r["nfe"], r[key]] for r in rows if r.get("role") == "trained"), None)
+    extra = {r["role"]: [r["nfe"], r[key]] for r in rows if r.get("role", "").endswith(("x", "S"))}
     return {
         "series": {k: sorted(v) for k, v in series.items()},
         "training": training,
         "extrapolation": extra,
+        "metric": [key, label],
     }
 
 
 def plot_depth(points: dict[str, Any], path: Path, title: str) -> None:
-    """Test perplexity against NFE per token (``points``: ``curve_points``, or the
-    ``depth.json`` it wrote), one line per method, the training depth marked (a star and a
+    """Test perplexity (or excess loss: ``points["metric"]``) against NFE per token
+    (``points``: ``curve_points``, or the ``depth.json`` it wrote), one line per method, the training depth marked (a star and a
     dotted line) and the 2x/4x extrapolation ringed; writes ``path`` (PNG) and ``path``
     with ``.json`` (the points)."""
+    from matplotlib.ticker import FuncFormatter
+
     from experiments.plotting import plain_log_ticks, plt, save_figure
 
-    figure, axes = plt.subplots(figsize=(7, 4.8))
+    figure, axes = plt.subplots(figsize=(9.5, 4.8))
     for method, xy in points["series"].items():
         axes.plot(*zip(*xy), marker="o", markersize=4, label=method)
     training = points["training"]
@@ -116,13 +127,22 @@ def plot_depth(points: dict[str, Any], path: Path, title: str) -> None:
             axes.plot([nfe], [ppl], marker="o", markersize=10, fillstyle="none", color="red")
             text = f"{name} steps" if kind == "x" else name
             axes.annotate(text, (nfe, ppl), textcoords="offset points", xytext=(6, 4), fontsize=8)
+    key, label = points.get("metric", metric([{}]))
     axes.set_xscale("log")
-    axes.set_yscale("log")  # perplexity is exp(loss): equal ratios, equal heights
-    plain_log_ticks(axes, "y")
+    if key == "ppl":  # perplexity is exp(loss): equal ratios, equal heights
+        axes.set_yscale("log")
+        plain_log_ticks(axes, "y")
+    else:  # an excess near 0 matters, and on a sample of sentences it may be below 0:
+        axes.set_yscale("symlog", linthresh=0.01)  # linear within +-0.01, log beyond
+        axes.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
+        axes.axhline(0.0, color="grey", linewidth=0.8)
+        values = [y for xy in points["series"].values() for _, y in xy]
+        values += [y for _, y in extra.values()]
+        axes.set_ylim(bottom=min(0.0, *values) - 0.002)  # no empty band below 0
     axes.set_xlabel("NFE per token (evaluations of F, all blocks)")
-    axes.set_ylabel("test perplexity")
+    axes.set_ylabel(label)
     axes.set_title("\n".join(textwrap.wrap(title, 80)), fontsize=8)
-    axes.legend(fontsize=7)
+    axes.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # never on a point
     figure.tight_layout()
     save_figure(figure, path)
     files.write_text(path.with_suffix(".json"), json.dumps(points, indent=1))

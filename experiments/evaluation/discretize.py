@@ -8,8 +8,9 @@ is compared with the exact flow of its ``F`` (a tight dopri5 solve) on the state
 trained model produces (the local truncation error), and the whole model is evaluated
 with every block replaced by that flow or by another tableau.
 
-Each setting reports test perplexity (over ``--max-batches`` evaluation batches), mean
-NFE per forward pass, forward FLOPs per token (``experiments.models.flops``), seconds, the
+Each setting reports test perplexity (over ``--max-batches`` evaluation batches; for a
+grammar-family run evaluated by sentences also the excess loss over the true grammar's
+exact NLL of the same sentences, which the plots then show), mean NFE per forward pass, forward FLOPs per token (``experiments.models.flops``), seconds, the
 relative distance of the final state from a reference solve (dopri5, rtol 1e-7, in
 float64 by default) and the causal leak: the largest change of an earlier position's
 log-probabilities when the second half of a window changes (exactly 0 on fixed grids;
@@ -30,9 +31,11 @@ import torch
 from jsonargparse import Namespace
 
 from experiments.data.batching import lm_nll
+from experiments.data.grammar_family import family_automaton
 from experiments.evaluation.depth_curve import (
     curve_points,
     extrapolation,
+    metric,
     plot_depth,
     trained_label,
     training_steps,
@@ -262,10 +265,37 @@ def discretize(
     model.set_integration(trained)
     if depth:
         rows += depth_rows(model, batches, reference, trained)
-    label = f"{data.protocol}, test, first {len(batches)} batches of {window} tokens x {batches[0][0].shape[0]}"
+    true_nll = true_nll_per_token(data, config, batches)
+    rows_per_batch = batches[0][0].shape[0]
+    label = (
+        f"{data.protocol}, test, first {len(batches)} batches of {window} tokens x {rows_per_batch}"
+    )
+    if batching.batching == "sentences":
+        sentences = sum(tokens.shape[0] for tokens, _ in batches)
+        label = f"{data.protocol}, test, first {sentences} sentences ({rows_per_batch} a batch)"
     for row in rows:
         row["protocol"] = label
+        if true_nll is not None:  # log ppl is the model's NLL per token of the same tokens
+            row["excess"] = None if row["ppl"] is None else math.log(row["ppl"]) - true_nll
     return rows
+
+
+def true_nll_per_token(data: Any, config: Any, batches: list) -> float | None:
+    """The true grammar's exact NLL per token of the tokens ``batches`` score, for a run of
+    the grammar family evaluated sentence by sentence (None otherwise): each row is one
+    whole sentence after an ``<eos>``, its targets the sentence's words and its ``<eos>``."""
+    depth = config.data.grammar_depth
+    if config.data.corpus != "grammar" or depth is None or config.data.batching != "sentences":
+        return None
+    automaton = family_automaton(depth)
+    index = {word: i for i, word in enumerate(automaton.words)}
+    total, count = 0.0, 0
+    for tokens, mask in batches:
+        for row, real in zip(tokens.tolist(), mask.tolist(), strict=True):
+            words = [data.tokenizer.id_to_token(t) for t, keep in zip(row, real) if keep][1:]
+            total -= automaton.log_probability([index[word] for word in words])
+            count += len(words)
+    return total / count
 
 
 def _format(value: Any, column: str = "") -> str:
@@ -273,6 +303,8 @@ def _format(value: Any, column: str = "") -> str:
         return "-"
     if column == "ppl":
         return f"{value:.2f}"
+    if column == "excess":
+        return f"{value:.4f}"
     if isinstance(value, float):
         return f"{value:.3g}" if abs(value) < 1e4 else f"{value:.3e}"
     return str(value)
@@ -281,6 +313,8 @@ def _format(value: Any, column: str = "") -> str:
 def write_table(rows: list[dict[str, Any]], path: Path) -> str:
     """A markdown table of the rows (also returned)."""
     columns = [*COLUMNS, "causal_leak", "increment_error"]
+    if "excess" in rows[0]:  # a grammar-family run: excess loss over the true grammar
+        columns.insert(columns.index("ppl") + 1, "excess")
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     lines += ["| " + " | ".join(_format(row.get(c), c) for c in columns) + " |" for row in rows]
     text = f"Protocol: {rows[0]['protocol']}\n\n" + "\n".join(lines) + "\n"
@@ -289,24 +323,25 @@ def write_table(rows: list[dict[str, Any]], path: Path) -> str:
 
 
 def plot_pareto(rows: list[dict[str, Any]], path: Path, title: str) -> None:
-    """Perplexity against NFE per method, with the Pareto front (no setting is both
-    cheaper and better)."""
+    """Perplexity (a grammar-family run: excess loss) against NFE per method, with the
+    Pareto front (no setting is both cheaper and better)."""
     from experiments.plotting import plt, save_figure
 
-    points = [r for r in rows if r.get("ppl") is not None]
+    key, label = metric(rows)
+    points = [r for r in rows if r.get(key) is not None]
     figure, axes = plt.subplots(figsize=(6.5, 4.5))
     for method in dict.fromkeys(r["method"] for r in points):
-        mine = sorted((r["nfe"], r["ppl"]) for r in points if r["method"] == method)
+        mine = sorted((r["nfe"], r[key]) for r in points if r["method"] == method)
         axes.plot(*zip(*mine), marker="o", label=method)
     front, best = [], math.inf
-    for nfe, ppl in sorted((r["nfe"], r["ppl"]) for r in points):
+    for nfe, ppl in sorted((r["nfe"], r[key]) for r in points):
         if ppl < best:
             front.append((nfe, ppl))
             best = ppl
     axes.step(*zip(*front), where="post", color="black", linestyle="--", label="Pareto front")
     axes.set_xscale("log")
     axes.set_xlabel("NFE per forward pass (evaluations of F, all blocks)")
-    axes.set_ylabel("test perplexity")
+    axes.set_ylabel(label)
     axes.set_title("\n".join(textwrap.wrap(title, 80)), fontsize=8)
     axes.legend(fontsize=8)
     figure.tight_layout()

@@ -37,7 +37,6 @@ import torch
 from torch import nn
 
 from experiments.data.checksums import run_record
-from experiments.data.corpora import load_corpus
 from experiments.data.tokenization import (
     EncodedSplit,
     LMData,
@@ -49,6 +48,7 @@ from experiments.data.tokenization import (
 )
 from experiments.evaluation.devices import resolve_device
 from experiments.training.config import RunConfig, load_run_config
+from experiments.training.datamodule import config_corpus
 from experiments.training.runfolder import COMPARISON_MARKER, split_checksums, verify_run_files
 from experiments.training.runs import CONFIG_FILE, MODEL_DIR
 from odelm.contract import model_device
@@ -272,16 +272,7 @@ class TrainedRun:
         """The run's corpus encoded with the run's tokenizer (needs the corpus on disk);
         ``overrides`` replace ``data`` settings such as ``data_dir``. A split whose tokens
         differ from the run's record is refused unless ``allow_changed_data``."""
-        cfg = self.config.data
-        settings = {
-            "data_dir": cfg.data_dir,
-            "protocol": cfg.protocol,
-            "seed": cfg.seed,
-            "download": cfg.download,
-            **overrides,
-        }
-        corpus = load_corpus(cfg.corpus, **settings)
-        data = encode_corpus(corpus, self.tokenizer)
+        data = encode_corpus(config_corpus(self.config.data, **overrides), self.tokenizer)
         if not allow_changed_data:
             self.check_data(data)
         return data

@@ -26,7 +26,7 @@ from experiments.data.batching import (
     stateful_evaluation_windows,
     stream_windows,
 )
-from experiments.data.corpora import load_corpus
+from experiments.data.corpora import Corpus, load_corpus
 from experiments.data.grammar_family import STREAM_EPOCH
 from experiments.data.registry import CorpusError
 from experiments.data.tokenization import (
@@ -138,18 +138,24 @@ class StreamedBatches:
         return self.stream.batch(self.seed, index, cfg.batch_size, cfg.bptt, sentences=sentences)
 
 
+def config_corpus(config: DataConfig, **overrides: Any) -> Corpus:
+    """The corpus a data section names, loaded as ``odelm train`` loads it; ``overrides``
+    replace ``load_corpus`` settings (``data_dir`` for a corpus moved since training)."""
+    settings = {
+        "data_dir": config.data_dir,
+        "protocol": config.protocol,
+        "seed": config.seed,
+        "download": config.download,
+        "verify_checksums": config.verify_checksums,
+        "grammar_depth": config.grammar_depth,
+    }
+    return load_corpus(config.corpus, **(settings | overrides))
+
+
 def load_data(config: DataConfig) -> LMData:
     """Load, tokenize and encode a data section's corpus (what ``odelm train`` does):
-    ``load_corpus`` -> ``build_tokenizer`` -> ``encode_corpus``."""
-    corpus = load_corpus(
-        config.corpus,
-        config.data_dir,
-        protocol=config.protocol,
-        seed=config.seed,
-        download=config.download,
-        verify_checksums=config.verify_checksums,
-        grammar_depth=config.grammar_depth,
-    )
+    ``config_corpus`` -> ``build_tokenizer`` -> ``encode_corpus``."""
+    corpus = config_corpus(config)
     tokenizer = build_tokenizer(
         corpus,
         config.tokenizer,

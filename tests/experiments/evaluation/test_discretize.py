@@ -123,3 +123,38 @@ def test_depth_curve_past_an_adaptive_solve_takes_rk4_at_its_mean_accepted_steps
     grid = {"solver": {"method": "rk4"}, "steps": 3, "time_conditioning": "weights"}
     timed = build_model("node-transformer", 11, **small, **grid)
     assert [g.steps for _, _, g, _ in extrapolation(timed, 3)] == [6, 12]
+
+
+def test_a_grammar_family_sample_is_read_in_excess_over_its_own_sentences(tmp_path, tiny_config):
+    """``discretize`` scores a sample of the test split: the true grammar's NLL it subtracts
+    covers exactly the sentences of the sample (decoded from the batches through their mask),
+    so over every batch it is the split's exact NLL, and over the first batches the sum over
+    the first sentences of the split; the plots then read the excess loss."""
+    from dataclasses import replace
+
+    from experiments.data.grammar_family import family_automaton, family_split
+    from experiments.evaluation.depth_curve import curve_points
+    from experiments.evaluation.discretize import true_nll_per_token
+    from experiments.training.datamodule import load_data
+    from experiments.training.metrics import EvalSettings, evaluation_batches
+
+    data_section = {"grammar_depth": 1, "batching": "sentences", "eval_batch_size": 64}
+    config = parse_config(tiny_config(tmp_path, "g", data=data_section))
+    data = load_data(config.data)
+    batches = evaluation_batches(data, "test", EvalSettings.from_config(config))
+    words, log_probability = family_split(1, 0, "test")
+    tokens = sum(len(sentence) for sentence in words)
+    assert true_nll_per_token(data, config, batches) == pytest.approx(
+        -log_probability / tokens, rel=1e-12
+    )
+    automaton = family_automaton(1)
+    first = words[: 3 * 64]
+    total = sum(automaton.log_probability([automaton.words.index(w) for w in s]) for s in first)
+    assert true_nll_per_token(data, config, batches[:3]) == pytest.approx(
+        -total / sum(len(s) for s in first), rel=1e-12
+    )
+    stream = replace(config, data=replace(config.data, batching="stream"))
+    assert true_nll_per_token(data, stream, batches) is None  # cut sentences: no exact match
+    rows = [{"method": "euler", "nfe": 1, "ppl": 9.6, "excess": 0.0123}]
+    assert curve_points(rows)["series"] == {"euler": [[1, 0.0123]]}
+    assert curve_points(rows)["metric"][0] == "excess"

@@ -152,3 +152,20 @@ def test_a_run_loads_scores_and_generates_without_its_corpus(tmp_path, family):
     with pytest.raises(CorpusError, match="does not exist"):
         run.data()  # evaluating on the corpus still needs the corpus
     assert run.data(data_dir=str(tmp_path / "moved")).split("test").num_words == 18
+
+
+@pytest.mark.slow  # trains a run and scores its 100k-token test split twice
+def test_a_grammar_family_run_is_scored_on_its_own_splits(tmp_path, tiny_config):
+    """A run of the grammar family (``data.grammar_depth``) loads the splits of its depth for
+    ``odelm eval`` and ``discretize``, not the embedded grammar's: their checksums are the
+    ones the run recorded, and scoring them again gives its test NLL."""
+    data = {"grammar_depth": 1, "batching": "sentences", "eval_batch_size": 64}
+    values = tiny_config(tmp_path, "family", data=data, trainer={"max_steps": 2, "val_every": 2})
+    values["eval"] = {"bleu_sentences": 0, "continuation_sentences": 0}
+    result = train(parse_config(values))
+    run = experiments.load_run(tmp_path / "family")
+    scored = run.evaluate()  # refused before: the embedded grammar's splits, other checksums
+    assert scored["nll"] == pytest.approx(result["test_nll"], rel=1e-9)
+    assert scored["excess_nll_per_token"] == pytest.approx(
+        result["test_excess_nll_per_token"], abs=1e-9
+    )
