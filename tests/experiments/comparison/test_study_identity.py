@@ -73,3 +73,28 @@ def test_every_study_run_has_the_identity_of_its_record(study):
         assert planned == recorded
     else:  # still training: its tuning trials at least (its choices are read from them)
         assert {name for name in planned if name.startswith("tune-")} <= set(recorded)
+
+
+STALLED = 450.0
+"""Best validation perplexity above which a run counts as stalled: PTB-mini's unigram
+plateau is about 650, every tuned arm ends below 300."""
+V2_STUDIES = [
+    study
+    for study in STUDIES
+    if load_yaml(GRIDS / f"{study}.yaml")["shared"].get("optim", {}).get("schedule") == "cosine"
+]
+"""The studies of protocol v2 (warm-up + cosine over a fixed budget) with a published sweep."""
+
+
+@pytest.mark.parametrize("study", V2_STUDIES)
+def test_a_v2_study_page_says_which_runs_stalled(study):
+    """Protocol v2: no chosen result run ends above ``STALLED`` (a stalled run is a finding
+    for the page, never a silent data point), and a page saying no tuning trial stalled is
+    held to its sweep."""
+    trials = list(csv.DictReader((RESULTS / study / "tune.csv").open()))
+    worst = max(float(row["valid_ppl"]) for row in trials if row["valid_ppl"])
+    if "No trial stalled" in (RESULTS / study / "README.md").read_text():
+        assert worst < STALLED
+    if (RESULTS / study / "results.csv").is_file():
+        results = csv.DictReader((RESULTS / study / "results.csv").open())
+        assert all(float(row["valid_ppl"]) < STALLED for row in results)
