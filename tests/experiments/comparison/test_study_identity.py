@@ -56,23 +56,29 @@ def planned_hashes(study: str) -> dict[str, str]:
     return hashes
 
 
+def check_records(study: str) -> None:
+    """Every record of ``study`` has the hash of the config its grid expands to; a finished
+    study (one with ``results.csv``) keeps a record of every run, one still training those of
+    its tuning trials at least (its choices are read from them)."""
+    recorded = {
+        folder.name: json.loads((folder / "result.json").read_text())["config_sha256"]
+        for folder in (RESULTS / study / "records").iterdir()
+    }
+    planned = planned_hashes(study)
+    assert {name: planned.get(name) for name in recorded} == recorded, study
+    if (RESULTS / study / "results.csv").is_file():
+        assert planned == recorded, study
+    else:
+        assert {name for name in planned if name.startswith("tune-")} <= set(recorded), study
+
+
 @pytest.mark.slow  # 3 s of CPU time: parses every config of both grids
 @pytest.mark.parametrize("study", STUDIES)
 def test_every_study_run_has_the_identity_of_its_record(study):
     if study in WITHOUT_RECORDS:
         assert not (RESULTS / study / "records").exists()  # else it must be checked too
         return
-    records = RESULTS / study / "records"
-    recorded = {
-        folder.name: json.loads((folder / "result.json").read_text())["config_sha256"]
-        for folder in records.iterdir()
-    }
-    planned = planned_hashes(study)
-    assert {name: planned.get(name) for name in recorded} == recorded
-    if (RESULTS / study / "results.csv").is_file():  # finished: a record of every run
-        assert planned == recorded
-    else:  # still training: its tuning trials at least (its choices are read from them)
-        assert {name for name in planned if name.startswith("tune-")} <= set(recorded)
+    check_records(study)
 
 
 STALLED = 450.0

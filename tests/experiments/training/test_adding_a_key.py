@@ -5,7 +5,6 @@ as it was and shows in ``odelm train --help`` with its range and help line."""
 from __future__ import annotations
 
 import dataclasses
-import json
 
 import pytest
 from test_config_identity import OTHER_GRIDS, TABLE5_FIELD, grid_hashes
@@ -16,10 +15,9 @@ from experiments.training.config import parse_config
 from experiments.training.run_schema import Fraction, OptimConfig
 from experiments.training.runs import config_sha256
 from tests.experiments.comparison.test_study_identity import (
-    RESULTS,
     STUDIES,
     WITHOUT_RECORDS,
-    planned_hashes,
+    check_records,
 )
 
 EXAMPLE = {"model": {"family": "reference"}, "trainer": {"max_steps": 4}}
@@ -71,8 +69,4 @@ def test_a_new_optim_key_moves_no_pinned_hash(ema_decay):
         hashes = grid_hashes(grid)
         assert {run: hashes[run] for run in expected} == expected, grid
     for study in sorted(set(STUDIES) - WITHOUT_RECORDS):
-        recorded = {
-            folder.name: json.loads((folder / "result.json").read_text())["config_sha256"]
-            for folder in (RESULTS / study / "records").iterdir()
-        }
-        assert planned_hashes(study) == recorded, study
+        check_records(study)
