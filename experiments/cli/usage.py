@@ -3,6 +3,7 @@ option (``usage_error``); ``odelm``'s ``main`` prints it as ``odelm: error: ...`
 
 from __future__ import annotations
 
+import difflib
 import re
 from argparse import ArgumentError
 from collections.abc import Sequence
@@ -48,7 +49,10 @@ def usage_error(parser: ArgumentParser, argv: list[str], error: ArgumentError) -
                 f"--{renamed}"
             )
         keys = " (config keys as --section.key)" if " ".join(path) in RUN_COMMANDS else ""
-        return UsageError(f"unknown option {unknown}; {prog} --help lists the options{keys}")
+        flags = [flag for action in sub._actions for flag in action.option_strings]
+        close = difflib.get_close_matches(unknown.partition("=")[0], flags, n=1, cutoff=0.8)
+        hint = f"did you mean {close[0]}? " if close else ""
+        return UsageError(f"unknown option {unknown}; {hint}{prog} --help lists the options{keys}")
     if text.startswith("the following arguments are required: "):
         dest = text.split(": ", 1)[1].split(",")[0].removeprefix(".".join([*path, ""]))
         flag = _flag(sub, dest) or dest.upper()

@@ -114,7 +114,15 @@ def test_the_command_line_lies_over_the_recipe_which_lies_under_the_file(tmp_pat
     ("options", "message"),
     [
         (["--optim.lr", "fast"], "odelm: error: --optim.lr must be float >=0, got 'fast'"),
-        (["--optim.lrr", "3"], "odelm: error: unknown option --optim.lrr; odelm train --help"),
+        (
+            ["--optim.lrr", "3"],
+            "odelm: error: unknown option --optim.lrr; did you mean --optim.lr? odelm train --help",
+        ),
+        (["--out-dir", "x"], "odelm: error: unknown option --out-dir; did you mean --out_dir?"),
+        (
+            ["--optim.learning_rate", "3"],
+            "odelm: error: unknown option --optim.learning_rate; odelm",
+        ),
         (["--trainer.max_steps", "0"], "odelm: error: --trainer.max_steps = 0 is out of range"),
         (
             ["--trainer.max_steps", "2.5"],
