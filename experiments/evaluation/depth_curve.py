@@ -97,9 +97,9 @@ def curve_points(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 def plot_depth(points: dict[str, Any], path: Path, title: str) -> None:
     """Test perplexity (or excess loss: ``points["metric"]``) against NFE per token
-    (``points``: ``curve_points``, or the ``depth.json`` it wrote), one line per method, the training depth marked (a star and a
-    dotted line) and the 2x/4x extrapolation ringed; writes ``path`` (PNG) and ``path``
-    with ``.json`` (the points)."""
+    (``points``: ``curve_points``, or the ``depth.json`` it wrote), one line per method,
+    the training depth marked (a star and a dotted line) and the 2x/4x extrapolation
+    ringed; writes ``path`` (PNG) and ``path`` with ``.json`` (the points)."""
     from matplotlib.ticker import FuncFormatter
 
     from experiments.plotting import plain_log_ticks, plt, save_figure
@@ -127,7 +127,7 @@ def plot_depth(points: dict[str, Any], path: Path, title: str) -> None:
             axes.plot([nfe], [ppl], marker="o", markersize=10, fillstyle="none", color="red")
             text = f"{name} steps" if kind == "x" else name
             axes.annotate(text, (nfe, ppl), textcoords="offset points", xytext=(6, 4), fontsize=8)
-    key, label = points.get("metric", metric([{}]))
+    key, label = points.get("metric", metric([{}]))  # a depth.json from before: perplexity
     axes.set_xscale("log")
     if key == "ppl":  # perplexity is exp(loss): equal ratios, equal heights
         axes.set_yscale("log")

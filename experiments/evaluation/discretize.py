@@ -10,11 +10,12 @@ with every block replaced by that flow or by another tableau.
 
 Each setting reports test perplexity (over ``--max-batches`` evaluation batches; for a
 grammar-family run evaluated by sentences also the excess loss over the true grammar's
-exact NLL of the same sentences, which the plots then show), mean NFE per forward pass, forward FLOPs per token (``experiments.models.flops``), seconds, the
-relative distance of the final state from a reference solve (dopri5, rtol 1e-7, in
-float64 by default) and the causal leak: the largest change of an earlier position's
-log-probabilities when the second half of a window changes (exactly 0 on fixed grids;
-nonzero when adaptive steps are shared across positions).
+exact NLL of the same sentences, which the plots then show), mean NFE per forward pass,
+forward FLOPs per token (``experiments.models.flops``), seconds, the relative distance of
+the final state from a reference solve (dopri5, rtol 1e-7, in float64 by default) and the
+causal leak: the largest change of an earlier position's log-probabilities when the
+second half of a window changes (exactly 0 on fixed grids; nonzero when adaptive steps are
+shared across positions).
 """
 
 from __future__ import annotations
