@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from experiments.training.losses import training_nll
+from experiments.training.losses import training_inputs, training_nll
 from odelm.contract import call_model
 from odelm.errors import OdelmError
 
@@ -56,7 +56,7 @@ class CompiledModel:
     ) -> tuple[torch.Tensor, dict[str, Any]]:
         """The training loss of an unmasked batch (plus the model's regulariser) and
         ``aux``, uncompiled: what ``loss`` compiles."""
-        logits, aux = call_model(self.model, tokens)
+        logits, aux = call_model(self.model, training_inputs(self.model, tokens, None))
         loss = training_nll(logits, tokens, None, label_smoothing)
         return (loss + aux["reg"] if "reg" in aux else loss), aux
 

@@ -222,15 +222,22 @@ def _sharded(weight: torch.Tensor) -> bool:
     return type(weight).__name__ == "DTensor" or bool(getattr(weight, "_fsdp_flattened", False))
 
 
+def training_inputs(model: Any, tokens: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """The tokens a training forward of ``model`` runs on: ``tokens[:, :-1]`` for an
+    exactly causal model on an unmasked batch (the last position predicts nothing, and no
+    earlier position depends on it), every token otherwise. A model says so by
+    ``exactly_causal`` (a continuous-depth model whose adaptive steps are shared across
+    positions is causal but not exactly), else by ``is_causal``."""
+    exact = getattr(model, "exactly_causal", getattr(model, "is_causal", False))
+    return tokens[:, :-1] if mask is None and exact is True else tokens
+
+
 def fused_training_nll(
     model: Any, tokens: torch.Tensor, dtype: torch.dtype
 ) -> tuple[torch.Tensor, dict[str, Any]]:
     """The mean next-token NLL of ``model`` on an unmasked batch by
-    ``features_training_nll``, and ``aux``. An exactly causal model runs on
-    ``tokens[:, :-1]``: the last position predicts nothing, and no earlier state depends
-    on it (under mixed precision only; fp32 training keeps its dropout stream)."""
-    exact = getattr(model, "exactly_causal", getattr(model, "is_causal", False))
-    hidden, aux = model.features(tokens[:, :-1] if exact is True else tokens)
+    ``features_training_nll``, and ``aux``; the model runs on ``training_inputs``."""
+    hidden, aux = model.features(training_inputs(model, tokens, None))
     return features_training_nll(hidden, model.output_layer, tokens, dtype), aux
 
 

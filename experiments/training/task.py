@@ -23,7 +23,12 @@ from experiments.training.allocator import keep_freed_memory
 from experiments.training.compiled import CompiledModel, compiled_loss_applies
 from experiments.training.config import OptimConfig
 from experiments.training.datamodule import StreamWindow
-from experiments.training.losses import fused_loss_dtype, fused_training_nll, training_nll
+from experiments.training.losses import (
+    fused_loss_dtype,
+    fused_training_nll,
+    training_inputs,
+    training_nll,
+)
 from experiments.training.optimizers import (
     PlateauAnnealer,
     build_optimizer,
@@ -154,7 +159,7 @@ class LMTask(pl.LightningModule):
             if dtype is not None:  # mixed precision: the output layer and the loss as one
                 loss, aux = fused_training_nll(model, tokens, dtype)
                 return (loss + aux["reg"] if "reg" in aux else loss), aux
-            logits, aux = call_model(model, tokens, mask)
+            logits, aux = call_model(model, training_inputs(model, tokens, mask), mask)
         loss = training_nll(logits, tokens, mask, self.optim.label_smoothing)
         if "reg" in aux:
             loss = loss + aux["reg"]

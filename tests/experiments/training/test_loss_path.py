@@ -17,14 +17,18 @@ import torch.nn.functional as F
 from torch._subclasses import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from experiments.training.config import OptimConfig
 from experiments.training.losses import (
     chunked_cross_entropy,
     cross_entropy_nll,
     fused_loss_dtype,
     linear_cross_entropy,
     loss_path,
+    training_inputs,
     training_nll,
 )
+from experiments.training.task import LMTask
+from ode_transformer import ODETransformerConfig, ODETransformerLM
 
 CROSS_ENTROPY_OPS = 24
 """The most aten ops :func:`training_nll` may take forward and backward off the CPU (16
@@ -161,3 +165,66 @@ def test_training_nll_on_the_cpu_is_the_blocked_path_bit_for_bit() -> None:
         training_nll(full, tokens, None, 0.0),
         F.cross_entropy(full.reshape(-1, 50), targets, ignore_index=-100),
     )
+
+
+class _Recorder(torch.nn.Module):
+    """A model that records the lengths of the token batches its forward runs on."""
+
+    def __init__(self, exactly_causal: bool | None) -> None:
+        super().__init__()
+        self.is_causal = True
+        if exactly_causal is not None:
+            self.exactly_causal = exactly_causal
+        self.embedding = torch.nn.Embedding(11, 11)
+        self.lengths: list[int] = []
+
+    def forward(self, tokens: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:
+        self.lengths.append(tokens.shape[1])
+        return self.embedding(tokens), {}
+
+
+@pytest.mark.parametrize(
+    ("exactly_causal", "masked", "length"),
+    [(None, False, 5), (True, False, 5), (False, False, 6), (None, True, 6)],
+)
+def test_a_training_forward_runs_on_the_positions_that_predict(
+    exactly_causal: bool | None, masked: bool, length: int
+) -> None:
+    """The last position of a window predicts nothing: an exactly causal model's training
+    forward leaves it out in every precision; a model whose positions share adaptive steps
+    (``exactly_causal`` False) and a masked batch keep every position."""
+    model = _Recorder(exactly_causal)
+    tokens = torch.randint(0, 11, (3, 6), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones(3, 6, dtype=torch.bool) if masked else None
+    assert training_inputs(model, tokens, mask).shape[1] == length
+    model.lengths.clear()
+    loss, _ = LMTask(model, OptimConfig())._loss((tokens, mask) if masked else tokens)
+    assert model.lengths == [length]
+    full = F.cross_entropy(
+        model.embedding(tokens[:, :-1]).reshape(-1, 11), tokens[:, 1:].reshape(-1)
+    )
+    assert abs(loss.item() - full.item()) < 1e-6
+
+
+def test_an_exactly_causal_transformer_loses_nothing_by_the_dropped_position() -> None:
+    """fp32, dropout off: the loss and every gradient of a Transformer LM trained on the
+    window's first T - 1 positions equal those of its forward over all T (to float
+    precision: causal attention never reads the last position for an earlier one)."""
+    torch.manual_seed(0)
+    config = ODETransformerConfig(
+        vocab_size=40, d_model=16, n_heads=2, d_ff=32, n_layers=2, max_positions=16,
+        block="rk2", dropout=0.0, attention_dropout=0.0, relu_dropout=0.0,
+    )  # fmt: skip
+    model = ODETransformerLM(config)
+    tokens = torch.randint(0, 40, (4, 9), generator=torch.Generator().manual_seed(1))
+    task = LMTask(model, OptimConfig())
+    loss, _ = task._loss(tokens)
+    loss.backward()
+    dropped = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    logits, _ = model(tokens)
+    full = training_nll(logits, tokens, None, 0.0)
+    full.backward()
+    assert abs(loss.item() - full.item()) < 1e-6
+    for short, whole in zip(dropped, (p.grad for p in model.parameters()), strict=True):
+        assert torch.allclose(short, whole, atol=1e-6)
