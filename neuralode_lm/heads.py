@@ -263,6 +263,20 @@ class CausalODEHead(_ODEHead):
         if self.exact_causal_eval:
             self.eval_solver = self.per_row_solver
 
+    @property
+    def active_solver(self) -> SolverConfig:
+        """The solver of the next forward: the configured one in training; in evaluation
+        ``eval_solver``, or each position's own steps when told to solve rows alone."""
+        if self.training:
+            return self.solver
+        return self.per_row_solver if self.solve_rows_alone else self.eval_solver
+
+    @property
+    def exactly_causal(self) -> bool:
+        """Whether no position's logits depend on a later one in the next forward: the
+        active solver steps on a fixed grid or controls each position's steps (torchode)."""
+        return self.active_solver.fixed or self.active_solver.backend == "torchode"
+
     def forward(
         self, hidden: torch.Tensor, mask: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, dict[str, Any]]:
@@ -273,10 +287,7 @@ class CausalODEHead(_ODEHead):
         z0 = self._augment(hidden, hidden, mask).reshape(batch * length, self.width)
         # [0, T] as a number: the facade makes it on the device and grids it on the host,
         # with no copy from the host and no read back (issue 30)
-        solver = self.solver if self.training else self.eval_solver
-        if self.solve_rows_alone and not self.training:
-            solver = self.per_row_solver
-        states, reg = self._integrate(z0, self.integration_time, solver)
+        states, reg = self._integrate(z0, self.integration_time, self.active_solver)
         logits = self.proj(states[-1]).view(batch, length, self.vocab_size)
         return logits, self._aux(reg)
 

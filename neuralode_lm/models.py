@@ -195,6 +195,12 @@ class _ODELanguageModel(PretrainedMixin, HuggingFaceLM):
         return self.head.is_causal
 
     @property
+    def exactly_causal(self) -> bool:
+        """Causal to the last bit (``CausalODEHead.exactly_causal``), not within the
+        solver's tolerance only: a training step may then leave out the last position."""
+        return bool(getattr(self.head, "exactly_causal", False))
+
+    @property
     def solver_stats(self) -> ForwardStats:
         """Statistics of the latest forward pass (``nfe_backward`` filled by its backward
         pass); the same type as
