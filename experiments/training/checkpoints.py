@@ -192,16 +192,14 @@ class RunCheckpoint(Checkpoint):
         score = trainer.callback_metrics.get(self.monitor)
         if score is not None and (self.best_score is None or float(score) < self.best_score):
             self.best_score, self.best_step = float(score), trainer.global_step
-            trainer.save_checkpoint(self.dirpath / BEST_FILE, weights_only=False)
+            trainer.save_checkpoint(self.dirpath / BEST_FILE)
         self._save_last(trainer)
 
     def _save_last(self, trainer: pl.Trainer) -> None:
-        """Flush the logs first, so the history on disk reaches at least this checkpoint.
-        Every checkpoint is a full one (the optimizer, loops and callbacks a resume needs),
-        stated, so Lightning does not log that it chose it."""
+        """Flush the logs first, so the history on disk reaches at least this checkpoint."""
         for logger in trainer.loggers:
             logger.save()
-        trainer.save_checkpoint(self.last_path, weights_only=False)
+        trainer.save_checkpoint(self.last_path)
 
     def state_dict(self) -> dict[str, Any]:
         return {"best_score": self.best_score, "best_step": self.best_step}
