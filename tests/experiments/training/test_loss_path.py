@@ -190,9 +190,10 @@ class _Recorder(torch.nn.Module):
 def test_a_training_forward_runs_on_the_positions_that_predict(
     exactly_causal: bool | None, masked: bool, length: int
 ) -> None:
-    """The last position of a window predicts nothing: an exactly causal model's training
-    forward leaves it out in every precision; a model whose positions share adaptive steps
-    (``exactly_causal`` False) and a masked batch keep every position."""
+    """The last position of a window predicts nothing: an exactly causal model's fp32
+    training forward leaves it out (the fused bf16 loss always did); a model whose
+    positions share adaptive steps (``exactly_causal`` False) and a masked batch keep every
+    position."""
     model = _Recorder(exactly_causal)
     tokens = torch.randint(0, 11, (3, 6), generator=torch.Generator().manual_seed(0))
     mask = torch.ones(3, 6, dtype=torch.bool) if masked else None
