@@ -292,10 +292,11 @@ def test_linear_cross_entropy_matches_cross_entropy_of_bf16_products(
     "family", ["reference transformer", "ode_transformer rk4", "node-transformer rk4 grid", "lstm"]
 )
 def test_training_loss_fuses_the_output_layer_only_under_mixed_precision(family: str) -> None:
-    """``LMTask._loss``: in fp32 exactly the logits' cross-entropy (``forward`` is the output
-    layer of ``features``, bit for bit); under bf16 autocast the fused loss, close to it."""
+    """``LMTask._loss``: in fp32 exactly the cross-entropy of the logits of the step's inputs
+    (``forward`` is the output layer of ``features``, bit for bit); under bf16 autocast the
+    fused loss, close to it."""
     from experiments.training.config import OptimConfig
-    from experiments.training.losses import fused_loss_dtype, training_nll
+    from experiments.training.losses import fused_loss_dtype, training_inputs, training_nll
     from experiments.training.task import LMTask
     from odelm.contract import call_model
 
@@ -320,7 +321,8 @@ def test_training_loss_fuses_the_output_layer_only_under_mixed_precision(family:
         loss.backward()
         losses[name] = loss.detach()
         grads[name] = torch.cat([p.grad.flatten() for p in model.parameters()])
-    fp32 = training_nll(call_model(model, tokens)[0], tokens, None, 0.0)
+    inputs = training_inputs(model, tokens, None)  # the step's own inputs: the same shapes
+    fp32 = training_nll(call_model(model, inputs)[0], tokens, None, 0.0)
     assert torch.equal(losses["fp32"], fp32.detach())
     assert torch.allclose(losses["fused"], losses["plain"], rtol=2e-3)
     assert nn.functional.cosine_similarity(grads["fused"], grads["plain"], 0) > 0.999
