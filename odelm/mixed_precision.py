@@ -25,6 +25,16 @@ autocast runs in fp32 on CUDA (autocast would cast cuDNN's LSTM to float16 whate
 dtype, with no loss scaler under ``bf16-mixed``) and on CPUs without native bf16 products (oneDNN
 has no bf16 LSTM there and refuses the call); on CPUs with them it runs in bf16 as before.
 
+**Products on CPUs without native bf16** ([`emulated_products`][odelm.mixed_precision.emulated_products]):
+where oneDNN has no bf16 products (no AVX-512 BF16 or AMX), PyTorch multiplies bf16 matrices
+in a generic loop, 15-25x slower than fp32. Inside ``emulated_products`` a matrix product
+(``linear``, ``matmul``, ``mm``, ``bmm``, ``addmm``, ``baddbmm``) that would run in bf16 (an
+autocast region of bf16, or operands all bf16) instead rounds its operands to bf16, multiplies
+them in fp32 and rounds the result to bf16: what a native bf16 product computes (exact
+products, fp32 sums, one rounding), up to the order of the sums, as another CPU type would
+move it. Autograd goes through the roundings, so the backward products are rounded where a
+native backward rounds them. Runs on a CPU with native bf16 products are untouched.
+
 Outside autocast (full-precision training, evaluation) and off the CPU,
 [`Dropout`][odelm.mixed_precision.Dropout] is ``torch.nn.Dropout`` bit for bit, and the models call
 ``scaled_dot_product_attention`` as before: fp32 runs draw the same masks from the same generator.
@@ -32,11 +42,16 @@ Outside autocast (full-precision training, evaluation) and off the CPU,
 
 from __future__ import annotations
 
+import contextlib
 import functools
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.overrides import TorchFunctionMode
+from torch.utils._pytree import tree_map
 
 BITS = 16
 """Random bits per element: the keep probability is quantised to ``2**-16``."""
@@ -138,3 +153,70 @@ def recurrent_in_fp32(x: torch.Tensor) -> bool:
     if device not in ("cpu", "cuda") or not torch.is_autocast_enabled(device):
         return False
     return device == "cuda" or not _native_bf16_cpu()
+
+
+PRODUCTS = frozenset(
+    {
+        F.linear,
+        torch.matmul,
+        torch.mm,
+        torch.bmm,
+        torch.addmm,
+        torch.baddbmm,
+        torch.Tensor.matmul,
+        torch.Tensor.__matmul__,
+        torch.Tensor.__rmatmul__,
+        torch.Tensor.mm,
+        torch.Tensor.bmm,
+        torch.Tensor.addmm,
+        torch.Tensor.baddbmm,
+    }
+)
+"""The matrix products [`emulated_products`][odelm.mixed_precision.emulated_products] computes in fp32."""
+
+
+def _floats(values: Any) -> list[torch.Tensor]:
+    found: list[torch.Tensor] = []
+    tree_map(lambda x: found.append(x) if _is_float(x) else None, values)
+    return found
+
+
+def _is_float(x: Any) -> bool:
+    return isinstance(x, torch.Tensor) and x.is_floating_point()
+
+
+def _runs_in_bf16(operands: list[torch.Tensor]) -> bool:
+    """Whether a product of ``operands`` runs in bf16 on the CPU: under a bf16 autocast
+    region (which casts them), or with every operand bf16."""
+    if not operands or any(x.device.type != "cpu" for x in operands):
+        return False
+    if torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16:
+        return all(x.dtype in (torch.float32, torch.bfloat16) for x in operands)
+    return all(x.dtype == torch.bfloat16 for x in operands)
+
+
+class _EmulatedProducts(TorchFunctionMode):
+    """The torch-function mode of [`emulated_products`][odelm.mixed_precision.emulated_products]."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func not in PRODUCTS or "out" in kwargs or not _runs_in_bf16(_floats((args, kwargs))):
+            return func(*args, **kwargs)
+
+        def widened(x: Any) -> Any:  # rounded to bf16 (autograd keeps the rounding), held in fp32
+            return x.to(torch.bfloat16).float() if _is_float(x) else x
+
+        with torch.autocast("cpu", enabled=False):
+            return func(*tree_map(widened, args), **tree_map(widened, kwargs)).to(torch.bfloat16)
+
+
+@contextlib.contextmanager
+def emulated_products(precision: str) -> Iterator[None]:
+    """Inside it, on a CPU without native bf16 products and for a bf16 ``precision``
+    (``bf16-mixed``, ``bf16-true``), bf16 matrix products run as fp32 products of bf16-rounded
+    operands, rounded to bf16 (see the module docstring); elsewhere it does nothing."""
+    if "bf16" not in str(precision) or _native_bf16_cpu():
+        yield
+        return
+    with _EmulatedProducts():
+        yield

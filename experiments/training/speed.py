@@ -25,6 +25,7 @@ from experiments.training.config import OptimConfig
 from experiments.training.task import LMTask
 from odelm.errors import OdelmError
 from odelm.lightning import pl
+from odelm.mixed_precision import emulated_products
 from odelm.timing import alternating, medians
 
 VOCAB, BATCH, BPTT = 10_000, 20, 35
@@ -120,18 +121,19 @@ class TrainingStep:
     def __init__(self, task: LMTask, precision: str = "32-true") -> None:
         if task.device.type == "cpu":
             keep_freed_memory()
-        self.task, self.plugin = task, precision_plugin(precision)
+        self.task, self.plugin, self.precision = task, precision_plugin(precision), precision
         self.optimizer = task.configure_optimizers()["optimizer"]
         self.parameters = [p for p in task.parameters() if p.requires_grad]
 
     def __call__(self, batch: torch.Tensor) -> float:
-        with self.plugin.forward_context():
-            loss, _ = self.task._loss(batch)
-        self.optimizer.zero_grad()
-        loss.backward()
-        if self.task.optim.grad_clip:
-            torch.nn.utils.clip_grad_norm_(self.parameters, self.task.optim.grad_clip)
-        self.optimizer.step()
+        with emulated_products(self.precision):  # as training runs (experiments.training.trainer)
+            with self.plugin.forward_context():
+                loss, _ = self.task._loss(batch)
+            self.optimizer.zero_grad()
+            loss.backward()
+            if self.task.optim.grad_clip:
+                torch.nn.utils.clip_grad_norm_(self.parameters, self.task.optim.grad_clip)
+            self.optimizer.step()
         return float(loss.detach())
 
 
@@ -159,6 +161,13 @@ def _peak_dtype(precision: str) -> torch.dtype:
     return torch.bfloat16 if precision.startswith("bf16") else torch.float32
 
 
+def _products(dtype: torch.dtype) -> Any:
+    """The context the products of a run in ``dtype`` run in: on a CPU without native bf16
+    products, bf16 ones are emulated (``odelm.mixed_precision.emulated_products``), and so is
+    the peak they are measured against."""
+    return emulated_products("bf16-mixed" if dtype == torch.bfloat16 else "32-true")
+
+
 def _peak_operands(dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     m, k, n = PEAK_SHAPE
     generator = torch.Generator().manual_seed(0)
@@ -170,7 +179,8 @@ def matmul_gflops(dtype: torch.dtype, repeats: int = 10) -> float:
     """GFLOP/s of ``torch.matmul`` at ``PEAK_SHAPE`` in ``dtype`` at the current thread
     count (median of ``repeats``)."""
     a, b = _peak_operands(dtype)
-    seconds = alternate({"matmul": lambda: torch.matmul(a, b)}, repeats, warmup=2)["matmul"]
+    with _products(dtype):
+        seconds = alternate({"matmul": lambda: torch.matmul(a, b)}, repeats, warmup=2)["matmul"]
     return 2 * math.prod(PEAK_SHAPE) / seconds / 1e9
 
 
@@ -204,13 +214,14 @@ def peak_gflops_per_cpu_second(precision: str = "32-true", repeats: int = 10) ->
         before = torch.get_num_threads()
         torch.set_num_threads(1)
         try:
-            for _ in range(2):
-                torch.matmul(a, b)
-            fastest = math.inf
-            for _ in range(repeats):
-                started = time.thread_time()
-                torch.matmul(a, b)
-                fastest = min(fastest, time.thread_time() - started)
+            with _products(dtype):
+                for _ in range(2):
+                    torch.matmul(a, b)
+                fastest = math.inf
+                for _ in range(repeats):
+                    started = time.thread_time()
+                    torch.matmul(a, b)
+                    fastest = min(fastest, time.thread_time() - started)
         finally:
             torch.set_num_threads(before)
         _CPU_PEAKS[dtype] = 2 * math.prod(PEAK_SHAPE) / max(fastest, 1e-9) / 1e9

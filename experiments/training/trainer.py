@@ -30,6 +30,7 @@ from experiments.training.throughput import ThroughputMeter
 from neuralode_lm.solvers import SolverError
 from odelm.errors import OdelmError
 from odelm.lightning import check_trainer, pl
+from odelm.mixed_precision import emulated_products
 
 Callback, MisconfigurationException = pl.Callback, pl.utilities.exceptions.MisconfigurationException
 
@@ -128,7 +129,7 @@ def fit(
     (``trainer`` must be the chosen Lightning package's: ``odelm.lightning``)."""
     check_trainer(trainer)
     try:
-        with lightning_settings():
+        with lightning_settings(), emulated_products(trainer.precision):
             trainer.fit(task, datamodule=datamodule, ckpt_path=ckpt_path)
     except SolverError as error:
         raise TrainingStoppedError(

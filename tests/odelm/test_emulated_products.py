@@ -1,0 +1,153 @@
+"""bf16 products on CPUs without native bf16 (``odelm.mixed_precision.emulated_products``):
+fp32 products of bf16-rounded operands, rounded to bf16, equal the native bf16 product
+wherever the fp32 sums are exact, forward and backward; nothing else changes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from odelm import mixed_precision
+from odelm.mixed_precision import _EmulatedProducts, emulated_products
+
+
+def dyadic(*shape: int, seed: int) -> torch.Tensor:
+    """Values k/16, |k| <= 15: bf16 holds them, and fp32 sums of their products are exact."""
+    generator = torch.Generator().manual_seed(seed)
+    return (torch.randint(-15, 16, shape, generator=generator).float() / 16).requires_grad_()
+
+
+PRODUCTS = {
+    "linear": (lambda a, b, c: F.linear(a, b, c[0]), ((6, 32), (5, 32), (6, 5))),
+    "matmul": (torch.matmul, ((2, 6, 32), (2, 32, 5))),
+    "@": (lambda a, b: a @ b, ((6, 32), (32, 5))),
+    "bmm": (torch.bmm, ((3, 6, 32), (3, 32, 5))),
+    "addmm": (lambda a, b, c: torch.addmm(c, a, b), ((6, 32), (32, 5), (6, 5))),
+    "baddbmm": (lambda a, b, c: torch.baddbmm(c, a, b), ((3, 6, 32), (3, 32, 5), (3, 6, 5))),
+}
+
+
+def operands(name: str) -> list[torch.Tensor]:
+    return [dyadic(*shape, seed=seed) for seed, shape in enumerate(PRODUCTS[name][1])]
+
+
+def run(name: str, emulated: bool, autocast: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    product = PRODUCTS[name][0]
+    leaves = operands(name)
+    inputs = leaves if autocast else [x.bfloat16() for x in leaves]
+    mode = _EmulatedProducts() if emulated else torch.autocast("cpu", enabled=True)
+    with mode, torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        out = product(*inputs)
+    weights = dyadic(*out.shape, seed=9).detach()
+    (out.float() * weights).sum().backward()
+    return out, [x.grad for x in leaves]
+
+
+@pytest.mark.parametrize("autocast", [True, False], ids=["autocast", "bf16 operands"])
+@pytest.mark.parametrize("name", sorted(PRODUCTS))
+def test_emulated_product_is_the_native_bf16_product(name: str, autocast: bool) -> None:
+    """Outputs and every operand's gradient equal the native product's bit for bit; the
+    output is bf16 as the native one (sums of 32 products need more than bf16's 8 bits: both round once)."""
+    native, native_grads = run(name, emulated=False, autocast=autocast)
+    emulated, emulated_grads = run(name, emulated=True, autocast=autocast)
+    assert native.dtype == emulated.dtype == torch.bfloat16
+    assert torch.equal(native, emulated)
+    assert all(torch.equal(a, b) for a, b in zip(native_grads, emulated_grads))
+    exact = PRODUCTS[name][0](*[x.detach().double() for x in operands(name)])
+    assert (emulated.double() - exact).abs().max() > 0  # the sums did need a rounding
+
+
+def test_random_operands_stay_within_one_bf16_rounding_of_the_native_product() -> None:
+    """On arbitrary values only the order of the fp32 sums differs from a native product."""
+    generator = torch.Generator().manual_seed(0)
+    a, b = torch.randn(40, 300, generator=generator), torch.randn(300, 30, generator=generator)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        native = a @ b
+        with _EmulatedProducts():
+            emulated = a @ b
+    assert torch.equal(emulated, (a.bfloat16().float() @ b.bfloat16().float()).bfloat16())
+    assert not torch.equal(emulated, (a @ b).bfloat16())  # the operands are rounded first
+    exact = a.bfloat16().double() @ b.bfloat16().double()
+    ulp = exact.abs() * 2.0**-8
+    assert ((emulated.double() - exact).abs() <= ulp).all()
+    assert ((native.double() - emulated.double()).abs() <= 2 * ulp).all()
+
+
+def test_fp32_products_and_other_functions_pass_through_untouched() -> None:
+    a, b = torch.randn(4, 8), torch.randn(8, 3)
+    with _EmulatedProducts():
+        assert torch.equal(a @ b, torch.mm(a, b)) and (a @ b).dtype == torch.float32
+        assert torch.equal(torch.softmax(a, -1), a.softmax(-1))
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            assert torch.exp(a).dtype == torch.float32  # not a product: autocast's own rule
+
+
+@pytest.mark.parametrize(
+    ("precision", "native", "active"),
+    [
+        ("bf16-mixed", False, True),
+        ("bf16-true", False, True),
+        ("bf16-mixed", True, False),
+        ("32-true", False, False),
+    ],
+)
+def test_the_mode_is_entered_only_for_bf16_on_cpus_without_native_products(
+    monkeypatch, precision: str, native: bool, active: bool
+) -> None:
+    monkeypatch.setattr(mixed_precision, "_native_bf16_cpu", lambda: native)
+    modes = torch.overrides._get_current_function_mode_stack
+    with emulated_products(precision):
+        assert any(isinstance(mode, _EmulatedProducts) for mode in modes()) is active
+    assert not any(isinstance(mode, _EmulatedProducts) for mode in modes())
+
+
+@pytest.mark.slow  # the native bf16 step takes seconds on a CPU without bf16 products
+def test_a_bf16_mixed_training_step_under_emulation_matches_the_native_one() -> None:
+    """The RK4 Transformer's loss and gradients: the same to bf16 precision."""
+    from experiments.training.config import OptimConfig
+    from experiments.training.task import LMTask
+    from tests.support.families import tiny_ode_transformer
+
+    torch.manual_seed(0)
+    task = LMTask(tiny_ode_transformer(block="rk4"), OptimConfig()).eval()
+    tokens = torch.randint(0, task.model.config.vocab_size, (4, 12))
+    results = []
+    for mode in (torch.autocast("cpu", enabled=True), _EmulatedProducts()):
+        task.model.zero_grad()
+        with mode, torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = task._loss(tokens)[0]
+        loss.backward()
+        grads = torch.cat([p.grad.flatten() for p in task.model.parameters()])
+        results.append((loss.detach(), grads))
+    (native, native_grads), (emulated, emulated_grads) = results
+    assert torch.allclose(native, emulated, rtol=1e-3)
+    assert F.cosine_similarity(native_grads, emulated_grads, 0) > 0.9999
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("native", [False, True])
+def test_training_takes_the_emulated_products_only_where_bf16_is_not_native(
+    tmp_path, monkeypatch, native: bool
+) -> None:
+    """``odelm train`` in bf16-mixed: the products of the forward, the backward and the
+    validation run through the emulation on a CPU without native bf16 products, never on one
+    with them; the run's config (and identity) is the same either way."""
+    from experiments.training.config import parse_config
+    from experiments.training.train import train
+    from tests.support.runs import make_tiny_config
+
+    calls = []
+    real = _EmulatedProducts.__torch_function__
+
+    def spy(self, func, types, args=(), kwargs=None):
+        calls.append(func)
+        return real(self, func, types, args, kwargs)
+
+    monkeypatch.setattr(mixed_precision, "_native_bf16_cpu", lambda: native)
+    monkeypatch.setattr(_EmulatedProducts, "__torch_function__", spy)
+    trainer = {"max_steps": 4, "val_every": 2, "precision": "bf16-mixed"}
+    config = parse_config(make_tiny_config(tmp_path, trainer=trainer, eval={"bleu_sentences": 0}))
+    result = train(config)
+    assert result["steps"] == 4
+    assert bool([f for f in calls if f in mixed_precision.PRODUCTS]) is not native
