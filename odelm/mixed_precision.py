@@ -33,7 +33,9 @@ autocast region of bf16, or operands all bf16) instead rounds its operands to bf
 them in fp32 and rounds the result to bf16: what a native bf16 product computes (exact
 products, fp32 sums, one rounding), up to the order of the sums, as another CPU type would
 move it. Autograd goes through the roundings, so the backward products are rounded where a
-native backward rounds them. Runs on a CPU with native bf16 products are untouched.
+native backward rounds them; the products of a custom ``backward`` (which no torch-function
+mode sees) call [`product`][odelm.mixed_precision.product]. Runs on a CPU with native bf16
+products are untouched.
 
 Outside autocast (full-precision training, evaluation) and off the CPU,
 [`Dropout`][odelm.mixed_precision.Dropout] is ``torch.nn.Dropout`` bit for bit, and the models call
@@ -43,7 +45,6 @@ Outside autocast (full-precision training, evaluation) and off the CPU,
 from __future__ import annotations
 
 import contextlib
-import functools
 from collections.abc import Iterator
 from typing import Any
 
@@ -120,7 +121,7 @@ class _Scores(torch.autograd.Function):
     def backward(ctx, grad: torch.Tensor):
         q, k = ctx.saved_tensors
         grad = grad.to(q.dtype)
-        return torch.matmul(grad, k), torch.matmul(grad.transpose(-2, -1), q)
+        return product(grad, k), product(grad.transpose(-2, -1), q)
 
 
 def attention(
@@ -141,9 +142,13 @@ def attention(
         return torch.matmul(weights.to(v.dtype), v)
 
 
-@functools.cache
+NATIVE_BF16_CPU = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+"""Whether this CPU multiplies bf16 natively (oneDNN: AVX-512 BF16 or AMX); read once, so
+that compiled code sees a constant."""
+
+
 def _native_bf16_cpu() -> bool:
-    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    return NATIVE_BF16_CPU
 
 
 def recurrent_in_fp32(x: torch.Tensor) -> bool:
@@ -208,6 +213,15 @@ class _EmulatedProducts(TorchFunctionMode):
 
         with torch.autocast("cpu", enabled=False):
             return func(*tree_map(widened, args), **tree_map(widened, kwargs)).to(torch.bfloat16)
+
+
+def product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``torch.matmul(a, b)``, emulated as in [`emulated_products`][odelm.mixed_precision.emulated_products]
+    for bf16 CPU operands on a CPU without native bf16 products: for the products of a custom
+    ``backward``, which the autograd engine runs where no torch-function mode sees it."""
+    if a.dtype == b.dtype == torch.bfloat16 and a.device.type == "cpu" and not _native_bf16_cpu():
+        return torch.matmul(a.float(), b.float()).to(torch.bfloat16)
+    return torch.matmul(a, b)
 
 
 @contextlib.contextmanager

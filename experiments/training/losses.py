@@ -38,6 +38,7 @@ import torch
 import torch.nn.functional as F
 
 from experiments.data.batching import lm_nll
+from odelm.mixed_precision import product
 
 IGNORE_INDEX = -100  # cross-entropy's default: a target that is not scored
 ROWS_PER_BLOCK = 64
@@ -169,9 +170,9 @@ class _LinearCrossEntropy(torch.autograd.Function):
         scale = grad.float() / max(x.shape[0], 1)  # the mean's 1/N and the upstream gradient
         grad_hidden = grad_weight = grad_bias = None
         if ctx.needs_input_grad[0]:
-            grad_hidden = torch.mm(gradient, w).float().mul_(scale).to(ctx.hidden_dtype)
+            grad_hidden = product(gradient, w).float().mul_(scale).to(ctx.hidden_dtype)
         if ctx.needs_input_grad[1]:
-            grad_weight = torch.mm(gradient.t(), x).float().mul_(scale).to(ctx.weight_dtype)
+            grad_weight = product(gradient.t(), x).float().mul_(scale).to(ctx.weight_dtype)
         if bias_grad is not None:
             grad_bias = bias_grad * scale
         return grad_hidden, grad_weight, grad_bias, None, None

@@ -151,3 +151,31 @@ def test_training_takes_the_emulated_products_only_where_bf16_is_not_native(
     result = train(config)
     assert result["steps"] == 4
     assert bool([f for f in calls if f in mixed_precision.PRODUCTS]) is not native
+
+
+@pytest.mark.parametrize("native", [False, True])
+def test_custom_backward_products_take_the_emulated_path(monkeypatch, native: bool) -> None:
+    """The fused loss's and the CPU attention's backward products (which no torch-function
+    mode sees) go through ``product``: emulated without native bf16, native otherwise, and
+    the same gradients bit for bit where the sums are exact."""
+    from experiments.training.losses import linear_cross_entropy
+
+    calls = []
+    real = mixed_precision.product
+    monkeypatch.setattr(mixed_precision, "_native_bf16_cpu", lambda: native)
+    hidden, weight = dyadic(12, 32, seed=0), dyadic(7, 32, seed=1)
+    targets = torch.randint(0, 7, (12,), generator=torch.Generator().manual_seed(2))
+    grads = []
+    for spy in (False, True):
+        if spy:
+            monkeypatch.setattr(
+                "experiments.training.losses.product",
+                lambda a, b: calls.append((a.dtype, b.dtype)) or real(a, b),
+            )
+        hidden.grad = weight.grad = None
+        linear_cross_entropy(hidden, weight, None, targets).backward()
+        grads.append((hidden.grad.clone(), weight.grad.clone()))
+    assert calls == [(torch.bfloat16, torch.bfloat16)] * 2
+    assert all(torch.equal(a, b) for a, b in zip(*grads))
+    a, b = dyadic(6, 32, seed=3).bfloat16(), dyadic(32, 5, seed=4).bfloat16()
+    assert torch.equal(mixed_precision.product(a, b), torch.matmul(a, b))
