@@ -105,3 +105,21 @@ def test_a_v2_study_page_says_which_runs_stalled(study):
     if (RESULTS / study / "results.csv").is_file():
         results = csv.DictReader((RESULTS / study / "results.csv").open())
         assert all(float(row["valid_ppl"]) < STALLED for row in results)
+
+
+RETRAINED = sorted(path.parent for path in RESULTS.glob("*/retrain/*/result.json"))
+"""Runs of a study re-trained from their record (``docs/results/GRID/retrain/RUN``)."""
+
+
+@pytest.mark.parametrize("retrained", RETRAINED, ids=lambda path: f"{path.parts[-3]}/{path.name}")
+def test_a_retrained_run_is_its_record_and_its_page_quotes_both(retrained):
+    """A re-trained run has its record's identity, and the study's page quotes the metric of
+    both (excess loss on the grammar family, else test perplexity) as they are recorded."""
+    study = retrained.parent.parent
+    again = json.loads((retrained / "result.json").read_text())
+    record = json.loads((study / "records" / retrained.name / "result.json").read_text())
+    assert again["config_sha256"] == record["config_sha256"]
+    key = "test_excess_nll_per_token" if "test_excess_nll_per_token" in record else "test_ppl"
+    digits = 5 if key == "test_excess_nll_per_token" else 2
+    page = (study / "README.md").read_text()
+    assert f"{again[key]:.{digits}f}" in page and f"{record[key]:.{digits}f}" in page
