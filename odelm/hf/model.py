@@ -28,6 +28,7 @@ from odelm.hf.config import (
 from odelm.hf.embeddings import EmbeddingsMixin
 from odelm.hub import MODEL_TYPES
 from odelm.invariance import rows_alone
+from odelm.mixed_precision import emulated_products
 
 HF_ONLY_KEYWORDS = frozenset(
     {
@@ -317,23 +318,27 @@ class HuggingFaceLM(EmbeddingsMixin, _PreTrainedModel, GenerationMixin):
     def generate(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
         """Hugging Face's ``GenerationMixin.generate``, or, for a call in the library's spelling
         (``generate(ids, max_new_tokens)`` positionally, or ``strategy=``, ``eos_id=``,
-        ``generator=``), [`odelm.decoding.generate`][odelm.decoding.generate]."""
+        ``generator=``), [`odelm.decoding.generate`][odelm.decoding.generate]. A bf16 model
+        on a CPU without native bf16 products generates with emulated products
+        ([`emulated_products`][odelm.mixed_precision.emulated_products])."""
         library = (len(args) > 1 and isinstance(args[1], int)) or any(
             key in LIBRARY_GENERATE_KEYWORDS for key in kwargs
         )
-        if library:
-            from odelm import decoding
+        bf16_on_cpu = self.dtype == torch.bfloat16 and self.device.type == "cpu"
+        with emulated_products("bf16-true" if bf16_on_cpu else "32-true"):
+            if library:
+                from odelm import decoding
 
-            with torch.no_grad():
-                return decoding.generate(self, *args, **kwargs)
-        inputs = args[0] if args else kwargs.get("input_ids", kwargs.get("inputs"))
-        if (
-            isinstance(inputs, torch.Tensor)
-            and "attention_mask" not in kwargs
-            and self.generation_config.pad_token_id is None
-        ):
-            kwargs["attention_mask"] = torch.ones_like(inputs)
-        return GenerationMixin.generate(self, *args, **kwargs)
+                with torch.no_grad():
+                    return decoding.generate(self, *args, **kwargs)
+            inputs = args[0] if args else kwargs.get("input_ids", kwargs.get("inputs"))
+            if (
+                isinstance(inputs, torch.Tensor)
+                and "attention_mask" not in kwargs
+                and self.generation_config.pad_token_id is None
+            ):
+                kwargs["attention_mask"] = torch.ones_like(inputs)
+            return GenerationMixin.generate(self, *args, **kwargs)
 
     # --- loading and building -------------------------------------------------------------------
 

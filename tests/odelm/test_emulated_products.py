@@ -179,3 +179,32 @@ def test_custom_backward_products_take_the_emulated_path(monkeypatch, native: bo
     assert all(torch.equal(a, b) for a, b in zip(*grads))
     a, b = dyadic(6, 32, seed=3).bfloat16(), dyadic(32, 5, seed=4).bfloat16()
     assert torch.equal(mixed_precision.product(a, b), torch.matmul(a, b))
+
+
+@pytest.mark.slow  # native bf16 generation takes seconds on such a CPU
+def test_a_bf16_model_generates_with_emulated_products_on_such_a_cpu(monkeypatch) -> None:
+    """``model.generate`` of a bf16 model (Hugging Face's and the library's spelling) takes
+    the emulated products where bf16 is not native, and greedy decoding picks the same
+    tokens as the native products."""
+    from tests.support.families import tiny_ode_transformer
+
+    torch.manual_seed(0)
+    model = tiny_ode_transformer(block="rk4").eval().to(torch.bfloat16)
+    ids = torch.tensor([[1, 5, 7, 2]])
+    native = model.generate(ids, max_new_tokens=6, do_sample=False)
+    native_library = model.generate(ids, 6)
+    calls = []
+    real = _EmulatedProducts.__torch_function__
+
+    def spy(self, func, types, args=(), kwargs=None):
+        calls.append(func)
+        return real(self, func, types, args, kwargs)
+
+    monkeypatch.setattr(mixed_precision, "_native_bf16_cpu", lambda: False)
+    monkeypatch.setattr(_EmulatedProducts, "__torch_function__", spy)
+    assert torch.equal(model.generate(ids, max_new_tokens=6, do_sample=False), native)
+    assert torch.equal(model.generate(ids, 6), native_library)
+    assert any(func in mixed_precision.PRODUCTS for func in calls)
+    calls.clear()
+    model.float().generate(ids, max_new_tokens=2, do_sample=False)
+    assert not calls  # an fp32 model never enters the mode
