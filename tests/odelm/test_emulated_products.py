@@ -125,6 +125,20 @@ def test_a_bf16_mixed_training_step_under_emulation_matches_the_native_one() -> 
     assert F.cosine_similarity(native_grads, emulated_grads, 0) > 0.9999
 
 
+def spied_mode(monkeypatch, native: bool) -> list:
+    """Mark the CPU ``native`` or not, and record every function the emulation mode sees."""
+    calls: list = []
+    real = _EmulatedProducts.__torch_function__
+
+    def spy(self, func, types, args=(), kwargs=None):
+        calls.append(func)
+        return real(self, func, types, args, kwargs)
+
+    monkeypatch.setattr(mixed_precision, "_native_bf16_cpu", lambda: native)
+    monkeypatch.setattr(_EmulatedProducts, "__torch_function__", spy)
+    return calls
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("native", [False, True])
 def test_training_takes_the_emulated_products_only_where_bf16_is_not_native(
@@ -137,15 +151,7 @@ def test_training_takes_the_emulated_products_only_where_bf16_is_not_native(
     from experiments.training.train import train
     from tests.support.runs import make_tiny_config
 
-    calls = []
-    real = _EmulatedProducts.__torch_function__
-
-    def spy(self, func, types, args=(), kwargs=None):
-        calls.append(func)
-        return real(self, func, types, args, kwargs)
-
-    monkeypatch.setattr(mixed_precision, "_native_bf16_cpu", lambda: native)
-    monkeypatch.setattr(_EmulatedProducts, "__torch_function__", spy)
+    calls = spied_mode(monkeypatch, native)
     trainer = {"max_steps": 4, "val_every": 2, "precision": "bf16-mixed"}
     config = parse_config(make_tiny_config(tmp_path, trainer=trainer, eval={"bleu_sentences": 0}))
     result = train(config)
@@ -193,15 +199,7 @@ def test_a_bf16_model_generates_with_emulated_products_on_such_a_cpu(monkeypatch
     ids = torch.tensor([[1, 5, 7, 2]])
     native = model.generate(ids, max_new_tokens=6, do_sample=False)
     native_library = model.generate(ids, 6)
-    calls = []
-    real = _EmulatedProducts.__torch_function__
-
-    def spy(self, func, types, args=(), kwargs=None):
-        calls.append(func)
-        return real(self, func, types, args, kwargs)
-
-    monkeypatch.setattr(mixed_precision, "_native_bf16_cpu", lambda: False)
-    monkeypatch.setattr(_EmulatedProducts, "__torch_function__", spy)
+    calls = spied_mode(monkeypatch, native=False)
     assert torch.equal(model.generate(ids, max_new_tokens=6, do_sample=False), native)
     assert torch.equal(model.generate(ids, 6), native_library)
     assert any(func in mixed_precision.PRODUCTS for func in calls)
