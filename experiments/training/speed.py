@@ -15,6 +15,7 @@ import math
 import os
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any
 
 import torch
@@ -161,7 +162,7 @@ def _peak_dtype(precision: str) -> torch.dtype:
     return torch.bfloat16 if precision.startswith("bf16") else torch.float32
 
 
-def _products(dtype: torch.dtype) -> Any:
+def _products(dtype: torch.dtype) -> AbstractContextManager[None]:
     """The context the products of a run in ``dtype`` run in: on a CPU without native bf16
     products, bf16 ones are emulated (``odelm.mixed_precision.emulated_products``), and so is
     the peak they are measured against."""
