@@ -138,7 +138,8 @@ def plot_depth(points: dict[str, Any], path: Path, title: str) -> None:
         axes.axhline(0.0, color="grey", linewidth=0.8)
         values = [y for xy in points["series"].values() for _, y in xy]
         values += [y for _, y in extra.values()]
-        axes.set_ylim(bottom=min(0.0, *values) - 0.002)  # no empty band below 0
+        top = max(values)  # headroom above the highest point, for its ring and its label
+        axes.set_ylim(bottom=min(0.0, *values) - 0.002, top=top * 2 if top > 0.01 else top + 0.01)
     axes.set_xlabel("NFE per token (evaluations of F, all blocks)")
     axes.set_ylabel(label)
     axes.set_title("\n".join(textwrap.wrap(title, 80)), fontsize=8)

@@ -158,3 +158,45 @@ def test_a_grammar_family_sample_is_read_in_excess_over_its_own_sentences(tmp_pa
     rows = [{"method": "euler", "nfe": 1, "ppl": 9.6, "excess": 0.0123}]
     assert curve_points(rows)["series"] == {"euler": [[1, 0.0123]]}
     assert curve_points(rows)["metric"][0] == "excess"
+
+
+@pytest.mark.parametrize("metric_key", ["excess", "ppl"])
+def test_depth_plot_keeps_the_highest_points_ring_and_label_inside_the_axes(
+    tmp_path, monkeypatch, metric_key
+):
+    """An extrapolation point above every curve (a looped block run for 4x its depth) is
+    ringed and labelled inside the axes, not cut by their top edge."""
+    import experiments.plotting
+    from experiments.evaluation.depth_curve import curve_points, plot_depth
+
+    scale = 1.0 if metric_key == "excess" else 100.0
+    rows = [
+        {"method": "euler", "nfe": n, metric_key: scale * v}
+        for n, v in ((1, 0.3), (2, 0.004), (4, 0.12), (8, 0.8))
+    ]
+    rows += [
+        {
+            "method": "euler 2 steps (as trained)",
+            "nfe": 2,
+            metric_key: scale * 0.004,
+            "role": "trained",
+        },
+        {"method": "euler", "nfe": 4, metric_key: scale * 0.5, "role": "2S"},
+        {"method": "euler", "nfe": 8, metric_key: scale * 2.6, "role": "4S"},
+    ]
+    drawn = {}
+    monkeypatch.setattr(
+        experiments.plotting, "save_figure", lambda figure, path: drawn.update(figure=figure)
+    )
+    plot_depth(curve_points(rows), tmp_path / "depth.png", "a title")
+    figure = drawn["figure"]
+    figure.canvas.draw()
+    axes = figure.axes[0]
+    box = axes.get_window_extent()
+    labels = [t for t in axes.texts if t.get_text() == "4S"]
+    assert len(labels) == 1 and box.contains(*labels[0].get_window_extent().corners()[-1])
+    rings = [line for line in axes.lines if line.get_fillstyle() == "none"]
+    ring = next(line for line in rings if list(line.get_ydata()) == [scale * 2.6])
+    ((_, y),) = axes.transData.transform([[8, scale * 2.6]])
+    radius = ring.get_markersize() / 72 * figure.dpi / 2
+    assert box.y1 >= y + radius and box.y0 <= y
