@@ -159,32 +159,34 @@ def test_training_takes_the_emulated_products_only_where_bf16_is_not_native(
     assert bool([f for f in calls if f in mixed_precision.PRODUCTS]) is not native
 
 
-@pytest.mark.parametrize("native", [False, True])
-def test_custom_backward_products_take_the_emulated_path(monkeypatch, native: bool) -> None:
-    """The fused loss's and the CPU attention's backward products (which no torch-function
-    mode sees) go through ``product``: emulated without native bf16, native otherwise, and
+def test_custom_backward_products_take_the_emulated_path(monkeypatch) -> None:
+    """The fused loss's backward products (which no torch-function mode sees) go through
+    ``product``: without native bf16 they multiply in fp32, with it in bf16, and the two give
     the same gradients bit for bit where the sums are exact."""
     from experiments.training.losses import linear_cross_entropy
 
-    calls = []
-    real = mixed_precision.product
-    monkeypatch.setattr(mixed_precision, "_native_bf16_cpu", lambda: native)
+    real_matmul = torch.matmul
     hidden, weight = dyadic(12, 32, seed=0), dyadic(7, 32, seed=1)
     targets = torch.randint(0, 7, (12,), generator=torch.Generator().manual_seed(2))
-    grads = []
-    for spy in (False, True):
-        if spy:
-            monkeypatch.setattr(
-                "experiments.training.losses.product",
-                lambda a, b: calls.append((a.dtype, b.dtype)) or real(a, b),
-            )
-        hidden.grad = weight.grad = None
-        linear_cross_entropy(hidden, weight, None, targets).backward()
-        grads.append((hidden.grad.clone(), weight.grad.clone()))
-    assert calls == [(torch.bfloat16, torch.bfloat16)] * 2
-    assert all(torch.equal(a, b) for a, b in zip(*grads))
-    a, b = dyadic(6, 32, seed=3).bfloat16(), dyadic(32, 5, seed=4).bfloat16()
-    assert torch.equal(mixed_precision.product(a, b), torch.matmul(a, b))
+    grads, operand_dtypes = {}, {}
+    for native in (True, False):
+        monkeypatch.setattr(mixed_precision, "_native_bf16_cpu", lambda native=native: native)
+        loss = linear_cross_entropy(hidden, weight, None, targets)
+        seen = operand_dtypes[native] = []
+
+        def spy(a, b, seen=seen, **kwargs):
+            seen.append((a.dtype, b.dtype))
+            return real_matmul(a, b, **kwargs)
+
+        with monkeypatch.context() as patch:
+            patch.setattr(torch, "matmul", spy)  # the backward's products, and only they
+            hidden.grad = weight.grad = None
+            loss.backward()
+        grads[native] = (hidden.grad.clone(), weight.grad.clone())
+    assert operand_dtypes[True] == [(torch.bfloat16, torch.bfloat16)] * 2
+    assert operand_dtypes[False] == [(torch.float32, torch.float32)] * 2
+    assert all(torch.equal(a, b) for a, b in zip(grads[True], grads[False]))
+    assert all(g.abs().sum() > 0 for g in grads[False])
 
 
 @pytest.mark.slow  # native bf16 generation takes seconds on such a CPU
