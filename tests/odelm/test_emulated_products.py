@@ -183,6 +183,8 @@ def test_custom_backward_products_take_the_emulated_path(monkeypatch) -> None:
             hidden.grad = weight.grad = None
             loss.backward()
         grads[native] = (hidden.grad.clone(), weight.grad.clone())
+        a, b = dyadic(6, 32, seed=3).bfloat16(), dyadic(32, 5, seed=4).bfloat16()
+        assert torch.equal(mixed_precision.product(a, b), real_matmul(a, b))  # exact sums
     assert operand_dtypes[True] == [(torch.bfloat16, torch.bfloat16)] * 2
     assert operand_dtypes[False] == [(torch.float32, torch.float32)] * 2
     assert all(torch.equal(a, b) for a, b in zip(grads[True], grads[False]))
