@@ -4,6 +4,8 @@ wherever the fp32 sums are exact, forward and backward; nothing else changes."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -159,19 +161,44 @@ def test_training_takes_the_emulated_products_only_where_bf16_is_not_native(
     assert bool([f for f in calls if f in mixed_precision.PRODUCTS]) is not native
 
 
-def test_custom_backward_products_take_the_emulated_path(monkeypatch) -> None:
-    """The fused loss's backward products (which no torch-function mode sees) go through
-    ``product``: without native bf16 they multiply in fp32, with it in bf16, and the two give
-    the same gradients bit for bit where the sums are exact."""
+def fused_loss_backward() -> tuple[list[torch.Tensor], Callable[[], torch.Tensor]]:
+    """The fused loss of ``hidden [12, 32]`` against ``weight [7, 32]``: its leaves, and a
+    function that runs its forward and returns the loss."""
     from experiments.training.losses import linear_cross_entropy
 
-    real_matmul = torch.matmul
     hidden, weight = dyadic(12, 32, seed=0), dyadic(7, 32, seed=1)
     targets = torch.randint(0, 7, (12,), generator=torch.Generator().manual_seed(2))
+    return [hidden, weight], lambda: linear_cross_entropy(hidden, weight, None, targets)
+
+
+def attention_scores_backward() -> tuple[list[torch.Tensor], Callable[[], torch.Tensor]]:
+    """The CPU attention's fp32 scores ``q k^T`` of bf16 ``q, k [1, 2, 6, 32]``: its leaves,
+    and a function that runs its forward and returns a weighted sum of the scores."""
+    q, k = dyadic(1, 2, 6, 32, seed=0), dyadic(1, 2, 6, 32, seed=1)
+    weights = dyadic(1, 2, 6, 6, seed=2).detach()
+    return [q, k], lambda: (
+        mixed_precision._Scores.apply(q.bfloat16(), k.bfloat16()) * weights
+    ).sum()
+
+
+CUSTOM_BACKWARDS = {
+    "fused loss": fused_loss_backward,
+    "attention scores": attention_scores_backward,
+}
+
+
+@pytest.mark.parametrize("name", sorted(CUSTOM_BACKWARDS))
+def test_custom_backward_products_take_the_emulated_path(monkeypatch, name: str) -> None:
+    """The products of a custom backward (the fused loss's, the CPU attention scores'), which
+    no torch-function mode sees, go through ``product``: without native bf16 they multiply in
+    fp32, with it in bf16, and the two give the same gradients bit for bit where the sums are
+    exact."""
+    real_matmul = torch.matmul
+    leaves, forward = CUSTOM_BACKWARDS[name]()
     grads, operand_dtypes = {}, {}
     for native in (True, False):
         monkeypatch.setattr(mixed_precision, "_native_bf16_cpu", lambda native=native: native)
-        loss = linear_cross_entropy(hidden, weight, None, targets)
+        loss = forward()
         seen = operand_dtypes[native] = []
 
         def spy(a, b, seen=seen, **kwargs):
@@ -180,9 +207,10 @@ def test_custom_backward_products_take_the_emulated_path(monkeypatch) -> None:
 
         with monkeypatch.context() as patch:
             patch.setattr(torch, "matmul", spy)  # the backward's products, and only they
-            hidden.grad = weight.grad = None
+            for leaf in leaves:
+                leaf.grad = None
             loss.backward()
-        grads[native] = (hidden.grad.clone(), weight.grad.clone())
+        grads[native] = [leaf.grad.clone() for leaf in leaves]
         a, b = dyadic(6, 32, seed=3).bfloat16(), dyadic(32, 5, seed=4).bfloat16()
         assert torch.equal(mixed_precision.product(a, b), real_matmul(a, b))  # exact sums
     assert operand_dtypes[True] == [(torch.bfloat16, torch.bfloat16)] * 2
