@@ -29,7 +29,6 @@ Handler = Callable[[Namespace], int]
 def subcommands() -> dict[str, tuple[Callable[[], Parser], Handler, str]]:
     """Every subcommand (``"data info"`` one level down): its parser, handler and help."""
     from experiments.cli import bench, commands, eval_generate, options, tools
-    from experiments.evaluation import discretize
 
     return {
         "data info": (
@@ -79,7 +78,7 @@ def subcommands() -> dict[str, tuple[Callable[[], Parser], Handler, str]]:
         ),
         "discretize": (
             tools.discretize_parser,
-            discretize.cmd_discretize,
+            tools.cmd_discretize,
             "evaluate a trained vector field under many discretisations",
         ),
     }

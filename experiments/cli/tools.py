@@ -298,3 +298,11 @@ def discretize_parser() -> Parser:
     )
     values.add_placement(parser, "torch's")
     return parser
+
+
+def cmd_discretize(args: Namespace) -> int:
+    """``odelm discretize``; its module (the model families, Lightning, transformers) is
+    imported here, not when the parser is built, so that ``odelm --help`` stays quick."""
+    from experiments.evaluation import discretize
+
+    return discretize.cmd_discretize(args)
