@@ -73,7 +73,7 @@ class Evidence:
     label: str
     paired: PairedDifference | None
     noise: PairedDifference | None = None  # the grid's seed-noise row (A/A), if it has one
-    cap_bound: int = 0  # runs of the model or baseline still improving at the budget
+    cap_bound: int = 0  # runs of the model or baseline still improving at a plateau-rule budget
     p_holm: float | None = None  # primaries only
     level: float | None = None  # primaries only: the Holm level its p was compared with
     detectable: float | None = None  # primaries only: the difference found with 80% power
@@ -205,10 +205,20 @@ def _evidence(
             f"{item['baseline']}: the {regime.title} regime reads it; re-run the grid"
         )
     paired = comparisons(rows, item["baseline"], regime.metric)[item["model"]]
-    capped = sum(r.get("cap_bound") == "True" for r in chosen)
+    capped = 0 if _fixed_budget(grid) else sum(r.get("cap_bound") == "True" for r in chosen)
     return Evidence(
         kind, regime, grid, item["label"], paired, _seed_noise(grid, rows, regime), capped
     )
+
+
+def _fixed_budget(grid: str) -> bool:
+    """Whether the grid decays every run's rate to 0 over a fixed budget (``optim.schedule:
+    cosine`` in its ``shared`` section): there the last validation is the best by design, so
+    ``cap_bound`` says nothing, and the budget's pilot (in the grid file) says whether the
+    budget sufficed."""
+    path = GRIDS_DIR / f"{grid}.yaml"
+    optim = load_yaml(path).get("shared", {}).get("optim", {}) if path.is_file() else {}
+    return optim.get("schedule") == "cosine"
 
 
 def _check_registered(spec: dict[str, Any], claims: list[dict[str, Any]], path: Path) -> None:

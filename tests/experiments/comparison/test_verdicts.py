@@ -179,6 +179,28 @@ def test_the_grammar_regime_reads_excess_loss(tmp_path):
     assert "2 layers RK4 vs residual -0.0200" in summary(collect(root), regimes())
 
 
+def test_cap_bound_runs_are_counted_only_where_no_fixed_budget_set_the_end(tmp_path, monkeypatch):
+    """Under warm-up + cosine to 0 over a fixed budget every run's best validation is its
+    last, so results.csv flags them all and a verdict counts none (the grid's pilot checks
+    the budget); under a plateau rule a run that ran to the cap is counted."""
+    assert verdicts._fixed_budget("study2-table5-2layer")
+    assert not verdicts._fixed_budget("study-table5-2layer")  # the plateau rule of 0.3
+    root = _study_root(tmp_path)
+    path = root / "study2-table5-2layer" / "results.csv"
+    rows = list(csv.DictReader(path.open()))
+    with path.open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=[*rows[0], "cap_bound"])
+        writer.writeheader()
+        writer.writerows({**row, "cap_bound": "True"} for row in rows)
+    claims = collect(root)
+    assert claims[0]["primary"]["ptb-mini"].cap_bound == 0
+    assert "cap-bound" not in summary(claims, regimes())
+    monkeypatch.setattr(verdicts, "_fixed_budget", lambda grid: False)
+    claims = collect(root)
+    assert claims[0]["primary"]["ptb-mini"].cap_bound == 10  # RK4 and residual, 5 seeds
+    assert "10 run(s) cap-bound" in summary(claims, regimes())
+
+
 def test_a_worse_primary_does_not_hold_and_a_small_one_is_not_shown(tmp_path):
     worse = collect(_study_root(tmp_path / "a", rk4_shift=+15.0))
     assert verdict(worse[0]["primary"]["ptb-mini"]) == "does not hold"
