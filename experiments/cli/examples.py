@@ -1,5 +1,6 @@
 """The examples at the end of every subcommand's ``--help``: commands that run as written
-from the repository root once the README's main job has made ``runs/quick``
+from the repository root (``odelm verdicts`` reads ``docs/results``) once the README's main
+job has made ``runs/quick``
 (tests/project/test_examples.py runs every one, training ones with a tiny budget)."""
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "discretize": (
         "odelm discretize runs/quick/runs/rk4 --max-batches 1 --eval-batch-size 2 --steps 1 2",
     ),
+    "verdicts": ("odelm verdicts", "odelm verdicts --json"),
 }
 """Each subcommand's examples, shown in its ``--help`` under "examples:"."""
 

@@ -1,7 +1,8 @@
 """Every README and ``--help`` example runs as written.
 
 The examples run in a fresh folder holding a copy of ``experiments/configs`` (they name
-``experiments/configs/example.yaml``), after the README's main job has made ``runs/quick``
+``experiments/configs/example.yaml``) and a link to ``docs`` (``odelm verdicts`` reads
+``docs/results``), after the README's main job has made ``runs/quick``
 (``odelm compare --preset quick --out runs/quick``, at 4 steps), so ``runs/quick/runs/rk4``
 exists as the examples expect. Budgets are tiny: ``odelm train`` gets ``--max-steps 4
 --num-threads 1`` appended, the quick grid also ``--jobs 2`` (two runs at a time give the
@@ -30,7 +31,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments.cli.main import build_parser
+from experiments.cli.main import build_parser, subcommands
 from experiments.cli.options import compare_parser
 from experiments.cli.options import train_parser as cli_parser
 from experiments.evaluation.trained import RunNotFoundError, load_run
@@ -38,7 +39,8 @@ from experiments.training.runfolder import COMPARISON_MARKER
 from tests.support.paths import ROOT
 
 README = (ROOT / "README.md").read_text()
-SUBCOMMANDS = ("train", "compare", "eval", "generate", "data", "models", "bench", "discretize")
+SUBCOMMANDS = sorted({path.split()[0] for path in subcommands()})
+"""Every subcommand of ``odelm`` (``data`` for ``data info`` and ``data download``)."""
 SETUP_STEPS = ("python3 -m venv", ". .venv", "pip install", "pytest")
 """README shell steps left out: environment setup and the test run."""
 
@@ -134,6 +136,7 @@ def outcomes(tmp_path_factory) -> tuple[Path, dict[str, list[dict]]]:
     """The folder the examples ran in, and each example's calls with exit code and output."""
     folder = tmp_path_factory.mktemp("examples")
     shutil.copytree(ROOT / "experiments" / "configs", folder / "experiments" / "configs")
+    (folder / "docs").symlink_to(ROOT / "docs")  # read by odelm verdicts, written by nothing
     calls = {script: recorded_calls(folder, script) for script in EXAMPLES}
     (folder / "calls.json").write_text(
         json.dumps([c for script in EXAMPLES for c in calls[script]])
