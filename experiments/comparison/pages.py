@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from experiments.comparison.compare import GRIDS_DIR, grid_baseline
-from experiments.comparison.tables import markdown_table
+from experiments.comparison.tables import grid_fixed_budget, markdown_table
 from experiments.training.config import ConfigError, load_yaml
 
 BLOCK = re.compile(r"<!-- odelm:([a-z-]+) -->\n(.*?)<!-- /odelm:\1 -->", re.DOTALL)
@@ -63,7 +63,10 @@ def results_block(folder: Path) -> str:
     grid = GRIDS_DIR / f"{folder.name}.yaml"
     if not grid.is_file():
         raise ConfigError(f"{folder} names no grid of experiments/configs/grids: no baseline")
-    return markdown_table(typed_rows(folder / "results.csv"), grid_baseline(load_yaml(grid)))
+    spec = load_yaml(grid)
+    return markdown_table(
+        typed_rows(folder / "results.csv"), grid_baseline(spec), grid_fixed_budget(spec)
+    )
 
 
 def tuning_block(folder: Path) -> str:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from experiments.comparison.stats import PairedDifference, holm, paired_difference, summarize
+from experiments.training.config import merge
 from experiments.training.runs import result_depth
 from odelm import files
 
@@ -133,8 +134,23 @@ def cap_bound(result: dict[str, Any]) -> bool | None:
     return bool(best == steps - steps % every and steps >= result.get("max_steps", steps))
 
 
-def write_tables(results: list[dict[str, Any]], out_dir: Path, baseline: str) -> None:
-    """Write ``results.csv`` (every run) and ``results.md`` (the table a paper would show)."""
+def fixed_budget(configs: list[dict[str, Any]]) -> bool:
+    """Whether every run config decays its rate to 0 over a fixed budget (``optim.schedule:
+    cosine``): there a run's last validation is its best by design, so "cap-bound" says
+    nothing; the budget's pilot (in the grid file) says whether the budget sufficed."""
+    return bool(configs) and all(c.get("optim", {}).get("schedule") == "cosine" for c in configs)
+
+
+def grid_fixed_budget(grid: dict[str, Any]) -> bool:
+    """:func:`fixed_budget` of a grid file's runs (each merged over its ``shared``)."""
+    return fixed_budget([merge(grid.get("shared", {}), run) for run in grid["runs"]])
+
+
+def write_tables(
+    results: list[dict[str, Any]], out_dir: Path, baseline: str, fixed_budget: bool = False
+) -> None:
+    """Write ``results.csv`` (every run) and ``results.md`` (the table a paper would show);
+    ``fixed_budget``: every run's rate decays to 0 over its budget, see :func:`markdown_table`."""
     paired, adjusted = comparisons(results, baseline), adjusted_p_values(results, baseline)
     with (
         files.atomic_write(out_dir / "results.csv") as partial,
@@ -152,11 +168,13 @@ def write_tables(results: list[dict[str, Any]], out_dir: Path, baseline: str) ->
             }
             row = {**result, **extra}
             writer.writerow([_csv_value(row.get(key)) for key in CSV_COLUMNS])
-    files.write_text(out_dir / "results.md", markdown_table(results, baseline))
+    files.write_text(out_dir / "results.md", markdown_table(results, baseline, fixed_budget))
 
 
-def markdown_table(results: list[dict[str, Any]], baseline: str) -> str:
-    """The aggregated table plus its notes (protocol, statistics, cost definitions)."""
+def markdown_table(results: list[dict[str, Any]], baseline: str, fixed_budget: bool = False) -> str:
+    """The aggregated table plus its notes (protocol, statistics, cost definitions). With
+    ``fixed_budget`` (warm-up + cosine to 0) no run is called cap-bound: there the last
+    validation is the best by design, and the grid file's pilot says the budget sufficed."""
     groups = group_by_model(results)
     paired, adjusted = comparisons(results, baseline), adjusted_p_values(results, baseline)
     mean_columns = [
@@ -175,7 +193,7 @@ def markdown_table(results: list[dict[str, Any]], baseline: str) -> str:
             delta_cells = ["baseline", "-"]
         else:
             delta_cells = _delta_cells(paired[name], adjusted.get(name), name == SEED_NOISE)
-        if any(cap_bound(r) for r in runs):
+        if not fixed_budget and any(cap_bound(r) for r in runs):
             ppl_cell += f" ({sum(bool(cap_bound(r)) for r in runs)} cap-bound)"
         cells = [name, _format("parameters", _mean(runs, "parameters")), ppl_cell, *delta_cells]
         cells += [_format(key, _mean(runs, key)) for key, _ in mean_columns]
@@ -188,6 +206,7 @@ def markdown_table(results: list[dict[str, Any]], baseline: str) -> str:
     note = NOTE.format(seeds=seeds, baseline=baseline)
     if SEED_NOISE in groups:
         note += SEED_NOISE_NOTE.format(baseline=baseline)
+        note += FIXED_BUDGET_NOTE if fixed_budget else CAP_BOUND_NOTE
     if any(r.get("test_excess_nll_per_token") is not None for r in results):
         note += EXCESS_NOTE
     lines += ["", f"Data protocol: {protocols}.", "", note]
@@ -198,8 +217,16 @@ SEED_NOISE_NOTE = (
     " The row seed-noise is {baseline}'s own config trained at other seeds, paired with "
     "{baseline}'s seeds: the spread of an A/A comparison, which every Δ is read against. "
     "p: two-sided paired t-test; in brackets Holm's adjustment over the table's comparisons "
-    "(seed-noise excluded), from which the word significant is taken. cap-bound: runs "
-    "whose best checkpoint was their last validation at the budget (still improving)."
+    "(seed-noise excluded), from which the word significant is taken."
+)
+CAP_BOUND_NOTE = (
+    " cap-bound: runs whose best checkpoint was their last validation at the budget (still "
+    "improving)."
+)
+FIXED_BUDGET_NOTE = (
+    " Every run's rate decays to 0 over a fixed step budget (warm-up, then cosine), so its "
+    "best validation comes at or near its end by design; the grid file states the pilot that chose "
+    "the budget."
 )
 
 

@@ -27,7 +27,7 @@ from typing import Any
 
 from experiments.comparison.compare import GRIDS_DIR, grid_baseline, grid_path
 from experiments.comparison.stats import PairedDifference, detectable_difference, holm
-from experiments.comparison.tables import SEED_NOISE, comparisons
+from experiments.comparison.tables import SEED_NOISE, comparisons, grid_fixed_budget
 from experiments.training.config import ConfigError, load_yaml
 
 SPEC = Path(__file__).parents[1] / "configs" / "verdicts.yaml"
@@ -212,13 +212,9 @@ def _evidence(
 
 
 def _fixed_budget(grid: str) -> bool:
-    """Whether the grid decays every run's rate to 0 over a fixed budget (``optim.schedule:
-    cosine`` in its ``shared`` section): there the last validation is the best by design, so
-    ``cap_bound`` says nothing, and the budget's pilot (in the grid file) says whether the
-    budget sufficed."""
+    """:func:`grid_fixed_budget` of the grid file named ``grid`` (False when there is none)."""
     path = GRIDS_DIR / f"{grid}.yaml"
-    optim = load_yaml(path).get("shared", {}).get("optim", {}) if path.is_file() else {}
-    return optim.get("schedule") == "cosine"
+    return path.is_file() and grid_fixed_budget(load_yaml(path))
 
 
 def _check_registered(spec: dict[str, Any], claims: list[dict[str, Any]], path: Path) -> None:

@@ -151,3 +151,32 @@ def test_seed_noise_row_pairs_with_the_baseline_and_stays_out_of_holm(tmp_path):
     assert next(r for r in rows if r["name"] == "seed-noise")["p_holm"] == ""
     table = (tmp_path / "results.md").read_text()
     assert "+0.13 [" in table and "(A/A control)" in table and "3 cap-bound" in table
+
+
+def test_a_fixed_budget_grid_calls_no_run_cap_bound(tmp_path):
+    """With warm-up + cosine to 0 (``optim.schedule: cosine`` in every run) the last
+    validation is the best by design: results.md counts no cap-bound run and says why, the
+    page block reads the same from the grid file, and results.csv keeps the raw flag."""
+    import csv
+
+    from experiments.comparison.tables import (
+        FIXED_BUDGET_NOTE,
+        fixed_budget,
+        grid_fixed_budget,
+        write_tables,
+    )
+
+    base = [_row("base", s, 100.0 + s) for s in (1, 2, 3)]
+    noise = [{**_row("seed-noise", s + 100, 101.0 + s), "pair": s} for s in (1, 2, 3)]
+    for run in base + noise:
+        run.update(best_step=1900, steps=1900, val_every=95, max_steps=1900)
+    write_tables(base + noise, tmp_path, "base", fixed_budget=True)
+    table = (tmp_path / "results.md").read_text()
+    assert "cap-bound" not in table and FIXED_BUDGET_NOTE in table
+    assert {r["cap_bound"] for r in csv.DictReader((tmp_path / "results.csv").open())} == {"True"}
+    write_tables(base + noise, tmp_path, "base")
+    assert "(3 cap-bound)" in (tmp_path / "results.md").read_text()
+    cosine = {"optim": {"schedule": "cosine"}}
+    assert grid_fixed_budget({"shared": cosine, "runs": [{"name": "a"}, {"name": "b"}]})
+    assert not grid_fixed_budget({"shared": cosine, "runs": [{"optim": {"schedule": "plateau"}}]})
+    assert not fixed_budget([])
