@@ -142,7 +142,7 @@ def fixed_budget(configs: list[dict[str, Any]]) -> bool:
 
 
 def grid_fixed_budget(grid: dict[str, Any]) -> bool:
-    """:func:`fixed_budget` of a grid file's runs (each merged over its ``shared``)."""
+    """`fixed_budget` of a grid file's runs (each merged over its ``shared``)."""
     return fixed_budget([merge(grid.get("shared", {}), run) for run in grid["runs"]])
 
 
@@ -150,7 +150,7 @@ def write_tables(
     results: list[dict[str, Any]], out_dir: Path, baseline: str, fixed_budget: bool = False
 ) -> None:
     """Write ``results.csv`` (every run) and ``results.md`` (the table a paper would show);
-    ``fixed_budget``: every run's rate decays to 0 over its budget, see :func:`markdown_table`."""
+    ``fixed_budget``: every run's rate decays to 0 over its budget, see `markdown_table`."""
     paired, adjusted = comparisons(results, baseline), adjusted_p_values(results, baseline)
     with (
         files.atomic_write(out_dir / "results.csv") as partial,

@@ -212,7 +212,7 @@ def _evidence(
 
 
 def _fixed_budget(grid: str) -> bool:
-    """:func:`grid_fixed_budget` of the grid file named ``grid`` (False when there is none)."""
+    """`grid_fixed_budget` of the grid file named ``grid`` (False when there is none)."""
     path = GRIDS_DIR / f"{grid}.yaml"
     return path.is_file() and grid_fixed_budget(load_yaml(path))
 
