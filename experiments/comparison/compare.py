@@ -36,7 +36,7 @@ import yaml
 from experiments.comparison.compute import write_compute
 from experiments.comparison.gpus import run_gpus, run_memory_mb
 from experiments.comparison.launchers import Job, Launch, run_jobs
-from experiments.comparison.tables import SEED_NOISE, fixed_budget, write_tables
+from experiments.comparison.tables import SEED_NOISE, runs_have_fixed_budget, write_tables
 from experiments.comparison.tuning import Recorder, apply_choices, run_tuning, tune_spec
 from experiments.training.config import ConfigError, load_yaml, merge, parse_config
 from experiments.training.progress import PROGRESS_FILE, duration
@@ -267,7 +267,7 @@ def run_grid(
         if plan.run in finished
     ]
     if results:
-        fixed = fixed_budget([plan.values for plan in planned])
+        fixed = runs_have_fixed_budget([plan.values for plan in planned])
         write_tables(results, out_dir, grid_baseline(grid), fixed)
         from experiments.comparison.plots import plot_comparison
 

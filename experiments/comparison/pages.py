@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from experiments.comparison.compare import GRIDS_DIR, grid_baseline
-from experiments.comparison.tables import grid_fixed_budget, markdown_table
+from experiments.comparison.tables import grid_has_fixed_budget, markdown_table
 from experiments.training.config import ConfigError, load_yaml
 
 BLOCK = re.compile(r"<!-- odelm:([a-z-]+) -->\n(.*?)<!-- /odelm:\1 -->", re.DOTALL)
@@ -65,7 +65,7 @@ def results_block(folder: Path) -> str:
         raise ConfigError(f"{folder} names no grid of experiments/configs/grids: no baseline")
     spec = load_yaml(grid)
     return markdown_table(
-        typed_rows(folder / "results.csv"), grid_baseline(spec), grid_fixed_budget(spec)
+        typed_rows(folder / "results.csv"), grid_baseline(spec), grid_has_fixed_budget(spec)
     )
 
 

@@ -134,16 +134,16 @@ def cap_bound(result: dict[str, Any]) -> bool | None:
     return bool(best == steps - steps % every and steps >= result.get("max_steps", steps))
 
 
-def fixed_budget(configs: list[dict[str, Any]]) -> bool:
+def runs_have_fixed_budget(configs: list[dict[str, Any]]) -> bool:
     """Whether every run config decays its rate to 0 over a fixed budget (``optim.schedule:
     cosine``): there a run's last validation is its best by design, so "cap-bound" says
     nothing; the budget's pilot (in the grid file) says whether the budget sufficed."""
     return bool(configs) and all(c.get("optim", {}).get("schedule") == "cosine" for c in configs)
 
 
-def grid_fixed_budget(grid: dict[str, Any]) -> bool:
-    """`fixed_budget` of a grid file's runs (each merged over its ``shared``)."""
-    return fixed_budget([merge(grid.get("shared", {}), run) for run in grid["runs"]])
+def grid_has_fixed_budget(grid: dict[str, Any]) -> bool:
+    """`runs_have_fixed_budget` of a grid file's runs (each merged over its ``shared``)."""
+    return runs_have_fixed_budget([merge(grid.get("shared", {}), run) for run in grid["runs"]])
 
 
 def write_tables(

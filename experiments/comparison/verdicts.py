@@ -27,7 +27,7 @@ from typing import Any
 
 from experiments.comparison.compare import GRIDS_DIR, grid_baseline, grid_path
 from experiments.comparison.stats import PairedDifference, detectable_difference, holm
-from experiments.comparison.tables import SEED_NOISE, comparisons, grid_fixed_budget
+from experiments.comparison.tables import SEED_NOISE, comparisons, grid_has_fixed_budget
 from experiments.training.config import ConfigError, load_yaml
 
 SPEC = Path(__file__).parents[1] / "configs" / "verdicts.yaml"
@@ -212,9 +212,9 @@ def _evidence(
 
 
 def _fixed_budget(grid: str) -> bool:
-    """`grid_fixed_budget` of the grid file named ``grid`` (False when there is none)."""
+    """`grid_has_fixed_budget` of the grid file named ``grid`` (False when there is none)."""
     path = GRIDS_DIR / f"{grid}.yaml"
-    return path.is_file() and grid_fixed_budget(load_yaml(path))
+    return path.is_file() and grid_has_fixed_budget(load_yaml(path))
 
 
 def _check_registered(spec: dict[str, Any], claims: list[dict[str, Any]], path: Path) -> None:

@@ -161,8 +161,8 @@ def test_a_fixed_budget_grid_calls_no_run_cap_bound(tmp_path):
 
     from experiments.comparison.tables import (
         FIXED_BUDGET_NOTE,
-        fixed_budget,
-        grid_fixed_budget,
+        grid_has_fixed_budget,
+        runs_have_fixed_budget,
         write_tables,
     )
 
@@ -177,6 +177,8 @@ def test_a_fixed_budget_grid_calls_no_run_cap_bound(tmp_path):
     write_tables(base + noise, tmp_path, "base")
     assert "(3 cap-bound)" in (tmp_path / "results.md").read_text()
     cosine = {"optim": {"schedule": "cosine"}}
-    assert grid_fixed_budget({"shared": cosine, "runs": [{"name": "a"}, {"name": "b"}]})
-    assert not grid_fixed_budget({"shared": cosine, "runs": [{"optim": {"schedule": "plateau"}}]})
-    assert not fixed_budget([])
+    assert grid_has_fixed_budget({"shared": cosine, "runs": [{"name": "a"}, {"name": "b"}]})
+    assert not grid_has_fixed_budget(
+        {"shared": cosine, "runs": [{"optim": {"schedule": "plateau"}}]}
+    )
+    assert not runs_have_fixed_budget([])
