@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from experiments.comparison.compare import expand_grid, grid_baseline, result_seeds
-from experiments.comparison.tables import SEED_NOISE
+from experiments.comparison.tables import SEED_NOISE, grid_has_fixed_budget
 from experiments.comparison.tuning import apply_choices, trial_values, tune_spec
 from experiments.training.config import load_yaml, parse_config
 from experiments.training.runs import config_sha256
@@ -85,9 +85,7 @@ STALLED = 450.0
 """Best validation perplexity above which a run counts as stalled: PTB-mini's unigram
 plateau is about 650, every tuned arm ends below 300."""
 V2_STUDIES = [
-    study
-    for study in STUDIES
-    if load_yaml(GRIDS / f"{study}.yaml")["shared"].get("optim", {}).get("schedule") == "cosine"
+    study for study in STUDIES if grid_has_fixed_budget(load_yaml(GRIDS / f"{study}.yaml"))
 ]
 """The studies of protocol v2 (warm-up + cosine over a fixed budget) with a published sweep."""
 
