@@ -4,6 +4,7 @@ than leaving a newcomer with a dead pointer."""
 
 import importlib
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -151,3 +152,26 @@ def test_each_registry_design_names_is_one_collection_in_its_module():
             if p != ROOT / path and assigned.search(p.read_text())
         ]
         assert others == [], f"{name} is also assigned in {others}"
+
+
+COMMIT_NAMED = re.compile(r"\bcommits? ([0-9a-f]{7,40}(?:(?:,? and |, )[0-9a-f]{7,40})*)")
+
+
+def test_every_commit_the_docs_name_is_in_the_history_of_this_checkout():
+    """A results page, the README or a grid file that says "trained from commit X" (or
+    "registered in commit X") names a commit of this branch's history, not one of a branch
+    that was never merged."""
+    history = subprocess.run(
+        ["git", "rev-list", "HEAD"], cwd=ROOT, capture_output=True, check=True, text=True
+    ).stdout.split()
+    files = [ROOT / "README.md", *(ROOT / "docs").rglob("*.md")]
+    files += (ROOT / "experiments" / "configs" / "grids").glob("*.yaml")
+    named = {
+        (commit, path.relative_to(ROOT).as_posix())
+        for path in files
+        for match in COMMIT_NAMED.finditer(" ".join(path.read_text().split()))
+        for commit in re.findall(r"[0-9a-f]{7,40}", match[1])
+    }
+    assert len({commit for commit, _ in named}) > 20  # the pages name the commits they ran
+    missing = sorted((c, p) for c, p in named if not any(h.startswith(c) for h in history))
+    assert not missing, f"commits not in this branch's history: {missing}"
