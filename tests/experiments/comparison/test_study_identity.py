@@ -121,3 +121,32 @@ def test_a_retrained_run_is_its_record_and_its_page_quotes_both(retrained):
     digits = 5 if key == "test_excess_nll_per_token" else 2
     page = (study / "README.md").read_text()
     assert f"{again[key]:.{digits}f}" in page and f"{record[key]:.{digits}f}" in page
+
+
+TIMINGS = {"train/tokens_per_s", "train/mfu", "val/elapsed_s"}
+"""The columns of ``metrics.csv`` that measure the machine, not the run."""
+
+
+@pytest.mark.parametrize("retrained", RETRAINED, ids=lambda path: f"{path.parts[-3]}/{path.name}")
+def test_a_run_reproduced_to_the_digit_repeats_its_whole_training_curve(retrained):
+    """Where a page says a re-trained run reproduced its record (the same test metric, every
+    digit), its ``metrics.csv`` is the record's in every row and every column but the
+    timings; a re-train that moved (another CPU type) says so on its page instead."""
+    study = retrained.parent.parent
+    again = json.loads((retrained / "result.json").read_text())
+    record = json.loads((study / "records" / retrained.name / "result.json").read_text())
+    key = "test_excess_nll_per_token" if "test_excess_nll_per_token" in record else "test_ppl"
+    page = (study / "README.md").read_text()
+    if again[key] != record[key]:
+        assert "moves a run" in page  # the page reads it against the seed noise
+        return
+    with (retrained / "logs" / "metrics.csv").open() as handle:
+        curve = [
+            {k: v for k, v in row.items() if k not in TIMINGS} for row in csv.DictReader(handle)
+        ]
+    with (study / "records" / retrained.name / "logs" / "metrics.csv").open() as handle:
+        recorded = [
+            {k: v for k, v in row.items() if k not in TIMINGS} for row in csv.DictReader(handle)
+        ]
+    assert len(curve) > 100 and curve == recorded
+    assert f"{len(curve):,} rows" in page
