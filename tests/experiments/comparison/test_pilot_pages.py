@@ -20,7 +20,15 @@ ROW = re.compile(
     r"^\| (?P<arm>[^|]+) \| (?P<epochs>\d+) epochs \((?P<steps>[\d,]+) steps\) \| "
     r"(?P<valid>[\d.]+) \| (?P<step>[\d,]+)[^|]* \| (?P<test>[\d.]+) \|$"
 )
-RECORD_NAMES = {"RK4": "rk4", "looped x4": "looped4", "GPT-2": "gpt2", "ODE-GPT2": "ode-gpt2"}
+RECORD_NAMES = {
+    "RK4": "rk4",
+    "looped x4": "looped4",
+    "GPT-2": "gpt2",
+    "ODE-GPT2": "ode-gpt2",
+    "LSTM": "lstm-tied",
+    "ODE-LSTM": "ode-lstm-tied",
+}
+"""A table's arm name -> its records' name (``records/NAME-Eep``); other arms are their name."""
 CHOSEN = re.compile(r"\*\*Budget: (\d+) epochs|budget is \*\*(\d+) epochs\*\*")
 
 
