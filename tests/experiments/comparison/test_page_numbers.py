@@ -60,7 +60,7 @@ def _sources(page: Path) -> list[str]:
         for verdicts in (ROOT / "README.md", RESULTS / "verdicts.md"):  # the study's cells
             cells = verdicts.read_text().split("|")
             found += [n for cell in cells if f"`{folder.name}`" in cell for n in _numbers(cell)]
-        for table in [*folder.glob("*.csv")]:
+        for table in folder.glob("*.csv"):
             found += [cell for row in csv.reader(table.open()) for cell in row]
         for result in [
             *folder.glob("records/*/result.json"),
