@@ -136,8 +136,9 @@ def cap_bound(result: dict[str, Any]) -> bool | None:
 
 def runs_have_fixed_budget(configs: list[dict[str, Any]]) -> bool:
     """Whether every run config decays its rate to 0 over a fixed budget (``optim.schedule:
-    cosine``): there a run's last validation is its best by design, so "cap-bound" says
-    nothing; the budget's pilot (in the grid file) says whether the budget sufficed."""
+    cosine``): there a best validation at the last step is the end of the decay, not a run
+    cut off while improving, so "cap-bound" says nothing; the budget's pilot (in the grid
+    file) says whether the budget sufficed."""
     return bool(configs) and all(c.get("optim", {}).get("schedule") == "cosine" for c in configs)
 
 
@@ -173,8 +174,8 @@ def write_tables(
 
 def markdown_table(results: list[dict[str, Any]], baseline: str, fixed_budget: bool = False) -> str:
     """The aggregated table plus its notes (protocol, statistics, cost definitions). With
-    ``fixed_budget`` (warm-up + cosine to 0) no run is called cap-bound: there the last
-    validation is the best by design, and the grid file's pilot says the budget sufficed."""
+    ``fixed_budget`` (warm-up + cosine to 0) no run is called cap-bound (see
+    `runs_have_fixed_budget`): the grid file's pilot says whether the budget sufficed."""
     groups = group_by_model(results)
     paired, adjusted = comparisons(results, baseline), adjusted_p_values(results, baseline)
     mean_columns = [
@@ -224,9 +225,9 @@ CAP_BOUND_NOTE = (
     "improving)."
 )
 FIXED_BUDGET_NOTE = (
-    " Every run's rate decays to 0 over a fixed step budget (warm-up, then cosine), so its "
-    "best validation comes at or near its end by design; the grid file states the pilot that chose "
-    "the budget."
+    " Every run's rate decays to 0 over a fixed step budget (warm-up, then cosine): a best "
+    "validation at the last step is the end of that decay, not a run cut off while improving, "
+    "so no run is counted cap-bound; the grid file states the pilot that chose the budget."
 )
 
 

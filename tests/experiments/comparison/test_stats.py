@@ -154,9 +154,9 @@ def test_seed_noise_row_pairs_with_the_baseline_and_stays_out_of_holm(tmp_path):
 
 
 def test_a_fixed_budget_grid_calls_no_run_cap_bound(tmp_path):
-    """With warm-up + cosine to 0 (``optim.schedule: cosine`` in every run) the last
-    validation is the best by design: results.md counts no cap-bound run and says why, the
-    page block reads the same from the grid file, and results.csv keeps the raw flag."""
+    """With warm-up + cosine to 0 (``optim.schedule: cosine`` in every run) a best at the
+    last validation is the end of the decay: results.md counts no cap-bound run and says
+    why, a grid file says the same of its runs, and results.csv keeps the raw flag."""
     import csv
 
     from experiments.comparison.tables import (
@@ -172,7 +172,7 @@ def test_a_fixed_budget_grid_calls_no_run_cap_bound(tmp_path):
         run.update(best_step=1900, steps=1900, val_every=95, max_steps=1900)
     write_tables(base + noise, tmp_path, "base", fixed_budget=True)
     table = (tmp_path / "results.md").read_text()
-    assert "cap-bound" not in table and FIXED_BUDGET_NOTE in table
+    assert "cap-bound)" not in table and FIXED_BUDGET_NOTE in table
     assert {r["cap_bound"] for r in csv.DictReader((tmp_path / "results.csv").open())} == {"True"}
     write_tables(base + noise, tmp_path, "base")
     assert "(3 cap-bound)" in (tmp_path / "results.md").read_text()

@@ -180,9 +180,9 @@ def test_the_grammar_regime_reads_excess_loss(tmp_path):
 
 
 def test_cap_bound_runs_are_counted_only_where_no_fixed_budget_set_the_end(tmp_path, monkeypatch):
-    """Under warm-up + cosine to 0 over a fixed budget every run's best validation is its
-    last, so results.csv flags them all and a verdict counts none (the grid's pilot checks
-    the budget); under a plateau rule a run that ran to the cap is counted."""
+    """Under warm-up + cosine to 0 over a fixed budget a best at the last validation is the
+    end of the decay (results.csv flags it) and a verdict counts none (the grid's pilot
+    checks the budget); under a plateau rule a run that ran to the cap is counted."""
     assert verdicts._fixed_budget("study2-table5-2layer")
     assert not verdicts._fixed_budget("study-table5-2layer")  # the plateau rule of 0.3
     root = _study_root(tmp_path)
