@@ -18,7 +18,7 @@ GRIDS = ROOT / "experiments" / "configs" / "grids"
 PAGES = sorted(RESULTS.glob("pilot-*/README.md"))
 ROW = re.compile(
     r"^\| (?P<arm>[^|]+) \| (?P<epochs>\d+) epochs \((?P<steps>[\d,]+) steps\) \| "
-    r"(?P<valid>[\d.]+) \| (?P<step>[\d,]+)[^|]* \| (?P<test>[\d.]+) \|$"
+    r"(?P<valid>[\d.]+) \| (?P<step>[\d,]+)(?P<note>[^|]*) \| (?P<test>[\d.]+) \|$"
 )
 RECORD_NAMES = {
     "RK4": "rk4",
@@ -56,6 +56,8 @@ def test_a_pilot_pages_table_is_its_records(page):
             _number(row["step"]),
         ), name
         assert f"{record['valid_ppl']:.2f}" == row["valid"], name
+        last = record["best_step"] == record["steps"]  # said so beside the step
+        assert ("(the last validation)" in row["note"]) == last, name
         assert f"{record['test_ppl']:.2f}" == row["test"], name
 
 
